@@ -1,0 +1,1 @@
+"""The library: layers, models, parallel state, optimizer; no argparse, no globals beyond the rank grid."""

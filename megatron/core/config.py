@@ -1,0 +1,123 @@
+"""Configuration dataclasses. The CLI is generated from these fields (megatron/training/arguments.py).
+
+Each field's metadata holds its help text and, where Megatron-LM's flag name is not the
+field name with dashes, the flag (e.g. add_bias_linear <- --disable-bias-linear).
+validate() raises ConfigError naming the flags and the fix.
+"""
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message names the flag(s) and how to fix it."""
+
+
+def opt(default, help, flag=None, choices=None, nargs=None):
+    """A dataclass field with CLI metadata. flag: the Megatron-LM flag if not --field-name.
+
+    A bool field whose flag is given and whose default is True is switched off by that flag
+    (e.g. --disable-bias-linear).
+    """
+    meta = {"help": help, "flag": flag, "choices": choices, "nargs": nargs}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def flag_of(cls, name):
+    """The CLI flag for a config field, for error messages."""
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            return f.metadata.get("flag") or "--" + name.replace("_", "-")
+    raise KeyError(name)
+
+
+@dataclass
+class ModelParallelConfig:
+    tensor_model_parallel_size: int = opt(1, "Degree of tensor model parallelism.")
+    pipeline_model_parallel_size: int = opt(1, "Degree of pipeline model parallelism.")
+    virtual_pipeline_model_parallel_size: Optional[int] = opt(
+        None, "Model chunks per pipeline rank (interleaved schedule).", flag="--virtual-pipeline-model-parallel-size")
+    sequence_parallel: bool = opt(False, "Split activations outside TP regions along the sequence over the TP group.")
+    params_dtype: torch.dtype = dataclasses.field(default=torch.float32, metadata={"cli": False})
+
+
+@dataclass
+class TransformerConfig(ModelParallelConfig):
+    num_layers: int = opt(4, "Number of transformer layers.")
+    hidden_size: int = opt(256, "Transformer hidden size.")
+    num_attention_heads: int = opt(4, "Number of attention heads.")
+    ffn_hidden_size: Optional[int] = opt(None, "MLP hidden size (default 4 x hidden, or about 8/3 x hidden with --swiglu).")
+    kv_channels: Optional[int] = opt(None, "Per-head size (default hidden / heads).")
+    group_query_attention: bool = opt(False, "Use grouped-query attention (with --num-query-groups).")
+    num_query_groups: Optional[int] = opt(None, "Key/value head groups for grouped-query attention.")
+    seq_length: int = opt(256, "Sequence length of a training sample.")
+    max_position_embeddings: Optional[int] = opt(None, "Largest position the model supports (default --seq-length).")
+    position_embedding_type: str = opt("learned_absolute", "Position embedding.", choices=["learned_absolute", "rope"])
+    rotary_base: int = opt(10000, "Base of the rotary embedding frequencies.")
+    normalization: str = opt("LayerNorm", "Normalization layer.", choices=["LayerNorm", "RMSNorm"])
+    norm_epsilon: float = opt(1e-5, "Epsilon of the normalization layers.")
+    swiglu: bool = opt(False, "Use SwiGLU instead of GeLU in the MLP.")
+    add_bias_linear: bool = opt(True, "Disable biases in the linear layers.", flag="--disable-bias-linear")
+    untie_embeddings_and_output_weights: bool = opt(False, "Give the output layer its own weight.")
+    hidden_dropout: float = opt(0.1, "Dropout on the residual branches and embeddings.")
+    attention_dropout: float = opt(0.1, "Dropout on the attention probabilities.")
+    init_method_std: float = opt(0.02, "Std of the normal initialisation.")
+    make_vocab_size_divisible_by: int = opt(128, "Pad the vocabulary to a multiple of this x TP.")
+    vocab_size: Optional[int] = dataclasses.field(default=None, metadata={"cli": False})
+
+    def __post_init__(self):
+        if self.num_query_groups is None or not self.group_query_attention:
+            self.num_query_groups = self.num_attention_heads
+        if self.kv_channels is None and self.num_attention_heads > 0:
+            self.kv_channels = self.hidden_size // self.num_attention_heads
+        if self.ffn_hidden_size is None:
+            # SwiGLU has 3 matrices instead of 2: keep the parameter count of a 4h GeLU MLP
+            self.ffn_hidden_size = (int(8 * self.hidden_size / 3 / 64) * 64 or 64) if self.swiglu \
+                else 4 * self.hidden_size
+        if self.max_position_embeddings is None:
+            self.max_position_embeddings = self.seq_length
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Vocabulary padded to a multiple of make_vocab_size_divisible_by x TP."""
+        multiple = self.make_vocab_size_divisible_by * self.tensor_model_parallel_size
+        return -(-self.vocab_size // multiple) * multiple
+
+    def validate(self) -> None:
+        f = lambda n: flag_of(TransformerConfig, n)  # noqa: E731
+        tp = self.tensor_model_parallel_size
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
+                     "ffn_hidden_size", "make_vocab_size_divisible_by"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{f(name)} must be a positive integer, got {getattr(self, name)}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(f"{f('hidden_size')} ({self.hidden_size}) is not divisible by "
+                              f"{f('num_attention_heads')} ({self.num_attention_heads}); pick a head count that divides it")
+        if self.num_attention_heads % tp:
+            raise ConfigError(f"{f('num_attention_heads')} ({self.num_attention_heads}) is not divisible by "
+                              f"{f('tensor_model_parallel_size')} ({tp}); each TP rank needs whole heads")
+        if self.num_attention_heads % self.num_query_groups:
+            raise ConfigError(f"{f('num_attention_heads')} ({self.num_attention_heads}) is not divisible by "
+                              f"{f('num_query_groups')} ({self.num_query_groups})")
+        if self.num_query_groups % tp:
+            raise ConfigError(f"{f('num_query_groups')} ({self.num_query_groups}) is not divisible by "
+                              f"{f('tensor_model_parallel_size')} ({tp}); use a multiple of TP query groups")
+        if self.ffn_hidden_size % tp:
+            raise ConfigError(f"{f('ffn_hidden_size')} ({self.ffn_hidden_size}) is not divisible by "
+                              f"{f('tensor_model_parallel_size')} ({tp})")
+        if self.seq_length > self.max_position_embeddings:
+            raise ConfigError(f"{f('seq_length')} ({self.seq_length}) is larger than "
+                              f"{f('max_position_embeddings')} ({self.max_position_embeddings}); raise "
+                              f"{f('max_position_embeddings')} or shorten the sequence")
+        if self.sequence_parallel and self.seq_length % tp:
+            raise ConfigError(f"{f('seq_length')} ({self.seq_length}) must be divisible by "
+                              f"{f('tensor_model_parallel_size')} ({tp}) with {f('sequence_parallel')}")
+        if self.position_embedding_type == "rope" and self.kv_channels % 2:
+            raise ConfigError(f"rotary embeddings need an even head size, got {self.kv_channels}")
+        for name in ("hidden_dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"{f(name)} must be in [0, 1), got {getattr(self, name)}")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise ConfigError(f"--vocab-size must be positive, got {self.vocab_size}")

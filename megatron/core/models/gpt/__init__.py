@@ -1,0 +1,2 @@
+"""GPT model."""
+from .gpt_model import GPTModel

@@ -1,0 +1,41 @@
+"""The true global gradient norm over all model-parallel ranks, and clipping by it."""
+import torch
+import torch.distributed as dist
+
+
+def counted_once(param, tp_rank, pp_rank):
+    """Whether this rank contributes `param` to the global norm.
+
+    TP-split parameters: every TP rank holds a different shard, so all count. TP-replicated
+    parameters (norms, row-parallel biases, position embeddings) count on TP rank 0 only.
+    A tied embedding held on both the first and last pipeline stage counts on the first.
+    """
+    if getattr(param, "shared_embedding", False) and pp_rank != 0:
+        return False
+    return getattr(param, "tensor_model_parallel", False) or tp_rank == 0
+
+
+def get_grad_norm(params, groups):
+    """L2 norm of all gradients of the model (fp32 tensor, on the grads' device).
+
+    Sums squares locally, then all-reduces over the model-parallel group (TP x PP). The
+    grads must already be reduced over DP (identical on every DP rank).
+    """
+    grads = [p.grad for p in params if p.grad is not None and counted_once(p, groups.tp_rank, groups.pp_rank)]
+    device = next(iter(params)).device
+    if grads:
+        total = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]).pow(2).sum()
+    else:
+        total = torch.zeros((), device=device)
+    if dist.get_world_size(groups.mp) > 1:
+        dist.all_reduce(total, group=groups.mp)
+    return total.sqrt()
+
+
+def clip_grads_(params, max_norm, total_norm):
+    """Scale grads by min(1, max_norm / norm) without a host sync."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if max_norm <= 0 or not grads:
+        return
+    coeff = (max_norm / (total_norm + 1e-6)).clamp(max=1.0)
+    torch._foreach_mul_(grads, coeff.to(grads[0].dtype))

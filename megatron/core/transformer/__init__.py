@@ -1,0 +1,1 @@
+"""Transformer building blocks in [s, b, h] layout, tensor- and sequence-parallel."""

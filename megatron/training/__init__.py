@@ -1,0 +1,1 @@
+"""The training side: CLI, initialisation, the pretrain loop, logging, tokenizers and data for now."""

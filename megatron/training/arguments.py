@@ -1,0 +1,59 @@
+"""The command line, generated from the config dataclasses' fields and help texts.
+
+Flag names follow Megatron-LM: a field `num_layers` is `--num-layers`, unless its
+metadata names another flag (e.g. `add_bias_linear` is switched off by
+`--disable-bias-linear`).
+"""
+import argparse
+import dataclasses
+import typing
+
+from ..core.config import ConfigError, TransformerConfig
+from .config import TrainingConfig
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # one clear line instead of usage + message; the caller exits non-zero
+        raise ConfigError(f"{message} (see --help)")
+
+
+def _base_type(tp):
+    if typing.get_origin(tp) is typing.Union:
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    if typing.get_origin(tp) in (list, typing.List):
+        tp = typing.get_args(tp)[0]
+    return tp
+
+
+def _add_fields(group, cls):
+    for f in dataclasses.fields(cls):
+        meta = f.metadata
+        if meta.get("cli") is False:
+            continue
+        flag = meta.get("flag") or "--" + f.name.replace("_", "-")
+        tp = _base_type(f.type)
+        if tp is bool:
+            action = "store_false" if f.default is True else "store_true"
+            group.add_argument(flag, dest=f.name, action=action, help=meta["help"])
+        else:
+            group.add_argument(flag, dest=f.name, type=tp, default=f.default, choices=meta.get("choices"),
+                               nargs=meta.get("nargs"), help=meta["help"] + (f" (default {f.default})" if f.default is not None else ""))
+
+
+def build_parser(description="Pretrain a GPT model.") -> argparse.ArgumentParser:
+    parser = _Parser(description=description, allow_abbrev=False)
+    _add_fields(parser.add_argument_group("model and parallelism"), TransformerConfig)
+    _add_fields(parser.add_argument_group("training, data and logging"), TrainingConfig)
+    return parser
+
+
+def _take(cls, ns):
+    names = {f.name for f in dataclasses.fields(cls) if f.metadata.get("cli") is not False}
+    return cls(**{n: getattr(ns, n) for n in names})
+
+
+def parse_args(argv=None):
+    """argv -> (TransformerConfig, TrainingConfig), not yet validated. Raises ConfigError."""
+    ns = build_parser().parse_args(argv)
+    return _take(TransformerConfig, ns), _take(TrainingConfig, ns)

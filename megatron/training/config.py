@@ -1,0 +1,73 @@
+"""Training, data and logging options (the model's live in megatron/core/config.py)."""
+from dataclasses import dataclass
+from typing import List, Optional
+
+from ..core.config import ConfigError, opt, flag_of
+
+
+@dataclass
+class TrainingConfig:
+    micro_batch_size: int = opt(8, "Samples per microbatch per data-parallel rank.")
+    global_batch_size: Optional[int] = opt(
+        None, "Samples per iteration over all data-parallel ranks (default micro batch x DP); "
+        "gradients are accumulated over global / (micro x DP) microbatches.")
+    train_iters: int = opt(200, "Number of training iterations.")
+    lr: float = opt(1e-3, "Peak learning rate.")
+    min_lr: float = opt(1e-4, "Learning rate at the end of decay.")
+    lr_decay_style: str = opt("cosine", "Learning-rate decay after warm-up.",
+                              choices=["constant", "linear", "cosine", "WSD"])
+    lr_decay_iters: Optional[int] = opt(None, "Iterations over which to decay (default --train-iters).")
+    lr_warmup_iters: int = opt(20, "Linear warm-up iterations.")
+    lr_warmup_fraction: Optional[float] = opt(None, "Warm-up as a fraction of --lr-decay-iters (overrides --lr-warmup-iters).")
+    lr_wsd_decay_style: str = opt("linear", "Shape of the final decay with --lr-decay-style WSD.",
+                                  choices=["linear", "cosine", "exponential", "minus_sqrt"])
+    lr_wsd_decay_iters: Optional[int] = opt(None, "Length of the final decay with WSD (default 10%% of decay iterations).")
+    weight_decay: float = opt(0.1, "AdamW weight decay (not applied to biases and norms).")
+    clip_grad: float = opt(1.0, "Clip gradients to this global L2 norm (0 disables).")
+    adam_beta1: float = opt(0.9, "Adam beta1.")
+    adam_beta2: float = opt(0.95, "Adam beta2.")
+    adam_eps: float = opt(1e-8, "Adam epsilon.")
+    seed: int = opt(1234, "Random seed (initialisation, data order, dropout).")
+    log_interval: int = opt(10, "Print and record metrics every this many iterations.")
+    eval_interval: int = opt(100, "Evaluate on the validation set every this many iterations.")
+    eval_iters: int = opt(10, "Validation batches per evaluation (0 disables evaluation).")
+    tensorboard_dir: Optional[str] = opt(None, "Write TensorBoard logs here.")
+    exit_interval: Optional[int] = opt(None, "Stop after an iteration that is a multiple of this.")
+    mock_data: bool = opt(False, "Train on deterministic synthetic tokens (with --tokenizer-type NullTokenizer --vocab-size N).")
+    tokenizer_type: Optional[str] = opt(None, "Tokenizer (default: byte-level for the embedded corpus, NullTokenizer for --mock-data).",
+                                        choices=["NullTokenizer", "ByteTokenizer"])
+    vocab_size: Optional[int] = opt(None, "Vocabulary size of the NullTokenizer.")
+    data_path: Optional[List[str]] = opt(None, "Reserved for the indexed-dataset pipeline (not yet available).", nargs="+")
+    distributed_backend: Optional[str] = opt(None, "Collective backend (default nccl with CUDA, else gloo).",
+                                             choices=["nccl", "gloo"])
+    embedded_corpus_bytes: int = opt(4_000_000, "Bytes of Python standard-library source used by the embedded default corpus.")
+
+    def validate(self, dp_size: int) -> None:
+        f = lambda n: flag_of(TrainingConfig, n)  # noqa: E731
+        for name in ("micro_batch_size", "train_iters", "log_interval", "eval_interval"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{f(name)} must be at least 1, got {getattr(self, name)}")
+        if self.global_batch_size is None:
+            self.global_batch_size = self.micro_batch_size * dp_size
+        if self.global_batch_size % (self.micro_batch_size * dp_size):
+            raise ConfigError(
+                f"{f('global_batch_size')} ({self.global_batch_size}) is not divisible by "
+                f"{f('micro_batch_size')} ({self.micro_batch_size}) x data-parallel size ({dp_size}) = "
+                f"{self.micro_batch_size * dp_size}; use a multiple of it")
+        if self.lr < 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ConfigError(f"need 0 <= {f('min_lr')} ({self.min_lr}) <= {f('lr')} ({self.lr})")
+        if self.clip_grad < 0 or self.weight_decay < 0 or self.eval_iters < 0:
+            raise ConfigError(f"{f('clip_grad')}, {f('weight_decay')} and {f('eval_iters')} must be non-negative")
+        if self.lr_warmup_fraction is not None and not 0 <= self.lr_warmup_fraction <= 1:
+            raise ConfigError(f"{f('lr_warmup_fraction')} must be in [0, 1], got {self.lr_warmup_fraction}")
+        if self.exit_interval is not None and self.exit_interval < 1:
+            raise ConfigError(f"{f('exit_interval')} must be at least 1")
+        if self.data_path:
+            raise ConfigError("--data-path needs the indexed-dataset pipeline, which is not built yet; "
+                              "use --mock-data, or no data flag for the embedded corpus")
+        tok = self.tokenizer_type or ("NullTokenizer" if self.mock_data else "ByteTokenizer")
+        if tok == "NullTokenizer" and (self.vocab_size is None or self.vocab_size < 2):
+            raise ConfigError("--tokenizer-type NullTokenizer needs --vocab-size N (N >= 2)")
+        if tok == "ByteTokenizer" and self.mock_data and self.vocab_size:
+            raise ConfigError("--vocab-size goes with --tokenizer-type NullTokenizer, not ByteTokenizer")
+        self.tokenizer_type = tok

@@ -1,0 +1,58 @@
+"""Checking the configuration, starting torch.distributed, building the rank grid, seeding."""
+import datetime
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from ..core.parallel_state import default_backend, initialize_model_parallel, validate_parallel_sizes
+from ..core.tensor_parallel.random import model_parallel_seed
+
+
+def world_size_from_env() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def validate_config(model_cfg, train_cfg, vocab_size):
+    """Everything that can be checked before any process group exists (raises ConfigError)."""
+    dp = validate_parallel_sizes(world_size_from_env(), model_cfg.tensor_model_parallel_size,
+                                 model_cfg.pipeline_model_parallel_size,
+                                 model_cfg.virtual_pipeline_model_parallel_size)
+    train_cfg.validate(dp)
+    model_cfg.vocab_size = vocab_size
+    model_cfg.validate()
+    return dp
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def initialize_distributed(model_cfg, train_cfg):
+    """Start the default group (torchrun env, or a 1-process group), build the grid, seed.
+
+    Returns (ProcessGroups, device).
+    """
+    if "RANK" not in os.environ:  # plain `python pretrain_gpt.py`: a world of one
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(_free_port()))
+    backend = train_cfg.distributed_backend or default_backend()
+    if backend == "nccl" and not torch.cuda.is_available():
+        from ..core.config import ConfigError
+        raise ConfigError("--distributed-backend nccl needs CUDA GPUs; use gloo on CPU")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=10))
+    groups = initialize_model_parallel(model_cfg.tensor_model_parallel_size,
+                                       model_cfg.pipeline_model_parallel_size,
+                                       model_cfg.virtual_pipeline_model_parallel_size)
+    model_parallel_seed(train_cfg.seed, groups.tp_rank, groups.pp_rank, device)
+    return groups, device

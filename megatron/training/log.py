@@ -1,0 +1,115 @@
+"""Megatron-style progress lines, TensorBoard scalars, and the start-up summary."""
+import math
+import sys
+import time
+
+import torch.distributed as dist
+
+
+def is_logging_rank():
+    """The last rank prints iteration lines: it is on the last pipeline stage, where the loss is."""
+    return dist.get_rank() == dist.get_world_size() - 1
+
+
+def print_rank_0(msg):
+    if dist.get_rank() == 0:
+        print(msg, flush=True)
+
+
+def print_rank_last(msg):
+    if is_logging_rank():
+        print(msg, flush=True)
+
+
+def _fmt_time(seconds):
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class TrainingLogger:
+    """Accumulates metrics between log lines; writes text (last rank) and TensorBoard."""
+
+    def __init__(self, train_iters, tensorboard_dir=None):
+        self.train_iters = train_iters
+        self.writer = None
+        if tensorboard_dir and is_logging_rank():
+            from torch.utils.tensorboard import SummaryWriter
+            self.writer = SummaryWriter(log_dir=tensorboard_dir, max_queue=100)
+        self.start = time.perf_counter()
+        self.interval_start = self.start
+        self.iters_done = 0
+        self.losses, self.nan_iters = [], 0
+
+    def scalar(self, name, value, step):
+        if self.writer is not None:
+            self.writer.add_scalar(name, value, step)
+
+    def add_loss(self, loss_tensor):
+        self.losses.append(loss_tensor)
+
+    def log(self, iteration, consumed, lr, global_batch, grad_norm, flops_per_iter, world_size):
+        """Print one line averaging the interval's losses; returns the mean loss."""
+        now = time.perf_counter()
+        n = len(self.losses)
+        per_iter = (now - self.interval_start) / max(n, 1)
+        self.iters_done += n
+        losses = [float(x) for x in self.losses]  # the host sync happens here only
+        finite = [x for x in losses if math.isfinite(x)]
+        self.nan_iters += n - len(finite)
+        loss = sum(finite) / max(len(finite), 1) if finite else float("nan")
+        tflops = flops_per_iter / per_iter / world_size / 1e12
+        eta = (now - self.start) / self.iters_done * (self.train_iters - iteration)
+        gn = float(grad_norm)
+        print_rank_last(
+            f" iteration {iteration:8d}/{self.train_iters:8d} | consumed samples: {consumed:12d} |"
+            f" elapsed time per iteration (ms): {per_iter * 1000:.1f} |"
+            f" throughput per GPU (TFLOP/s/GPU): {tflops:.2f} | learning rate: {lr:.6E} |"
+            f" global batch size: {global_batch:5d} | lm loss: {loss:.6E} | grad norm: {gn:.3f} |"
+            f" number of nan iterations: {self.nan_iters:3d} | ETA {_fmt_time(eta)} |")
+        for name, value in (("lm loss", loss), ("learning-rate", lr), ("grad-norm", gn),
+                            ("iteration-time", per_iter), ("throughput", tflops)):
+            self.scalar(name, value, iteration)
+        self.losses, self.interval_start = [], time.perf_counter()
+        return loss
+
+    def reset_timer(self):
+        self.interval_start = time.perf_counter()
+
+    def log_validation(self, iteration, loss):
+        ppl = math.exp(min(20.0, loss))
+        line = f" validation loss at iteration {iteration} | lm loss value: {loss:.6E} | lm loss PPL: {ppl:.6E} |"
+        print_rank_last("-" * len(line) + "\n" + line + "\n" + "-" * len(line))
+        self.scalar("lm loss validation", loss, iteration)
+        self.scalar("lm loss validation ppl", ppl, iteration)
+
+    def close(self):
+        if self.writer is not None:
+            self.writer.close()
+
+
+def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name, optimizer):
+    """Layout, parameters per rank, and which implementation each op uses (rank 0 prints)."""
+    count = sum(p.numel() for p in model.parameters())
+    counts = [None] * dist.get_world_size()
+    dist.all_gather_object(counts, (groups.tp_rank, groups.dp_rank, groups.pp_rank, count))
+    if dist.get_rank() != 0:
+        return
+    c = model_cfg
+    fused = optimizer.defaults.get("fused")
+    lines = [
+        "> parallel layout: " + groups.describe(),
+        f"> sequence parallel: {c.sequence_parallel} | device: {device} | backend: {dist.get_backend()}",
+        f"> model: {c.num_layers} layers, hidden {c.hidden_size}, {c.num_attention_heads} heads"
+        f" ({c.num_query_groups} query groups), ffn {c.ffn_hidden_size}, seq {c.seq_length},"
+        f" vocab {c.vocab_size} padded to {c.padded_vocab_size} ({tokenizer_name})",
+        "> implementations: attention=torch.nn.functional.scaled_dot_product_attention"
+        f" | norm=torch ({c.normalization}) | mlp activation={'SwiGLU' if c.swiglu else 'GeLU'} (torch)"
+        f" | cross entropy=vocab-parallel (torch) | optimizer=torch.optim.AdamW ({'fused' if fused else 'foreach'})",
+        f"> batch: micro {train_cfg.micro_batch_size} x DP {groups.dp_size} x accumulation "
+        f"{train_cfg.global_batch_size // (train_cfg.micro_batch_size * groups.dp_size)}"
+        f" = global {train_cfg.global_batch_size}",
+        "> parameters per rank (tp, dp, pp: count):",
+    ]
+    lines += [f"    rank {r:3d} (tp {t}, dp {d}, pp {p}): {n:,}" for r, (t, d, p, n) in enumerate(counts)]
+    print("\n".join(lines), flush=True)
+    sys.stdout.flush()

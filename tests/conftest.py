@@ -1,0 +1,8 @@
+"""Put the repository root on sys.path so `megatron` and `tests.harness` import without
+installing the package (spawned ranks inherit this sys.path)."""
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
