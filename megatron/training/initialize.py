@@ -16,12 +16,12 @@ def world_size_from_env() -> int:
 
 def validate_config(model_cfg, train_cfg, vocab_size):
     """Everything that can be checked before any process group exists (raises ConfigError)."""
+    model_cfg.vocab_size = vocab_size
+    model_cfg.validate()
     dp = validate_parallel_sizes(world_size_from_env(), model_cfg.tensor_model_parallel_size,
                                  model_cfg.pipeline_model_parallel_size,
                                  model_cfg.virtual_pipeline_model_parallel_size)
     train_cfg.validate(dp)
-    model_cfg.vocab_size = vocab_size
-    model_cfg.validate()
     return dp
 
 

@@ -1,0 +1,27 @@
+"""Running pretrain_gpt.py as a user would (python, or torchrun for several ranks) and reading its log."""
+import os
+import re
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LOSS_RE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?\| lm loss: ([0-9.Ee+-]+|nan) \|")
+
+
+def run_cli(args, nproc=1, script="pretrain_gpt.py", timeout=600, check=True):
+    """Run the script; nproc > 1 goes through torchrun --standalone. Returns CompletedProcess."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if nproc > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", script]
+    else:
+        cmd = [sys.executable, script]
+    proc = subprocess.run(cmd + list(args), cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd + list(args))} exited {proc.returncode}\n"
+                             f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-8000:]}")
+    return proc
+
+
+def losses(stdout):
+    """{iteration: lm loss} from the iteration lines."""
+    return {int(m.group(1)): float(m.group(2)) for m in LOSS_RE.finditer(stdout)}
