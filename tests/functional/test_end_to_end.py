@@ -1,0 +1,42 @@
+"""The README's main job and the CPU recipe, run as a user would."""
+import glob
+import os
+import subprocess
+import time
+
+import pytest
+
+from .cli import REPO, losses, run_cli
+
+
+@pytest.mark.slow
+def test_default_run_trains_on_stdlib_text_within_three_minutes():
+    start = time.time()
+    proc = run_cli([], timeout=400)
+    elapsed = time.time() - start
+    got = losses(proc.stdout)
+    assert max(got) == 200
+    assert got[200] < got[10] - 1.0, got  # the loss visibly falls
+    assert "validation loss at iteration 200" in proc.stdout
+    assert "ByteTokenizer" in proc.stdout and "parameters per rank" in proc.stdout
+    assert elapsed < 180, f"took {elapsed:.0f} s"
+
+
+@pytest.mark.slow
+def test_cpu_recipe_tp2_dp2_writes_tensorboard(tmp_path):
+    tb = tmp_path / "tb"
+    env = dict(os.environ, PYTHONPATH=REPO)
+    proc = subprocess.run(["bash", "examples/gpt/train_gpt_tiny_cpu.sh", "--train-iters", "6",
+                           "--log-interval", "2", "--eval-interval", "3", "--tensorboard-dir", str(tb)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert sorted(losses(proc.stdout)) == [2, 4, 6]
+    assert "world 4 = TP 2 x DP 2 x PP 1" in proc.stdout
+    assert "validation loss at iteration 6" in proc.stdout
+    events = glob.glob(str(tb / "events.out.tfevents.*"))
+    assert events, "no TensorBoard event file"
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(tb))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("lm loss")] == [2, 4, 6]
+    assert "lm loss validation" in acc.Tags()["scalars"]
