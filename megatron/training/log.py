@@ -87,7 +87,7 @@ class TrainingLogger:
             self.writer.close()
 
 
-def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name, optimizer):
+def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name):
     """Layout, parameters per rank, and which implementation each op uses (rank 0 prints)."""
     count = sum(p.numel() for p in model.parameters())
     counts = [None] * dist.get_world_size()
@@ -95,7 +95,6 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
     if dist.get_rank() != 0:
         return
     c = model_cfg
-    fused = optimizer.defaults.get("fused")
     lines = [
         "> parallel layout: " + groups.describe(),
         f"> sequence parallel: {c.sequence_parallel} | device: {device} | backend: {dist.get_backend()}",
@@ -104,7 +103,7 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
         f" vocab {c.vocab_size} padded to {c.padded_vocab_size} ({tokenizer_name})",
         "> implementations: attention=torch.nn.functional.scaled_dot_product_attention"
         f" | norm=torch ({c.normalization}) | mlp activation={'SwiGLU' if c.swiglu else 'GeLU'} (torch)"
-        f" | cross entropy=vocab-parallel (torch) | optimizer=torch.optim.AdamW ({'fused' if fused else 'foreach'})",
+        f" | cross entropy=vocab-parallel (torch) | optimizer=torch.optim.AdamW (fused)",
         f"> batch: micro {train_cfg.micro_batch_size} x DP {groups.dp_size} x accumulation "
         f"{train_cfg.global_batch_size // (train_cfg.micro_batch_size * groups.dp_size)}"
         f" = global {train_cfg.global_batch_size}",

@@ -37,12 +37,12 @@ def forward_backward(model, batches, forward_step, groups):
     return total / num_tokens
 
 
-def train_step(model, optimizer, scheduler, batches, forward_step, groups, iteration, clip_grad):
-    """One iteration. Returns (loss, grad_norm) as tensors and the LR used (no host sync)."""
+def train_step(model, optimizer, scheduler, batches, forward_step, groups, iteration, clip_grad, params):
+    """One iteration over `params` (the model's, listed once). Returns (loss, grad_norm)
+    as tensors and the LR used (no host sync)."""
     optimizer.zero_grad(set_to_none=True)
     loss = forward_backward(model, batches, forward_step, groups)
     finalize_model_grads(model, groups)
-    params = [p for p in model.parameters()]
     grad_norm = get_grad_norm(params, groups)
     clip_grads_(params, clip_grad, grad_norm)
     lr = scheduler.step(iteration)
@@ -88,18 +88,19 @@ def pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step,
     initialize_parameters(model, t.seed, groups.tp_rank, groups.tp_size)
     optimizer = build_optimizer(model, t.lr, t.weight_decay, (t.adam_beta1, t.adam_beta2), t.adam_eps)
     scheduler = build_scheduler(optimizer, t)
-    startup_summary(model, model_cfg, t, groups, device, tokenizer_name, optimizer)
+    startup_summary(model, model_cfg, t, groups, device, tokenizer_name)
     train_ds, valid_ds = datasets
     logger = TrainingLogger(t.train_iters, t.tensorboard_dir)
     flops = num_floating_point_operations(model_cfg, t.global_batch_size)
     print_rank_0(f"> training for {t.train_iters} iterations ({len(train_ds)} samples per epoch)")
     consumed, history = 0, []
+    params = list(model.parameters())
     model.train()
     for iteration in range(1, t.train_iters + 1):
         batches = microbatches(train_ds, consumed, t.global_batch_size, t.micro_batch_size,
                                groups.dp_rank, groups.dp_size, device)
         loss, grad_norm, lr = train_step(model, optimizer, scheduler, batches, forward_step,
-                                         groups, iteration, t.clip_grad)
+                                         groups, iteration, t.clip_grad, params)
         consumed += t.global_batch_size
         logger.add_loss(loss)
         if iteration % t.log_interval == 0 or iteration == t.train_iters:

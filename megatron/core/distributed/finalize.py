@@ -35,6 +35,8 @@ def finalize_model_grads(model, groups):
 
     Talks to groups.tp (norm weights and biases applied to sequence shards) and groups.dp.
     """
+    if groups.tp_size == 1 and groups.dp_size == 1:
+        return
     params = [p for p in model.parameters() if p.grad is not None]
     if groups.tp_size > 1:
         sp = [p.grad for p in params if getattr(p, "sequence_parallel", False)]

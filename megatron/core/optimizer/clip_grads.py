@@ -24,7 +24,7 @@ def get_grad_norm(params, groups):
     grads = [p.grad for p in params if p.grad is not None and counted_once(p, groups.tp_rank, groups.pp_rank)]
     device = next(iter(params)).device
     if grads:
-        total = torch.stack([torch.linalg.vector_norm(g, dtype=torch.float32) for g in grads]).pow(2).sum()
+        total = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).pow(2).sum()
     else:
         total = torch.zeros((), device=device)
     if dist.get_world_size(groups.mp) > 1:

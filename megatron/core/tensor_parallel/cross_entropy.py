@@ -28,10 +28,14 @@ class _VocabParallelCE(torch.autograd.Function):
             dist.all_reduce(logits_max, op=dist.ReduceOp.MAX, group=group)
         shifted = logits - logits_max.unsqueeze(-1)
 
-        outside = (target < start) | (target >= start + per_rank)
-        local_target = (target - start).masked_fill(outside, 0)
+        if comm.world(group) > 1:
+            outside = (target < start) | (target >= start + per_rank)
+            local_target = (target - start).masked_fill(outside, 0)
+        else:  # every target is local
+            outside, local_target = None, target
         target_logit = shifted.gather(-1, local_target.unsqueeze(-1)).squeeze(-1)
-        target_logit = target_logit.masked_fill(outside, 0.0)
+        if outside is not None:
+            target_logit = target_logit.masked_fill(outside, 0.0)
 
         exp = shifted.exp_()
         sum_exp = exp.sum(dim=-1)
@@ -49,8 +53,11 @@ class _VocabParallelCE(torch.autograd.Function):
     def backward(ctx, grad_loss):
         softmax, local_target, outside = ctx.saved_tensors
         grad = softmax  # reuse the buffer: backward runs once
-        grad.scatter_add_(-1, local_target.unsqueeze(-1),
-                          -(~outside).to(grad.dtype).unsqueeze(-1))
+        if outside is None:
+            minus_one = torch.full_like(local_target, -1.0, dtype=grad.dtype)
+        else:
+            minus_one = -(~outside).to(grad.dtype)
+        grad.scatter_add_(-1, local_target.unsqueeze(-1), minus_one.unsqueeze(-1))
         grad.mul_(grad_loss.unsqueeze(-1))
         return grad.to(ctx.dtype), None, None, None
 
