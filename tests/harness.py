@@ -35,23 +35,34 @@ def free_port() -> int:
 
 
 def _worker(rank, world_size, port, tp, pp, timeout, fn, args, results):
-    # imported here so a broken library shows up as this rank's traceback
+    parallel_state = None
+
+    def cleanup():
+        if parallel_state is not None:
+            parallel_state.destroy_model_parallel()
+        if dist.is_initialized():
+            dist.destroy_process_group()  # the default group and every sub-group
+
     try:
-        from megatron.core import parallel_state
+        from megatron.core import parallel_state  # here, so an import error is this rank's traceback
         torch.set_num_threads(1)
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(port)
         dist.init_process_group("gloo", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
-        try:
-            groups = parallel_state.initialize_model_parallel(tp, pp)
-            value = fn(groups, *args)
-        finally:
-            parallel_state.destroy_model_parallel()
-            dist.destroy_process_group()  # the default group and every sub-group
-        results.put((rank, True, value))
+        groups = parallel_state.initialize_model_parallel(tp, pp)
+        value = fn(groups, *args)
+        cleanup()
     except BaseException:  # noqa: BLE001 - everything goes back to the parent
+        # report before tearing down: the teardown makes the peers fail too, and the
+        # parent should hear about the root cause first
         results.put((rank, False, traceback.format_exc()))
+        try:
+            cleanup()
+        except BaseException:  # noqa: BLE001
+            pass
+        return
+    results.put((rank, True, value))
 
 
 def spawn(world_size, fn, *args, tp=1, pp=1, timeout=DEFAULT_TIMEOUT):
@@ -60,6 +71,16 @@ def spawn(world_size, fn, *args, tp=1, pp=1, timeout=DEFAULT_TIMEOUT):
     Raises AssertionError naming the failing rank(s) with their tracebacks if any rank
     raises, exits without reporting (crash), or the run exceeds `timeout` seconds.
     """
+    for attempt in range(3):
+        try:
+            return _spawn_once(world_size, fn, args, tp, pp, timeout)
+        except AssertionError as e:
+            # the free port was taken by someone else before rank 0 bound it: pick another
+            if "address already in use" not in str(e).lower() or attempt == 2:
+                raise
+
+
+def _spawn_once(world_size, fn, args, tp, pp, timeout):
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
@@ -69,36 +90,41 @@ def spawn(world_size, fn, *args, tp=1, pp=1, timeout=DEFAULT_TIMEOUT):
     for p in procs:
         p.start()
 
-    values, errors = {}, {}
+    values, errors, failed_order, exited_at = {}, {}, [], {}
     deadline = time.monotonic() + timeout
+    grace_end = None  # after the first failure, a moment for the other ranks' reports
     timed_out = False
     try:
         while len(values) + len(errors) < world_size:
-            if errors:
-                break  # the other ranks may be stuck in a collective with the failed one
+            now = time.monotonic()
+            if grace_end is not None and now > grace_end:
+                break
+            if now > deadline:
+                timed_out = True
+                break
             try:
-                rank, ok, payload = results.get(timeout=0.2)
+                rank, ok, payload = results.get(timeout=0.1)
             except queue_mod.Empty:
-                reported = set(values) | set(errors)
                 for r, p in enumerate(procs):
-                    # a rank that died without reporting (segfault, os._exit, OOM kill);
-                    # give its queue feeder a moment in case the report is in flight
-                    if r not in reported and p.exitcode is not None:
-                        try:
-                            rank, ok, payload = results.get(timeout=1.0)
-                        except queue_mod.Empty:
-                            errors[r] = f"process exited with code {p.exitcode} without reporting"
-                        else:
-                            (values if ok else errors)[rank] = payload
-                        break
-                if time.monotonic() > deadline:
-                    timed_out = True
-                    break
-                continue
-            (values if ok else errors)[rank] = payload
+                    # died without reporting (segfault, os._exit, OOM kill); a report
+                    # may still be in the pipe, so give it a moment
+                    if r in values or r in errors or p.exitcode is None:
+                        continue
+                    exited_at.setdefault(r, now)
+                    if now - exited_at[r] > 2.0:
+                        errors[r] = f"process exited with code {p.exitcode} without reporting"
+                        failed_order.append(r)
+            else:
+                (values if ok else errors)[rank] = payload
+                if not ok:
+                    failed_order.append(rank)
+            if errors and grace_end is None:
+                grace_end = time.monotonic() + 3.0
     finally:
+        # kill whatever is left unless every rank reported success (also on Ctrl-C)
+        all_ok = len(values) == world_size
         for p in procs:
-            if p.is_alive() and (errors or timed_out):
+            if p.is_alive() and not all_ok:
                 p.kill()
         for p in procs:
             p.join(timeout=10)
@@ -112,7 +138,9 @@ def spawn(world_size, fn, *args, tp=1, pp=1, timeout=DEFAULT_TIMEOUT):
         if timed_out:
             missing = sorted(set(range(world_size)) - set(values) - set(errors))
             lines.append(f"timed out after {timeout:.0f} s; ranks still running: {missing}")
-        for r in sorted(errors):
+        if failed_order:
+            lines.append(f"ranks in the order they failed: {failed_order} (the first is usually the cause)")
+        for r in failed_order:
             lines.append(f"----- rank {r} -----\n{errors[r]}")
         raise AssertionError("\n".join(lines))
     return [values[r] for r in range(world_size)]

@@ -13,6 +13,7 @@ of a full tensor is taken with `_shard` below, written independently of the libr
 """
 import dataclasses
 import time
+import zlib
 
 import pytest
 import torch
@@ -32,6 +33,7 @@ from megatron.core.tensor_parallel import (ColumnParallelLinear, RowParallelLine
                                            vocab_parallel_cross_entropy)
 from megatron.core.tensor_parallel.initialization import (full_shape, init_full_tensor, initialize_parameters,
                                                           take_shard)
+from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.layer import hidden_dropout
 from tests.harness import spawn
 
@@ -93,8 +95,7 @@ class Checker:
         err = (a - e).abs()
         scale = e.abs() if elementwise else e.abs().max()
         tol = atol + rtol * scale
-        ratio = (err / tol).max().item() if err.numel() and (tol > 0).all() else \
-            (0.0 if err.max().item() == 0 else float("inf")) if err.numel() else 0.0
+        ratio = torch.where(err == 0, torch.zeros_like(err), err / tol).max().item() if err.numel() else 0.0
         self.worst = max(self.worst, ratio)
         if ratio > 1.0:
             i = int((err - tol).flatten().argmax())
@@ -472,6 +473,22 @@ def _(ck, c):
             all(not torch.equal(sps[j], sps[k]) for k in range(c.tp) for j in range(k)))
     ck.true("hidden_dropout is the identity in eval mode",
             torch.equal(hidden_dropout(ones, 0.5, False, sequence_parallel=True), ones))
+    # attention dropout acts on TP-split heads: it must draw from the tracker, leaving the
+    # default generator (shared by the TP ranks) untouched
+    cfg = TransformerConfig(tensor_model_parallel_size=c.tp, num_layers=1, hidden_size=32, num_attention_heads=4,
+                            seq_length=S, attention_dropout=0.5, hidden_dropout=0.0)
+    attn = SelfAttention(cfg, c.group)
+    with torch.no_grad():
+        for i, p in enumerate(attn.parameters()):
+            p.copy_(_rand(*p.shape, seed=120 + i, dtype=p.dtype) * 0.3)
+    x = _rand(S, B, 32, seed=130, dtype=torch.float32)
+    model_parallel_seed(7, c.r, 0, "cpu")
+    default_before, tracker_before = torch.get_rng_state(), tracker.get_states()
+    y_train = attn.train()(x)
+    ck.true("attention dropout leaves the default RNG untouched", torch.equal(torch.get_rng_state(), default_before))
+    ck.true("attention dropout advances the TP RNG state",
+            not all(torch.equal(v, tracker.get_states()[k]) for k, v in tracker_before.items()))
+    ck.true("attention dropout is applied in training", not torch.equal(y_train, attn.eval()(x)))
 
 # ----------------------------------------------------------------------------- models
 
@@ -584,9 +601,11 @@ def _model_parity(ck, c, spec, sp):
     initialize_parameters(model, seed, c.r, c.tp)
     # shake off the init's zero biases / unit norms so their gradients and effects matter
     with torch.no_grad():
-        for (name, p1), p in zip(dense_model.named_parameters(), model.parameters()):
+        dense = dict(dense_model.named_parameters())
+        for name, p in model.named_parameters():
+            p1 = dense[name]
             if getattr(p1, "init_method", "normal") != "normal":
-                p1.add_(_rand(*p1.shape, seed=hash(name) % 10000, dtype=p1.dtype) * 0.1)
+                p1.add_(_rand(*p1.shape, seed=zlib.crc32(name.encode()), dtype=p1.dtype) * 0.1)
                 p.copy_(_expected_shard(p1, p, c, vocab))
 
     loss1 = dense_model(ids, labels)
@@ -682,5 +701,5 @@ def test_harness_reports_failing_rank_without_hanging():
 def test_harness_times_out():
     t0 = time.monotonic()
     with pytest.raises(AssertionError, match="timed out"):
-        spawn(2, _hangs, timeout=8)
+        spawn(2, _hangs, timeout=5)
     assert time.monotonic() - t0 < 30

@@ -43,6 +43,16 @@ def _gather_last(x, group):
     return gathered.movedim(0, -1).contiguous()
 
 
+def _sum(x, group):
+    """All-reduce (sum) into a new tensor. Never in place: x may be saved for backward by
+    the op that produced it (exp, softmax, ...), or be a gradient autograd also hands to
+    another consumer of the same tensor (a residual); reducing it in place silently
+    corrupts those gradients."""
+    if comm.world(group) == 1:
+        return x
+    return comm.all_reduce_(x.clone(memory_format=torch.contiguous_format), group)
+
+
 def _split_first(x, group):
     size = comm.world(group)
     if size == 1:
@@ -61,13 +71,13 @@ class _Copy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        return comm.all_reduce_(g.contiguous(), ctx.group), None
+        return _sum(g, ctx.group), None
 
 
 class _Reduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
-        return comm.all_reduce_(x.contiguous(), group)
+        return _sum(x, group)
 
     @staticmethod
     def backward(ctx, g):
@@ -133,27 +143,32 @@ class _ReduceScatterSeq(torch.autograd.Function):
 
 def copy_to_tensor_model_parallel_region(x, group=None):
     """Identity forward; all-reduce of the gradient over the TP group. Any shape."""
-    return _Copy.apply(x, _tp(group))
+    group = _tp(group)
+    return x if comm.world(group) == 1 else _Copy.apply(x, group)
 
 
 def reduce_from_tensor_model_parallel_region(x, group=None):
     """All-reduce (sum) over the TP group forward; identity backward. Any shape."""
-    return _Reduce.apply(x, _tp(group))
+    group = _tp(group)
+    return x if comm.world(group) == 1 else _Reduce.apply(x, group)
 
 
 def scatter_to_tensor_model_parallel_region(x, group=None):
     """[..., h] -> this rank's [..., h/TP]; backward all-gathers over the TP group."""
-    return _ScatterLast.apply(x, _tp(group))
+    group = _tp(group)
+    return x if comm.world(group) == 1 else _ScatterLast.apply(x, group)
 
 
 def gather_from_tensor_model_parallel_region(x, group=None):
     """[..., h/TP] -> [..., h] all-gathered over the TP group; backward keeps this rank's slice."""
-    return _GatherLast.apply(x, _tp(group))
+    group = _tp(group)
+    return x if comm.world(group) == 1 else _GatherLast.apply(x, group)
 
 
 def scatter_to_sequence_parallel_region(x, group=None):
     """[s, ...] -> this rank's [s/TP, ...]; backward all-gathers along dim 0 (TP group)."""
-    return _ScatterSeq.apply(x, _tp(group))
+    group = _tp(group)
+    return x if comm.world(group) == 1 else _ScatterSeq.apply(x, group)
 
 
 def gather_from_sequence_parallel_region(x, group=None, tensor_parallel_output_grad=True):
@@ -162,9 +177,11 @@ def gather_from_sequence_parallel_region(x, group=None, tensor_parallel_output_g
     Backward reduce-scatters when the consumer is TP-parallel (each rank holds a
     partial gradient of the full sequence), else keeps this rank's slice.
     """
-    return _GatherSeq.apply(x, _tp(group), tensor_parallel_output_grad)
+    group = _tp(group)
+    return x if comm.world(group) == 1 else _GatherSeq.apply(x, group, tensor_parallel_output_grad)
 
 
 def reduce_scatter_to_sequence_parallel_region(x, group=None):
     """[s, ...] partial sums -> this rank's [s/TP, ...] of the TP-group sum; backward all-gathers."""
-    return _ReduceScatterSeq.apply(x, _tp(group))
+    group = _tp(group)
+    return x if comm.world(group) == 1 else _ReduceScatterSeq.apply(x, group)
