@@ -40,3 +40,12 @@ def test_cpu_recipe_tp2_dp2_writes_tensorboard(tmp_path):
     acc.Reload()
     assert [e.step for e in acc.Scalars("lm loss")] == [2, 4, 6]
     assert "lm loss validation" in acc.Tags()["scalars"]
+
+
+def test_exit_interval_stops_early():
+    proc = run_cli(["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128",
+                    "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2",
+                    "--seq-length", "16", "--micro-batch-size", "2", "--train-iters", "10",
+                    "--log-interval", "1", "--eval-iters", "0", "--exit-interval", "4"])
+    assert sorted(losses(proc.stdout)) == [1, 2, 3, 4]
+    assert "exiting at iteration 4" in proc.stdout
