@@ -11,7 +11,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.parallel_state import ParallelConfigError
 from megatron.training.arguments import parse_args
 from megatron.training.data import build_datasets
-from megatron.training.initialize import initialize_distributed, validate_config
+from megatron.training.initialize import initialize_distributed, shutdown, validate_config
 from megatron.training.tokenizer import build_tokenizer
 from megatron.training.training import pretrain
 
@@ -39,6 +39,7 @@ def main(argv=None):
         return 2
     pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step, datasets,
              type(tokenizer).__name__)
+    shutdown()
     return 0
 
 

@@ -6,7 +6,7 @@
 
 "Ours" is the real thing on a world of one: GPTModel built from TransformerConfig over a
 gloo (or nccl) process group via initialize_model_parallel(1, 1), initialize_parameters,
-build_optimizer, LRScheduler, and `train_step` from megatron/training/training.py with a
+DistributedDataParallel + MegatronOptimizer, LRScheduler, and `train_step` from megatron/training/training.py with a
 forward_step like pretrain_gpt.py's.
 
 "Baseline" is a straightforward nanoGPT-style model written below: token + learned position
@@ -38,7 +38,8 @@ import torch.nn.functional as F
 
 from megatron.core.config import TransformerConfig
 from megatron.core.models.gpt import GPTModel
-from megatron.core.optimizer import LRScheduler, build_optimizer
+from megatron.core.distributed import DistributedDataParallel
+from megatron.core.optimizer import LRScheduler, MegatronOptimizer
 from megatron.core.parallel_state import initialize_model_parallel
 from megatron.core.tensor_parallel.initialization import initialize_parameters
 from megatron.core.tensor_parallel.random import model_parallel_seed
@@ -240,7 +241,8 @@ def main(argv=None):
     initialize_parameters(ours, a.seed, groups.tp_rank, groups.tp_size)
     decay_iters = 10 * (a.warmup + a.rounds * a.steps_per_round + a.profile_steps + 10)
     betas, eps = (0.9, 0.95), 1e-8
-    ours_opt = build_optimizer(ours, a.lr, a.weight_decay, betas, eps)
+    ours_ddp = DistributedDataParallel(ours, groups.dp)
+    ours_opt = MegatronOptimizer(ours_ddp, groups, a.lr, a.weight_decay, betas, eps, a.clip_grad)
     ours_sched = LRScheduler(ours_opt, a.lr, a.min_lr, decay_iters, 2, "cosine")
     ours.train()
 
@@ -270,11 +272,10 @@ def main(argv=None):
     tokens_per_step = a.micro_batch * a.seq * a.num_micro
 
     it = {"ours": 0, "base": 0}
-    ours_params = list(ours.parameters())
 
     def run_ours():
         it["ours"] += 1
-        return train_step(ours, ours_opt, ours_sched, batches, forward_step, groups, it["ours"], a.clip_grad, ours_params)
+        return train_step(ours, ours_ddp, ours_opt, ours_sched, batches, forward_step, groups, it["ours"])
 
     def run_base():
         it["base"] += 1
@@ -286,7 +287,7 @@ def main(argv=None):
     # ---- warm-up, also the same-function check: same weights + same data -> same losses
     print(f"warm-up: {a.warmup} steps each (untimed)")
     for k in range(a.warmup):
-        lo, no, _ = run_ours()
+        lo, no, _, _ = run_ours()
         lb, nb, _ = run_base()
         lo, no, lb, nb = (float(x) for x in (lo, no, lb, nb))
         print(f"  step {k + 1}: loss ours {lo:.5f} baseline {lb:.5f} | grad norm ours {no:.5f} baseline {nb:.5f}")
@@ -347,9 +348,8 @@ def main(argv=None):
         f"= {tokens_per_step} tokens/step, dtype {a.dtype}, dropout 0",
         f"- parameters: ours {n_ours:,}, baseline {n_base:,} (equal; same initial weights, "
         f"warm-up losses agree)",
-        f"- ours: GPTModel + initialize_parameters + build_optimizer "
-        f"({type(ours_opt).__name__}, {'fused' if ours_opt.defaults.get('fused') else 'foreach' if ours_opt.defaults.get('foreach') else 'default (for-loop on CPU)'})"
-        f" + LRScheduler + megatron.training.training.train_step",
+        "- ours: GPTModel + initialize_parameters + DistributedDataParallel (contiguous grad buffer)"
+        " + MegatronOptimizer (fused AdamW) + LRScheduler + megatron.training.training.train_step",
         f"- baseline: nanoGPT-style single-file model, torch.optim.AdamW ({a.baseline_optim}), "
         f"clip_grad_norm_(foreach)",
         f"- timing: {a.warmup} warm-up steps each excluded, then {a.rounds} rounds x "

@@ -4,6 +4,8 @@ torch 2.13 renames all_gather_into_tensor / reduce_scatter_tensor to *_single an
 on the old names; torch 2.11 (the GPU machine) may lack the new ones. Everything that
 gathers or scatters a whole tensor goes through here.
 """
+import collections
+
 import torch
 import torch.distributed as dist
 
@@ -11,8 +13,21 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
+class PlanGroup:
+    """A stand-in for a process group of `size` ranks seen from rank `rank`, with no
+    processes behind it: lets a model shard be built on the meta device for planning
+    (tools/estimate_memory.py). Any collective on it fails."""
+
+    def __init__(self, size, rank=0):
+        self.size, self.rank = size, rank
+
+
 def world(group) -> int:
-    return dist.get_world_size(group)
+    return group.size if isinstance(group, PlanGroup) else dist.get_world_size(group)
+
+
+def rank(group) -> int:
+    return group.rank if isinstance(group, PlanGroup) else dist.get_rank(group)
 
 
 def all_gather_dim0(x: torch.Tensor, group) -> torch.Tensor:
@@ -44,3 +59,48 @@ def all_reduce_(x: torch.Tensor, group) -> torch.Tensor:
     if world(group) > 1:
         dist.all_reduce(x, group=group)
     return x
+
+
+# Bytes each rank sends, per tag, under the ring algorithm: all-reduce 2(n-1)/n of the
+# buffer, reduce-scatter and all-gather (n-1)/n of the full buffer. Counted at every call
+# made through the functions below, so tests can check the traffic against theory.
+traffic = collections.Counter()
+
+
+def _count(tag, full_bytes, n, factor):
+    if tag is not None:
+        traffic[tag] += factor * (n - 1) * full_bytes / n
+
+
+def all_reduce_async(x, group, tag=None):
+    """Sum x in place over `group`; returns the work handle (None for a group of one)."""
+    n = world(group)
+    if n == 1:
+        return None
+    _count(tag, x.numel() * x.element_size(), n, 2)
+    return dist.all_reduce(x, group=group, async_op=True)
+
+
+def reduce_scatter_inplace_async(x, group, tag=None):
+    """Sum the 1-D buffer x over `group` into this rank's slice x[r*k:(r+1)*k] (k = len/n).
+
+    The other slices of x are left with stale partial sums. Returns the work handle.
+    """
+    n = world(group)
+    if n == 1:
+        return None
+    k = x.numel() // n
+    r = dist.get_rank(group)
+    _count(tag, x.numel() * x.element_size(), n, 1)
+    return _reduce_scatter(x[r * k:(r + 1) * k], x, group=group, async_op=True)
+
+
+def all_gather_inplace_async(x, group, tag=None):
+    """Fill the 1-D buffer x from every rank's slice x[r*k:(r+1)*k]; returns the work handle."""
+    n = world(group)
+    if n == 1:
+        return None
+    k = x.numel() // n
+    r = dist.get_rank(group)
+    _count(tag, x.numel() * x.element_size(), n, 1)
+    return _all_gather(x, x[r * k:(r + 1) * k], group=group, async_op=True)

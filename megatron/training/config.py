@@ -40,6 +40,18 @@ class TrainingConfig:
     data_path: Optional[List[str]] = opt(None, "Reserved for the indexed-dataset pipeline (not yet available).", nargs="+")
     distributed_backend: Optional[str] = opt(None, "Collective backend (default nccl with CUDA, else gloo).",
                                              choices=["nccl", "gloo"])
+    bf16: bool = opt(False, "bf16 parameters and activations, fp32 main parameters and gradients.")
+    fp16: bool = opt(False, "fp16 parameters and activations with loss scaling, fp32 main parameters and gradients.")
+    loss_scale: Optional[float] = opt(None, "Constant fp16 loss scale (default: dynamic).")
+    initial_loss_scale: float = opt(2.0 ** 32, "Initial dynamic fp16 loss scale.")
+    min_loss_scale: float = opt(1.0, "Smallest dynamic loss scale.")
+    loss_scale_window: int = opt(1000, "Clean iterations before the dynamic loss scale doubles.")
+    hysteresis: int = opt(2, "Overflows tolerated before the dynamic loss scale halves.")
+    grad_reduce_in_bf16: bool = opt(False, "With --bf16, keep and reduce gradients in bf16.")
+    ddp_bucket_size: Optional[int] = opt(None, "Elements per gradient bucket (default max(40M, 1M x DP)).")
+    overlap_grad_reduce: bool = opt(False, "Reduce each gradient bucket asynchronously as soon as it is complete.")
+    use_distributed_optimizer: bool = opt(False, "Shard fp32 main parameters and Adam states over data-parallel ranks.")
+    overlap_param_gather: bool = opt(False, "With the distributed optimizer, gather parameters during the next forward.")
     embedded_corpus_bytes: int = opt(4_000_000, "Bytes of Python standard-library source used by the embedded default corpus.")
 
     def validate(self, dp_size: int) -> None:
@@ -62,6 +74,16 @@ class TrainingConfig:
             raise ConfigError(f"{f('lr_warmup_fraction')} must be in [0, 1], got {self.lr_warmup_fraction}")
         if self.exit_interval is not None and self.exit_interval < 1:
             raise ConfigError(f"{f('exit_interval')} must be at least 1")
+        if self.bf16 and self.fp16:
+            raise ConfigError("--bf16 and --fp16 are exclusive; pick one")
+        if self.grad_reduce_in_bf16 and not self.bf16:
+            raise ConfigError("--grad-reduce-in-bf16 needs --bf16")
+        if self.overlap_param_gather and not self.use_distributed_optimizer:
+            raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
+        if self.hysteresis < 1 or self.loss_scale_window < 1 or (self.loss_scale is not None and self.loss_scale <= 0):
+            raise ConfigError("--hysteresis and --loss-scale-window must be at least 1, --loss-scale positive")
+        if self.ddp_bucket_size is not None and self.ddp_bucket_size < 1:
+            raise ConfigError("--ddp-bucket-size must be at least 1")
         if self.data_path:
             raise ConfigError("--data-path needs the indexed-dataset pipeline, which is not built yet; "
                               "use --mock-data, or no data flag for the embedded corpus")

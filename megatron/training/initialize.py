@@ -22,6 +22,7 @@ def validate_config(model_cfg, train_cfg, vocab_size):
                                  model_cfg.pipeline_model_parallel_size,
                                  model_cfg.virtual_pipeline_model_parallel_size)
     train_cfg.validate(dp)
+    model_cfg.params_dtype = torch.bfloat16 if train_cfg.bf16 else torch.float16 if train_cfg.fp16 else torch.float32
     return dp
 
 
@@ -56,3 +57,13 @@ def initialize_distributed(model_cfg, train_cfg):
                                        model_cfg.virtual_pipeline_model_parallel_size)
     model_parallel_seed(train_cfg.seed, groups.tp_rank, groups.pp_rank, device)
     return groups, device
+
+
+def shutdown():
+    """Tear the groups down before exit: gloo's worker threads otherwise race the
+    interpreter's teardown and can abort a finished run."""
+    from ..core.parallel_state import destroy_model_parallel
+    if dist.is_initialized():
+        dist.barrier()
+        destroy_model_parallel()
+        dist.destroy_process_group()

@@ -39,18 +39,25 @@ class TrainingLogger:
         self.interval_start = self.start
         self.iters_done = 0
         self.losses, self.nan_iters = [], 0
+        self.skipped, self.grad_norm = 0, None
 
     def scalar(self, name, value, step):
         if self.writer is not None:
             self.writer.add_scalar(name, value, step)
 
-    def add_loss(self, loss_tensor):
-        self.losses.append(loss_tensor)
+    def add_iteration(self, loss_tensor, grad_norm, updated):
+        """Record one iteration; a skipped one (fp16 overflow) does not enter the loss average."""
+        self.iters_in_interval = getattr(self, "iters_in_interval", 0) + 1
+        if updated:
+            self.losses.append(loss_tensor)
+            self.grad_norm = grad_norm
+        else:
+            self.skipped += 1
 
-    def log(self, iteration, consumed, lr, global_batch, grad_norm, flops_per_iter, world_size):
+    def log(self, iteration, consumed, lr, global_batch, flops_per_iter, world_size, loss_scale=None):
         """Print one line averaging the interval's losses; returns the mean loss."""
         now = time.perf_counter()
-        n = len(self.losses)
+        n = self.iters_in_interval
         per_iter = (now - self.interval_start) / max(n, 1)
         self.iters_done += n
         losses = [float(x) for x in self.losses]  # the host sync happens here only
@@ -59,17 +66,22 @@ class TrainingLogger:
         loss = sum(finite) / max(len(finite), 1) if finite else float("nan")
         tflops = flops_per_iter / per_iter / world_size / 1e12
         eta = (now - self.start) / self.iters_done * (self.train_iters - iteration)
-        gn = float(grad_norm)
+        gn = float(self.grad_norm) if self.grad_norm is not None else float("nan")
+        scale = f" loss scale: {loss_scale:.1f} |" if loss_scale is not None else ""
         print_rank_last(
             f" iteration {iteration:8d}/{self.train_iters:8d} | consumed samples: {consumed:12d} |"
             f" elapsed time per iteration (ms): {per_iter * 1000:.1f} |"
             f" throughput per GPU (TFLOP/s/GPU): {tflops:.2f} | learning rate: {lr:.6E} |"
-            f" global batch size: {global_batch:5d} | lm loss: {loss:.6E} | grad norm: {gn:.3f} |"
-            f" number of nan iterations: {self.nan_iters:3d} | ETA {_fmt_time(eta)} |")
+            f" global batch size: {global_batch:5d} | lm loss: {loss:.6E} |{scale} grad norm: {gn:.3f} |"
+            f" number of skipped iterations: {self.skipped:3d} | number of nan iterations: {self.nan_iters:3d} |"
+            f" ETA {_fmt_time(eta)} |")
         for name, value in (("lm loss", loss), ("learning-rate", lr), ("grad-norm", gn),
-                            ("iteration-time", per_iter), ("throughput", tflops)):
+                            ("iteration-time", per_iter), ("throughput", tflops),
+                            ("number of skipped iterations", self.skipped)):
             self.scalar(name, value, iteration)
-        self.losses, self.interval_start = [], time.perf_counter()
+        if loss_scale is not None:
+            self.scalar("loss-scale", loss_scale, iteration)
+        self.losses, self.interval_start, self.iters_in_interval, self.skipped = [], time.perf_counter(), 0, 0
         return loss
 
     def reset_timer(self):
@@ -87,11 +99,12 @@ class TrainingLogger:
             self.writer.close()
 
 
-def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name):
+def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name, memory):
+    """memory: this rank's (parameter, gradient, optimizer-state) bytes."""
     """Layout, parameters per rank, and which implementation each op uses (rank 0 prints)."""
     count = sum(p.numel() for p in model.parameters())
     counts = [None] * dist.get_world_size()
-    dist.all_gather_object(counts, (groups.tp_rank, groups.dp_rank, groups.pp_rank, count))
+    dist.all_gather_object(counts, (groups.tp_rank, groups.dp_rank, groups.pp_rank, count, memory))
     if dist.get_rank() != 0:
         return
     c = model_cfg
@@ -107,8 +120,12 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name)
         f"> batch: micro {train_cfg.micro_batch_size} x DP {groups.dp_size} x accumulation "
         f"{train_cfg.global_batch_size // (train_cfg.micro_batch_size * groups.dp_size)}"
         f" = global {train_cfg.global_batch_size}",
+        f"> precision: {'bf16' if train_cfg.bf16 else 'fp16' if train_cfg.fp16 else 'fp32'}"
+        f" | DDP buckets: overlap grad reduce {train_cfg.overlap_grad_reduce}"
+        f" | distributed optimizer {train_cfg.use_distributed_optimizer}",
         "> parameters per rank (tp, dp, pp: count):",
     ]
-    lines += [f"    rank {r:3d} (tp {t}, dp {d}, pp {p}): {n:,}" for r, (t, d, p, n) in enumerate(counts)]
+    lines += [f"    rank {r:3d} (tp {t}, dp {d}, pp {p}): {n:,} | bytes: params {m[0]:,} grads {m[1]:,}"
+              f" optimizer {m[2]:,} (total {sum(m) / 2**20:.1f} MiB)" for r, (t, d, p, n, m) in enumerate(counts)]
     print("\n".join(lines), flush=True)
     sys.stdout.flush()

@@ -2,8 +2,10 @@
 import torch
 import torch.distributed as dist
 
-from ..core.distributed import finalize_model_grads
-from ..core.optimizer import LRScheduler, build_optimizer, clip_grads_, get_grad_norm
+from ..core.distributed import DistributedDataParallel, finalize_model_grads
+from ..core.optimizer import LRScheduler
+from ..core.optimizer.grad_scaler import ConstantGradScaler, DynamicGradScaler
+from ..core.optimizer.megatron_optimizer import MegatronOptimizer
 from ..core.tensor_parallel.initialization import initialize_parameters
 from .data import microbatches
 from .flops import num_floating_point_operations
@@ -18,36 +20,35 @@ def _global_tokens(batches, groups):
     return n
 
 
-def forward_backward(model, batches, forward_step, groups):
-    """Run every microbatch forward and backward; gradients accumulate in .grad.
+def forward_backward(model, batches, forward_step, groups, loss_scale=1.0):
+    """Run every microbatch forward and backward; gradients accumulate (DDP buffer or .grad).
 
     Each microbatch contributes sum(loss x mask) / tokens(global batch), so the summed
     gradient over microbatches and DP ranks is that of the mean per-token loss of the
-    global batch, whatever the layout. Returns that mean loss (fp32 tensor, DP-reduced).
+    global batch, whatever the layout. loss_scale multiplies what is backpropagated (fp16).
+    Returns the mean loss (fp32 tensor, DP-reduced, unscaled).
     """
     num_tokens = _global_tokens(batches, groups)
     total = torch.zeros((), device=num_tokens.device)
     for batch in batches:
         loss, mask = forward_step(model, batch)
         loss_sum = (loss.float() * mask).sum()
-        (loss_sum / num_tokens).backward()
+        (loss_sum * (loss_scale / num_tokens)).backward()
         total += loss_sum.detach()
     if groups.dp_size > 1:
         dist.all_reduce(total, group=groups.dp)
     return total / num_tokens
 
 
-def train_step(model, optimizer, scheduler, batches, forward_step, groups, iteration, clip_grad, params):
-    """One iteration over `params` (the model's, listed once). Returns (loss, grad_norm)
-    as tensors and the LR used (no host sync)."""
-    optimizer.zero_grad(set_to_none=True)
-    loss = forward_backward(model, batches, forward_step, groups)
-    finalize_model_grads(model, groups)
-    grad_norm = get_grad_norm(params, groups)
-    clip_grads_(params, clip_grad, grad_norm)
+def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, iteration):
+    """One iteration. Returns (loss tensor, grad_norm tensor or None, lr, updated);
+    updated is False when fp16 gradients overflowed and the step was skipped."""
+    ddp.start_step(len(batches))
+    loss = forward_backward(model, batches, forward_step, groups, optimizer.loss_scale)
+    finalize_model_grads(model, groups, ddp)
     lr = scheduler.step(iteration)
-    optimizer.step()
-    return loss, grad_norm, lr
+    updated, grad_norm = optimizer.step()
+    return loss, grad_norm, lr, updated
 
 
 @torch.no_grad()
@@ -77,6 +78,27 @@ def build_scheduler(optimizer, train_cfg):
                        t.lr_wsd_decay_iters, t.lr_wsd_decay_style)
 
 
+def build_grad_scaler(t):
+    """None for fp32/bf16; a constant or dynamic loss scaler for fp16."""
+    if not t.fp16:
+        return None
+    if t.loss_scale is not None:
+        return ConstantGradScaler(t.loss_scale)
+    return DynamicGradScaler(t.initial_loss_scale, t.min_loss_scale, growth_interval=t.loss_scale_window,
+                             hysteresis=t.hysteresis)
+
+
+def setup_model_and_optimizer(model_cfg, t, groups, device, model_provider):
+    """Model (initialised layout-free), its DDP buffers, the optimizer and LR schedule."""
+    model = model_provider(model_cfg, groups, device)
+    initialize_parameters(model, t.seed, groups.tp_rank, groups.tp_size)
+    ddp = DistributedDataParallel(model, groups.dp, t.ddp_bucket_size, t.overlap_grad_reduce,
+                                  t.use_distributed_optimizer, t.overlap_param_gather, t.grad_reduce_in_bf16)
+    optimizer = MegatronOptimizer(ddp, groups, t.lr, t.weight_decay, (t.adam_beta1, t.adam_beta2), t.adam_eps,
+                                  t.clip_grad, build_grad_scaler(t))
+    return model, ddp, optimizer, build_scheduler(optimizer, t)
+
+
 def pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step, datasets, tokenizer_name):
     """Train model_provider(config, groups, device) on datasets = (train, valid).
 
@@ -84,35 +106,33 @@ def pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step,
     Returns the list of per-iteration losses (floats) seen by this rank.
     """
     t = train_cfg
-    model = model_provider(model_cfg, groups, device)
-    initialize_parameters(model, t.seed, groups.tp_rank, groups.tp_size)
-    optimizer = build_optimizer(model, t.lr, t.weight_decay, (t.adam_beta1, t.adam_beta2), t.adam_eps)
-    scheduler = build_scheduler(optimizer, t)
-    startup_summary(model, model_cfg, t, groups, device, tokenizer_name)
+    model, ddp, optimizer, scheduler = setup_model_and_optimizer(model_cfg, t, groups, device, model_provider)
+    startup_summary(model, model_cfg, t, groups, device, tokenizer_name,
+                    ddp.memory_bytes() + (optimizer.memory_bytes(),))
     train_ds, valid_ds = datasets
     logger = TrainingLogger(t.train_iters, t.tensorboard_dir)
     flops = num_floating_point_operations(model_cfg, t.global_batch_size)
     print_rank_0(f"> training for {t.train_iters} iterations ({len(train_ds)} samples per epoch)")
     consumed, history = 0, []
-    params = list(model.parameters())
     model.train()
     for iteration in range(1, t.train_iters + 1):
         batches = microbatches(train_ds, consumed, t.global_batch_size, t.micro_batch_size,
                                groups.dp_rank, groups.dp_size, device)
-        loss, grad_norm, lr = train_step(model, optimizer, scheduler, batches, forward_step,
-                                         groups, iteration, t.clip_grad, params)
+        loss, grad_norm, lr, updated = train_step(model, ddp, optimizer, scheduler, batches, forward_step,
+                                                  groups, iteration)
         consumed += t.global_batch_size
-        logger.add_loss(loss)
+        logger.add_iteration(loss, grad_norm, updated)
         if iteration % t.log_interval == 0 or iteration == t.train_iters:
             if device.type == "cuda":
                 torch.cuda.synchronize()
-            history.append(logger.log(iteration, consumed, lr, t.global_batch_size, grad_norm,
-                                      flops, groups.world_size))
+            history.append(logger.log(iteration, consumed, lr, t.global_batch_size, flops, groups.world_size,
+                                      optimizer.loss_scale if t.fp16 else None))
         if t.eval_iters > 0 and (iteration % t.eval_interval == 0 or iteration == t.train_iters):
             logger.log_validation(iteration, evaluate(model, valid_ds, forward_step, groups, t, device))
             logger.reset_timer()  # evaluation time is not training time
         if t.exit_interval and iteration % t.exit_interval == 0:
             print_rank_0(f"> exiting at iteration {iteration} (--exit-interval {t.exit_interval})")
             break
+    ddp.finish_param_sync()
     logger.close()
     return model, history

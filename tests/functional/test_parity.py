@@ -34,12 +34,20 @@ def assert_parity(ref, got):
         assert rel <= 1e-4, f"iteration {it}: {got[it]} vs {ref[it]} (relative {rel:.2e})"
 
 
+SMALL_BUCKETS = ["--ddp-bucket-size", "20000"]  # several buckets, each sharded over DP
 LAYOUTS = {
     "tp2": (2, ["--tensor-model-parallel-size", "2"]),
     "tp4": (4, ["--tensor-model-parallel-size", "4"]),
     "tp2-sp": (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
     "dp2": (2, []),
     "tp2-dp2": (4, ["--tensor-model-parallel-size", "2"]),
+    "dp4": (4, []),
+    "dp2-overlap": (2, ["--overlap-grad-reduce"] + SMALL_BUCKETS),
+    "dp4-overlap": (4, ["--overlap-grad-reduce"] + SMALL_BUCKETS),
+    "distopt-dp2": (2, ["--use-distributed-optimizer"] + SMALL_BUCKETS),
+    "distopt-tp2-dp2-overlap": (4, ["--tensor-model-parallel-size", "2", "--sequence-parallel",
+                                    "--use-distributed-optimizer", "--overlap-grad-reduce",
+                                    "--overlap-param-gather"] + SMALL_BUCKETS),
 }
 
 

@@ -9,7 +9,6 @@ from megatron.core.config import TransformerConfig
 from megatron.core.distributed import finalize_model_grads
 from megatron.core.models.gpt import GPTModel
 from megatron.core.optimizer import clip_grads_, get_grad_norm
-from megatron.core.optimizer.optimizer import param_groups
 from megatron.core.tensor_parallel.initialization import initialize_parameters
 from megatron.core.tensor_parallel.random import model_parallel_seed
 from tests.harness import spawn
@@ -45,9 +44,16 @@ def test_grad_norm_counts_replicated_params_once(sp):
         assert ref_clipped == pytest.approx(0.5 * ref_norm, rel=1e-4)
 
 
-def test_no_weight_decay_on_biases_and_norms():
+def _groups_of(groups):
+    from megatron.core.distributed import DistributedDataParallel
+    from megatron.core.optimizer import MegatronOptimizer
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-    decay, no_decay = param_groups(model, 0.1)
-    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert [p.shape for p in decay["params"]] == [torch.Size([4, 4])]
-    assert len(no_decay["params"]) == 3  # linear bias, norm weight, norm bias
+    for p in model.parameters():
+        p.tensor_model_parallel = False
+    opt = MegatronOptimizer(DistributedDataParallel(model, groups.dp), groups, 1e-3, 0.1)
+    return [(g["weight_decay"], sorted(p.numel() for p in g["params"])) for g in opt.param_groups]
+
+
+def test_no_weight_decay_on_biases_and_norms():
+    [got] = spawn(1, _groups_of)
+    assert got == [(0.1, [16]), (0.0, [4, 4, 4])]  # linear weight; linear bias, norm weight and bias

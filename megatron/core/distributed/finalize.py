@@ -1,8 +1,9 @@
 """Reductions after the last microbatch's backward, before the optimizer step.
 
-Plain data parallelism: every gradient is summed over the DP group in coalesced
-chunks. Losses are already normalised by the token count of the whole global batch,
-so a sum (not a mean) gives the full-batch gradient.
+With a DistributedDataParallel attached, the DP reduction is its buckets'; without,
+every .grad is summed over the DP group in coalesced chunks. Losses are already
+normalised by the token count of the whole global batch, so a sum (not a mean) gives
+the full-batch gradient.
 """
 import torch
 import torch.distributed as dist
@@ -30,17 +31,25 @@ def _all_reduce_coalesced(tensors, group):
             chunk, size = ([t], t.numel()) if t is not None else ([], 0)
 
 
-def finalize_model_grads(model, groups):
-    """Sum sequence-parallel weights' grads over TP, then all grads over DP.
+def grad_of(param):
+    """Where a parameter's gradient lives: the DDP buffer view if attached, else .grad."""
+    return param.main_grad if hasattr(param, "main_grad") else param.grad
 
-    Talks to groups.tp (norm weights and biases applied to sequence shards) and groups.dp.
+
+def finalize_model_grads(model, groups, ddp=None):
+    """Complete the DP reduction (ddp, or a plain all-reduce of .grad), then sum the
+    sequence-parallel weights' grads over TP.
+
+    Talks to groups.dp and groups.tp. With the distributed optimizer only this rank's
+    shard of each bucket is meaningful afterwards; the TP sum is right on it too, since
+    the DP and TP sums commute.
     """
-    if groups.tp_size == 1 and groups.dp_size == 1:
-        return
-    params = [p for p in model.parameters() if p.grad is not None]
+    if ddp is not None:
+        ddp.finish_grad_sync()
+    elif groups.dp_size > 1:
+        _all_reduce_coalesced([p.grad for p in model.parameters() if p.grad is not None], groups.dp)
     if groups.tp_size > 1:
-        sp = [p.grad for p in params if getattr(p, "sequence_parallel", False)]
+        sp = [grad_of(p) for p in model.parameters()
+              if getattr(p, "sequence_parallel", False) and grad_of(p) is not None]
         if sp:
             _all_reduce_coalesced(sp, groups.tp)
-    if groups.dp_size > 1:
-        _all_reduce_coalesced([p.grad for p in params], groups.dp)

@@ -1,4 +1,5 @@
-"""AdamW with Megatron's parameter groups, global-norm clipping, and the LR schedule."""
-from .optimizer import build_optimizer
-from .clip_grads import get_grad_norm, clip_grads_
+"""Mixed-precision, optionally distributed AdamW; global-norm clipping; LR schedule; loss scaling."""
+from .clip_grads import clip_grads_, get_grad_norm, global_norm
+from .grad_scaler import ConstantGradScaler, DynamicGradScaler
 from .lr_scheduler import LRScheduler
+from .megatron_optimizer import MegatronOptimizer

@@ -15,21 +15,26 @@ def counted_once(param, tp_rank, pp_rank):
     return getattr(param, "tensor_model_parallel", False) or tp_rank == 0
 
 
+def global_norm(grads, reduce_groups, device):
+    """L2 norm (fp32 tensor on `device`) of `grads` (this rank's part) summed over `reduce_groups`."""
+    if grads:
+        total = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).pow(2).sum()
+    else:
+        total = torch.zeros((), device=device)
+    for group in reduce_groups:
+        if dist.get_world_size(group) > 1:
+            dist.all_reduce(total, group=group)
+    return total.sqrt()
+
+
 def get_grad_norm(params, groups):
-    """L2 norm of all gradients of the model (fp32 tensor, on the grads' device).
+    """L2 norm of all `.grad`s of the model (fp32 tensor, on the grads' device).
 
     Sums squares locally, then all-reduces over the model-parallel group (TP x PP). The
     grads must already be reduced over DP (identical on every DP rank).
     """
     grads = [p.grad for p in params if p.grad is not None and counted_once(p, groups.tp_rank, groups.pp_rank)]
-    device = next(iter(params)).device
-    if grads:
-        total = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).pow(2).sum()
-    else:
-        total = torch.zeros((), device=device)
-    if dist.get_world_size(groups.mp) > 1:
-        dist.all_reduce(total, group=groups.mp)
-    return total.sqrt()
+    return global_norm(grads, [groups.mp], next(iter(params)).device)
 
 
 def clip_grads_(params, max_norm, total_norm):

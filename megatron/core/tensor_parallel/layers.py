@@ -119,7 +119,7 @@ class VocabParallelEmbedding(nn.Module):
         self.group, self.tp = group, comm.world(group)
         self.reduce_scatter_embeddings = reduce_scatter_embeddings
         per_rank = _divide(padded_vocab_size, self.tp, "padded vocabulary size")
-        self.vocab_start = per_rank * torch.distributed.get_rank(group)
+        self.vocab_start = per_rank * comm.rank(group)
         self.vocab_end = self.vocab_start + per_rank
         self.weight = nn.Parameter(torch.empty(per_rank, hidden_size, dtype=params_dtype, device=device))
         set_tp_attrs(self.weight, 0, unpadded_size=unpadded_vocab_size)

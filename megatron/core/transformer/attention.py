@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import comm
 from ..tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from ..tensor_parallel.random import get_rng_tracker
 from .rope import apply_rope
@@ -20,7 +21,7 @@ class SelfAttention(nn.Module):
     def __init__(self, config, tp_group, device=None):
         super().__init__()
         c = config
-        tp = torch.distributed.get_world_size(tp_group)
+        tp = comm.world(tp_group)
         self.head_dim = c.kv_channels
         self.heads = c.num_attention_heads // tp
         self.groups = c.num_query_groups // tp

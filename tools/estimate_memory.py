@@ -1,0 +1,112 @@
+"""Predict the memory each rank holds, without running: parameters, gradients, optimizer
+state (exact, from the same model code built on the meta device and the same bucket
+layout as training) and activations (Korthikanti et al. 2022).
+
+    python tools/estimate_memory.py --world-size 8 --tensor-model-parallel-size 2 \
+        --num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 \
+        --micro-batch-size 4 --bf16 --use-distributed-optimizer --vocab-size 50257
+
+Takes pretrain_gpt.py's flags plus --world-size.
+"""
+import argparse
+import os
+import sys
+import types
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from megatron.core.comm import PlanGroup  # noqa: E402
+from megatron.core.config import ConfigError  # noqa: E402
+from megatron.core.distributed.param_and_grad_buffer import bucket_layout  # noqa: E402
+from megatron.core.distributed.ddp import DEFAULT_BUCKET_SIZE  # noqa: E402
+from megatron.core.models.gpt import GPTModel  # noqa: E402
+from megatron.core.parallel_state import ParallelConfigError, validate_parallel_sizes  # noqa: E402
+from megatron.training.arguments import parse_args  # noqa: E402
+from megatron.training.tokenizer import build_tokenizer  # noqa: E402
+
+
+def activation_bytes_per_layer(c, micro_batch, tp, sp):
+    """Korthikanti et al. eq. 1-3 for 16-bit activations: s b h (34 + 5 a s / h) without TP,
+    s b h (10 + 24/t + 5 a s/(h t)) with TP, s b h/t (34 + 5 a s/h) with TP and SP.
+    fp32 activations (no --bf16/--fp16) double it."""
+    s, b, h, a = c.seq_length, micro_batch, c.hidden_size, c.num_attention_heads
+    if tp == 1:
+        per = s * b * h * (34 + 5 * a * s / h)
+    elif sp:
+        per = s * b * h * (34 + 5 * a * s / h) / tp
+    else:
+        per = s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))
+    return per * (1 if c.params_dtype != torch.float32 else 2)
+
+
+def estimate(model_cfg, t, world_size):
+    """{'params', 'grads', 'optimizer', 'activations'} bytes for one rank."""
+    tp = model_cfg.tensor_model_parallel_size
+    dp = validate_parallel_sizes(world_size, tp, model_cfg.pipeline_model_parallel_size)
+    t.validate(dp)
+    groups = types.SimpleNamespace(tp=PlanGroup(tp, 0))
+    model = GPTModel(model_cfg, groups, device="meta")
+    params = [p for p in model.parameters() if p.requires_grad]
+    by_dtype = {}
+    for p in params:
+        by_dtype.setdefault(p.dtype, []).append(p)
+    bucket_size = t.ddp_bucket_size or max(DEFAULT_BUCKET_SIZE, 1_000_000 * dp)
+    out = {"params": 0, "grads": 0, "optimizer": 0}
+    for dtype, ps in by_dtype.items():
+        numels = [p.numel() for p in reversed(ps)]
+        _, buckets, total = bucket_layout(numels, bucket_size, dp, t.use_distributed_optimizer)
+        elt = torch.empty((), dtype=dtype).element_size()
+        grad_elt = 2 if (t.grad_reduce_in_bf16 and dtype == torch.bfloat16) else 4
+        out["grads"] += total * grad_elt
+        if t.use_distributed_optimizer:
+            out["params"] += total * elt
+            # padding in a shard holds no parameter: no main copy, no Adam state for it
+            owned = _owned_real(numels, buckets, dp)
+        else:
+            out["params"] += sum(numels) * elt
+            owned = sum(numels)
+        out["optimizer"] += owned * (8 + (4 if dtype != torch.float32 else 0))
+    out["activations"] = int(activation_bytes_per_layer(model_cfg, t.micro_batch_size, tp,
+                                                        model_cfg.sequence_parallel) * model_cfg.num_layers)
+    return out
+
+
+def _owned_real(numels, buckets, dp, rank=0):
+    """Parameter elements (padding excluded) in DP rank `rank`'s shard of every bucket."""
+    offsets, pos = [], 0
+    for n in numels:
+        offsets.append((pos, pos + n))
+        pos += n
+    owned = 0
+    for b in buckets:
+        k = (b.end - b.start) // dp
+        lo, hi = b.start + rank * k, b.start + (rank + 1) * k
+        owned += sum(max(0, min(e, hi) - max(s, lo)) for s, e in (offsets[i] for i in b.params))
+    return owned
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--world-size", type=int, default=1)
+    known, rest = pre.parse_known_args(argv)
+    try:
+        model_cfg, t = parse_args(rest)
+        t.validate(1)
+        model_cfg.vocab_size = build_tokenizer(t).vocab_size
+        model_cfg.params_dtype = torch.bfloat16 if t.bf16 else torch.float16 if t.fp16 else torch.float32
+        model_cfg.validate()
+        est = estimate(model_cfg, t, known.world_size)
+    except (ConfigError, ParallelConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"per rank (world {known.world_size}): bytes: params {est['params']:,} grads {est['grads']:,}"
+          f" optimizer {est['optimizer']:,} | activations per microbatch in flight {est['activations']:,}"
+          f" | total {(est['params'] + est['grads'] + est['optimizer'] + est['activations']) / 2**30:.2f} GiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
