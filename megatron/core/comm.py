@@ -81,6 +81,13 @@ def all_reduce_async(x, group, tag=None):
     return dist.all_reduce(x, group=group, async_op=True)
 
 
+def _own_slice(x, group):
+    n = world(group)
+    k = x.numel() // n
+    r = rank(group)
+    return x[r * k:(r + 1) * k]
+
+
 def reduce_scatter_inplace_async(x, group, tag=None):
     """Sum the 1-D buffer x over `group` into this rank's slice x[r*k:(r+1)*k] (k = len/n).
 
@@ -89,10 +96,8 @@ def reduce_scatter_inplace_async(x, group, tag=None):
     n = world(group)
     if n == 1:
         return None
-    k = x.numel() // n
-    r = dist.get_rank(group)
     _count(tag, x.numel() * x.element_size(), n, 1)
-    return _reduce_scatter(x[r * k:(r + 1) * k], x, group=group, async_op=True)
+    return _reduce_scatter(_own_slice(x, group), x, group=group, async_op=True)
 
 
 def all_gather_inplace_async(x, group, tag=None):
@@ -100,7 +105,5 @@ def all_gather_inplace_async(x, group, tag=None):
     n = world(group)
     if n == 1:
         return None
-    k = x.numel() // n
-    r = dist.get_rank(group)
     _count(tag, x.numel() * x.element_size(), n, 1)
-    return _all_gather(x, x[r * k:(r + 1) * k], group=group, async_op=True)
+    return _all_gather(x, _own_slice(x, group), group=group, async_op=True)
