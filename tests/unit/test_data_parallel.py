@@ -38,19 +38,22 @@ def _step(model, batch):
     return model(batch["tokens"], labels=batch["labels"]), batch["loss_mask"]
 
 
-def _traffic(groups, distributed):
-    model, ddp, opt, sched = _setup(groups, use_distributed_optimizer=distributed, ddp_bucket_size=5000)
-    comm.traffic.clear()
-    train_step(model, ddp, opt, sched, _batches(groups), _step, groups, 1)
-    grad_bytes = sum(b.grad_data.numel() * b.grad_data.element_size() for b in ddp.buffers)
-    param_bytes = sum(b.param_data.numel() * b.param_data.element_size() for b in ddp.buffers) if distributed else 0
-    return dict(comm.traffic), grad_bytes, param_bytes, len(ddp.buckets)
+def _traffic(groups):
+    out = []
+    for distributed in (False, True):
+        model, ddp, opt, sched = _setup(groups, use_distributed_optimizer=distributed, ddp_bucket_size=5000)
+        comm.traffic.clear()
+        train_step(model, ddp, opt, sched, _batches(groups), _step, groups, 1)
+        grad_bytes = sum(b.grad_data.numel() * b.grad_data.element_size() for b in ddp.buffers)
+        param_bytes = sum(b.param_data.numel() * b.param_data.element_size() for b in ddp.buffers) if distributed else 0
+        out.append((distributed, dict(comm.traffic), grad_bytes, param_bytes, len(ddp.buckets)))
+    return out
 
 
 def test_dp_bytes_sent_match_ring_theory():
     for d in (2, 4):
-        for distributed in (False, True):
-            for traffic, grad_bytes, param_bytes, nb in spawn(d, _traffic, distributed):
+        for per_rank in spawn(d, _traffic):
+            for distributed, traffic, grad_bytes, param_bytes, nb in per_rank:
                 assert nb > 1  # several buckets, each reduced once
                 if distributed:
                     # reduce-scatter the grads + all-gather the params = one all-reduce's worth
