@@ -87,6 +87,18 @@ class TrainingLogger:
             self.writer.close()
 
 
+def pipeline_summary(model_cfg, pp):
+    """One line: the schedule and which layers (numbered from 1) each stage's chunks hold."""
+    from ..core.pipeline_parallel import default_schedule, layer_split
+    vpp = model_cfg.virtual_pipeline_model_parallel_size or 1
+    split = layer_split(model_cfg.num_layers, pp, vpp, model_cfg.decoder_first_pipeline_num_layers,
+                        model_cfg.decoder_last_pipeline_num_layers)
+    stages = " | ".join(f"stage {p}: " + ", ".join(f"{o + 1}" if n == 1 else f"{o + 1}-{o + n}" for o, n in chunks)
+                        for p, chunks in enumerate(split))
+    return (f"> pipeline: {default_schedule(pp, vpp)}, {pp} stages x {vpp} model chunk(s); layers {stages}"
+            " (embedding on stage 0, output layer and loss on the last)")
+
+
 def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name):
     """Layout, parameters per rank, and which implementation each op uses (rank 0 prints)."""
     count = sum(p.numel() for p in model.parameters())
@@ -107,8 +119,10 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name)
         f"> batch: micro {train_cfg.micro_batch_size} x DP {groups.dp_size} x accumulation "
         f"{train_cfg.global_batch_size // (train_cfg.micro_batch_size * groups.dp_size)}"
         f" = global {train_cfg.global_batch_size}",
-        "> parameters per rank (tp, dp, pp: count):",
     ]
+    if groups.pp_size > 1:
+        lines.append(pipeline_summary(model_cfg, groups.pp_size))
+    lines.append("> parameters per rank (tp, dp, pp: count):")
     lines += [f"    rank {r:3d} (tp {t}, dp {d}, pp {p}): {n:,}" for r, (t, d, p, n) in enumerate(counts)]
     print("\n".join(lines), flush=True)
     sys.stdout.flush()

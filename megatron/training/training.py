@@ -1,47 +1,44 @@
 """The pretrain loop: build, then per iteration microbatches -> grads -> reduce -> clip -> step."""
 import torch
-import torch.distributed as dist
+from torch import nn
 
 from ..core.distributed import finalize_model_grads
 from ..core.optimizer import LRScheduler, build_optimizer, clip_grads_, get_grad_norm
+from ..core.pipeline_parallel import get_forward_backward_func, global_tokens
 from ..core.tensor_parallel.initialization import initialize_parameters
 from .data import microbatches
 from .flops import num_floating_point_operations
 from .log import TrainingLogger, print_rank_0, startup_summary
 
 
-def _global_tokens(batches, groups):
-    """Loss-mask tokens in the whole global batch (summed over DP): the loss denominator."""
-    n = torch.stack([b["loss_mask"].sum() for b in batches]).sum()
-    if groups.dp_size > 1:
-        dist.all_reduce(n, group=groups.dp)
-    return n
+def build_model(model_provider, model_cfg, groups, device):
+    """This rank's part of the model: one chunk per virtual pipeline stage, a module when
+    there is one chunk, else an nn.ModuleList (chunk v is virtual stage v * P + pp_rank).
 
-
-def forward_backward(model, batches, forward_step, groups):
-    """Run every microbatch forward and backward; gradients accumulate in .grad.
-
-    Each microbatch contributes sum(loss x mask) / tokens(global batch), so the summed
-    gradient over microbatches and DP ranks is that of the mean per-token loss of the
-    global batch, whatever the layout. Returns that mean loss (fp32 tensor, DP-reduced).
+    model_provider(config, groups, device, pre_process, post_process, vp_stage) builds one
+    chunk; the embedding goes on the first stage's first chunk, the loss on the last's last.
     """
-    num_tokens = _global_tokens(batches, groups)
-    total = torch.zeros((), device=num_tokens.device)
-    for batch in batches:
-        loss, mask = forward_step(model, batch)
-        loss_sum = (loss.float() * mask).sum()
-        (loss_sum / num_tokens).backward()
-        total += loss_sum.detach()
-    if groups.dp_size > 1:
-        dist.all_reduce(total, group=groups.dp)
-    return total / num_tokens
+    V = model_cfg.virtual_pipeline_model_parallel_size or 1
+    chunks = [model_provider(model_cfg, groups, device, pre_process=groups.is_first_stage and v == 0,
+                             post_process=groups.is_last_stage and v == V - 1, vp_stage=v)
+              for v in range(V)]
+    return chunks[0] if V == 1 else nn.ModuleList(chunks)
 
 
-def train_step(model, optimizer, scheduler, batches, forward_step, groups, iteration, clip_grad, params):
+def train_step(model, optimizer, scheduler, batches, forward_step, groups, iteration, clip_grad, params,
+               forward_backward_func=None):
     """One iteration over `params` (the model's, listed once). Returns (loss, grad_norm)
-    as tensors and the LR used (no host sync)."""
+    as tensors and the LR used (no host sync).
+
+    The microbatches run through forward_backward_func (default: the schedule for this
+    layout, pipeline_parallel.get_forward_backward_func()). Each contributes
+    sum(loss x mask) / tokens(global batch), so the summed gradient over microbatches and
+    DP ranks is that of the mean per-token loss of the global batch, whatever the layout.
+    The loss returned is that mean (DP-reduced) on the last pipeline stage, 0 elsewhere.
+    """
     optimizer.zero_grad(set_to_none=True)
-    loss = forward_backward(model, batches, forward_step, groups)
+    forward_backward_func = forward_backward_func or get_forward_backward_func()
+    loss = forward_backward_func(model, batches, forward_step, groups)
     finalize_model_grads(model, groups)
     grad_norm = get_grad_norm(params, groups)
     clip_grads_(params, clip_grad, grad_norm)
@@ -52,21 +49,22 @@ def train_step(model, optimizer, scheduler, batches, forward_step, groups, itera
 
 @torch.no_grad()
 def evaluate(model, dataset, forward_step, groups, train_cfg, device):
-    """Mean per-token loss over eval_iters global batches from the start of `dataset`."""
+    """Mean per-token loss over eval_iters global batches from the start of `dataset`
+    (forward-only schedule; the figure is valid on the last pipeline stage, 0 elsewhere)."""
     model.eval()
     total = torch.zeros((), device=device)
     tokens = torch.zeros((), device=device)
     g, mb = train_cfg.global_batch_size, train_cfg.micro_batch_size
+    forward_only = get_forward_backward_func()
     for k in range(train_cfg.eval_iters):
-        for batch in microbatches(dataset, k * g, g, mb, groups.dp_rank, groups.dp_size, device):
-            loss, mask = forward_step(model, batch)
-            total += (loss.float() * mask).sum()
-            tokens += mask.sum()
-    both = torch.stack([total, tokens])
-    if groups.dp_size > 1:
-        dist.all_reduce(both, group=groups.dp)
+        batches = microbatches(dataset, k * g, g, mb, groups.dp_rank, groups.dp_size, device)
+        loss = forward_only(model, batches, forward_step, groups, forward_only=True)
+        if groups.is_last_stage:
+            n = global_tokens(batches, groups)
+            total += loss * n
+            tokens += n
     model.train()
-    return (both[0] / both[1]).item()
+    return (total / tokens).item() if groups.is_last_stage else 0.0
 
 
 def build_scheduler(optimizer, train_cfg):
@@ -78,13 +76,15 @@ def build_scheduler(optimizer, train_cfg):
 
 
 def pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step, datasets, tokenizer_name):
-    """Train model_provider(config, groups, device) on datasets = (train, valid).
+    """Train model_provider(config, groups, device, pre_process, post_process, vp_stage)
+    on datasets = (train, valid); every pipeline stage loads the same batches.
 
-    forward_step(model, batch) -> (per-token loss [b, s], loss mask [b, s]).
+    forward_step(model, batch) -> (per-token loss [b, s], loss mask [b, s]) on the last
+    pipeline stage, (hidden states, loss mask) on the others.
     Returns the list of per-iteration losses (floats) seen by this rank.
     """
     t = train_cfg
-    model = model_provider(model_cfg, groups, device)
+    model = build_model(model_provider, model_cfg, groups, device)
     initialize_parameters(model, t.seed, groups.tp_rank, groups.tp_size)
     optimizer = build_optimizer(model, t.lr, t.weight_decay, (t.adam_beta1, t.adam_beta2), t.adam_eps)
     scheduler = build_scheduler(optimizer, t)
@@ -95,12 +95,13 @@ def pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step,
     print_rank_0(f"> training for {t.train_iters} iterations ({len(train_ds)} samples per epoch)")
     consumed, history = 0, []
     params = list(model.parameters())
+    forward_backward_func = get_forward_backward_func()
     model.train()
     for iteration in range(1, t.train_iters + 1):
         batches = microbatches(train_ds, consumed, t.global_batch_size, t.micro_batch_size,
                                groups.dp_rank, groups.dp_size, device)
         loss, grad_norm, lr = train_step(model, optimizer, scheduler, batches, forward_step,
-                                         groups, iteration, t.clip_grad, params)
+                                         groups, iteration, t.clip_grad, params, forward_backward_func)
         consumed += t.global_batch_size
         logger.add_loss(loss)
         if iteration % t.log_interval == 0 or iteration == t.train_iters:

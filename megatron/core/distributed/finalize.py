@@ -8,6 +8,8 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from ..pipeline_parallel.tied_embeddings import allreduce_tied_embedding_grads
+
 _CHUNK_ELEMS = 64 * 1024 * 1024
 
 
@@ -31,11 +33,13 @@ def _all_reduce_coalesced(tensors, group):
 
 
 def finalize_model_grads(model, groups):
-    """Sum sequence-parallel weights' grads over TP, then all grads over DP.
+    """Sum sequence-parallel weights' grads over TP, then all grads over DP, then the tied
+    embedding's over the first and last pipeline stage.
 
-    Talks to groups.tp (norm weights and biases applied to sequence shards) and groups.dp.
+    Talks to groups.tp (norm weights and biases applied to sequence shards), groups.dp and
+    groups.embd. model: a module, or an nn.ModuleList of pipeline model chunks.
     """
-    if groups.tp_size == 1 and groups.dp_size == 1:
+    if groups.tp_size == 1 and groups.dp_size == 1 and groups.pp_size == 1:
         return
     params = [p for p in model.parameters() if p.grad is not None]
     if groups.tp_size > 1:
@@ -44,3 +48,5 @@ def finalize_model_grads(model, groups):
             _all_reduce_coalesced(sp, groups.tp)
     if groups.dp_size > 1:
         _all_reduce_coalesced([p.grad for p in params], groups.dp)
+    # last, as in Megatron-LM: after the DP reduction (which may be overlapped) is complete
+    allreduce_tied_embedding_grads(model, groups)

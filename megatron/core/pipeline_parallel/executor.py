@@ -1,0 +1,162 @@
+"""One executor for every schedule: runs a rank's action list (schedules.py) on real model chunks.
+
+Per microbatch and chunk it keeps only what backward needs: the received input (a leaf
+whose .grad is sent back) and the output's autograd graph (its storage is freed once
+sent, p2p.free_output). On the last virtual stage the output is the scaled loss.
+"""
+import time
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .p2p import P2PCommunicator, backward_through, free_output
+from .schedules import SCHEDULES, default_schedule
+
+
+def as_chunks(model) -> List[nn.Module]:
+    """A model, or a list / nn.ModuleList of model chunks (one per virtual stage), as a list."""
+    return list(model) if isinstance(model, (list, tuple, nn.ModuleList)) else [model]
+
+
+def _set_input_tensor(chunk, tensor):
+    target = chunk.module if hasattr(chunk, "module") and not hasattr(chunk, "set_input_tensor") else chunk
+    if hasattr(target, "set_input_tensor"):
+        target.set_input_tensor(tensor)
+    elif tensor is not None:
+        raise TypeError(f"{type(target).__name__} has no set_input_tensor(); it cannot be a later pipeline stage")
+
+
+def global_tokens(batches, groups):
+    """Loss-mask tokens of the whole global batch (this rank's microbatches summed over groups.dp)."""
+    n = torch.stack([b["loss_mask"].sum() for b in batches]).sum()
+    if groups.dp_size > 1:
+        dist.all_reduce(n, group=groups.dp)
+    return n
+
+
+def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P2PCommunicator],
+                num_tokens, forward_only=False, trace: Optional[list] = None, stats: Optional[Dict] = None):
+    """Execute `actions` on this rank. Returns sum(loss x mask) over this rank's microbatches
+    (fp32 tensor; zero unless this rank holds the last virtual stage).
+
+    Each microbatch's backward uses sum(loss x mask) / num_tokens (the global batch's token
+    count), as training without pipelining does. trace: gets (kind, chunk, mb, start, end)
+    per action (time.perf_counter). stats: gets peak_in_flight and peak_kept_output_elems.
+    """
+    P, rank, V = groups.pp_size, groups.pp_rank, len(chunks)
+    device = num_tokens.device
+    inputs, outputs, out_grads, in_grads = {}, {}, {}, {}
+    total = torch.zeros((), device=device)
+    peak = peak_elems = 0
+    sync = trace is not None and device.type == "cuda"
+
+    def is_last(v):
+        return rank == P - 1 and v == V - 1
+
+    for a in actions:
+        t0 = time.perf_counter() if trace is not None else 0.0
+        key = (a.chunk, a.mb)
+        if a.kind == "F":
+            if V > 1:
+                groups.vpp_rank = a.chunk  # the chunk now running, for code that asks
+            _set_input_tensor(chunks[a.chunk], inputs.get(key))
+            out, mask = forward_step(chunks[a.chunk], batches[a.mb])
+            if is_last(a.chunk):
+                loss_sum = (out.float() * mask).sum()
+                total += loss_sum.detach()
+                out = None if forward_only else loss_sum / num_tokens
+            if out is not None:
+                outputs[key] = out
+            if forward_only:
+                inputs.pop(key, None)
+        elif a.kind == "B":
+            if V > 1:
+                groups.vpp_rank = a.chunk
+            out, inp = outputs.pop(key), inputs.pop(key, None)
+            if is_last(a.chunk):
+                out.backward()
+            else:
+                backward_through(out, out_grads.pop(key))
+            if inp is not None:
+                in_grads[key] = inp.grad
+        else:
+            ops, received = [], []
+            for op in a.ops:
+                k = (op.chunk, op.mb)
+                if op.kind == "send_fwd":
+                    ops.append(("send", outputs[k].detach(), op.peer))
+                elif op.kind == "send_bwd":
+                    ops.append(("send", in_grads.pop(k), op.peer))
+                else:
+                    buf = comm.buffer()
+                    ops.append(("recv", buf, op.peer))
+                    received.append((op.kind, k, buf))
+            comm.exchange(ops)
+            for op in a.ops:
+                if op.kind == "send_fwd":
+                    k = (op.chunk, op.mb)
+                    if forward_only:
+                        del outputs[k]
+                    else:
+                        free_output(outputs[k])
+            for kind, k, buf in received:
+                if kind == "recv_fwd":
+                    inputs[k] = buf if forward_only else buf.requires_grad_()
+                else:
+                    out_grads[k] = buf
+        if stats is not None:
+            peak = max(peak, len(outputs))
+            if a.kind == "comm":  # outputs are sent at the next comm: count what stays after it
+                peak_elems = max(peak_elems, sum(o.numel() for (v, _), o in outputs.items() if not is_last(v)))
+        if trace is not None:
+            if sync:
+                torch.cuda.synchronize(device)
+            trace.append((a.kind, a.chunk, a.mb, t0, time.perf_counter()))
+    assert not outputs and not in_grads and not out_grads, "schedule left work undone"
+    if stats is not None:
+        stats.update(peak_in_flight=peak, peak_kept_output_elems=peak_elems)
+    return total
+
+
+def forward_backward(model, batches, forward_step, groups, forward_only=False, schedule=None,
+                     seq_length=None, micro_batch_size=None, trace=None, stats=None):
+    """Run one iteration's microbatches through this rank's model chunks with a schedule.
+
+    model: a model or a list of chunks (virtual stages, in order); batches: this DP rank's
+    microbatches (dicts with tokens [b, s] and loss_mask [b, s], loaded on every stage);
+    forward_step(chunk, batch) -> (output, loss_mask): per-token loss [b, s] on the last
+    stage, else the hidden states [s(/TP), b, h] to send on.
+    Returns the mean per-token loss of the global batch (fp32, summed over groups.dp) on
+    the last pipeline stage, zero on the others. Gradients accumulate in .grad.
+    """
+    chunks = as_chunks(model)
+    P, V, M = groups.pp_size, len(chunks), len(batches)
+    name = schedule or default_schedule(P, V)
+    actions = SCHEDULES[name](P, M, V, groups.pp_rank, forward_only)
+    last = groups.is_last_stage
+    device = next(chunks[0].parameters()).device
+    # only the last stage computes a loss; the others skip the token count's all-reduce
+    num_tokens = global_tokens(batches, groups) if last else torch.ones((), device=device)
+    comm = None
+    if P > 1:
+        b, s = batches[0]["tokens"].shape
+        b, s = micro_batch_size or b, seq_length or s
+        cfg = getattr(chunks[0], "config", None) or chunks[0].module.config
+        shape = (s // groups.tp_size if cfg.sequence_parallel else s, b, cfg.hidden_size)
+        comm = _communicator(groups, shape, getattr(cfg, "pipeline_dtype", None) or cfg.params_dtype, device)
+    total = run_actions(actions, chunks, batches, forward_step, groups, comm, num_tokens, forward_only, trace, stats)
+    if last and groups.dp_size > 1:
+        dist.all_reduce(total, group=groups.dp)
+    return total / num_tokens
+
+
+_COMM = [None]  # the last communicator, reused while groups, shape, dtype and device stay
+
+
+def _communicator(groups, shape, dtype, device):
+    c = _COMM[0]
+    if c is None or c.groups is not groups or (c.shape, c.dtype, c.device) != (tuple(shape), dtype, torch.device(device)):
+        _COMM[0] = P2PCommunicator(groups, shape, dtype, device)
+    return _COMM[0]
