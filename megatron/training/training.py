@@ -1,10 +1,14 @@
 """The pretrain loop: build, then per iteration microbatches -> grads -> reduce -> clip -> step."""
+import functools
+import json
+
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ..core.distributed import finalize_model_grads
 from ..core.optimizer import LRScheduler, build_optimizer, clip_grads_, get_grad_norm
-from ..core.pipeline_parallel import get_forward_backward_func, global_tokens
+from ..core.pipeline_parallel import default_schedule, get_forward_backward_func, global_tokens
 from ..core.tensor_parallel.initialization import initialize_parameters
 from .data import microbatches
 from .flops import num_floating_point_operations
@@ -67,6 +71,19 @@ def evaluate(model, dataset, forward_step, groups, train_cfg, device):
     return (total / tokens).item() if groups.is_last_stage else 0.0
 
 
+def write_pipeline_trace(path, trace, groups, model_cfg, num_micro, iteration):
+    """Gather one iteration's (kind, chunk, mb, start, end) per action over groups.pp;
+    global rank 0 writes them as JSON for tools/pipeline_timeline.py --trace."""
+    spans = [None] * groups.pp_size
+    dist.all_gather_object(spans, trace, group=groups.pp)
+    if groups.rank == 0:
+        V = model_cfg.virtual_pipeline_model_parallel_size or 1
+        with open(path, "w") as f:
+            json.dump({"schedule": default_schedule(groups.pp_size, V), "P": groups.pp_size, "M": num_micro,
+                       "V": V, "iteration": iteration, "ranks": dict(enumerate(spans))}, f)
+        print(f"> wrote the pipeline schedule timeline of iteration {iteration} to {path}", flush=True)
+
+
 def build_scheduler(optimizer, train_cfg):
     t = train_cfg
     decay = t.lr_decay_iters or t.train_iters
@@ -97,11 +114,16 @@ def pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step,
     params = list(model.parameters())
     forward_backward_func = get_forward_backward_func()
     model.train()
+    trace_iter = min(2, t.train_iters) if t.pipeline_trace else None  # 2: past first-call costs
     for iteration in range(1, t.train_iters + 1):
         batches = microbatches(train_ds, consumed, t.global_batch_size, t.micro_batch_size,
                                groups.dp_rank, groups.dp_size, device)
+        trace = [] if iteration == trace_iter else None
+        fb = forward_backward_func if trace is None else functools.partial(forward_backward_func, trace=trace)
         loss, grad_norm, lr = train_step(model, optimizer, scheduler, batches, forward_step,
-                                         groups, iteration, t.clip_grad, params, forward_backward_func)
+                                         groups, iteration, t.clip_grad, params, fb)
+        if trace is not None:
+            write_pipeline_trace(t.pipeline_trace, trace, groups, model_cfg, len(batches), iteration)
         consumed += t.global_batch_size
         logger.add_loss(loss)
         if iteration % t.log_interval == 0 or iteration == t.train_iters:

@@ -4,6 +4,7 @@ import re
 import torch
 from torch import nn
 
+from ...pipeline_parallel.split import stage_layers
 from ...tensor_parallel import mappings
 from ...tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from ...tensor_parallel.initialization import set_init, set_tp_attrs
@@ -35,7 +36,6 @@ class GPTModel(nn.Module):
         self.share_embeddings = not c.untie_embeddings_and_output_weights
         self.input_tensor = None
         if num_layers is None:
-            from ...pipeline_parallel.split import stage_layers
             layer_offset, num_layers = stage_layers(c, groups.pp_size, groups.pp_rank, vp_stage)
         tp = groups.tp
         if pre_process or (post_process and self.share_embeddings):
