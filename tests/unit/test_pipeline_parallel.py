@@ -136,8 +136,7 @@ def _run(groups, cases):
 P2_CASES = [("1f1b", 4, None, 4, False), ("1f1b", 4, None, 1, False), ("gpipe", 4, None, 3, True),
             ("interleaved_1f1b", 4, 2, 4, False), ("interleaved_1f1b", 8, 2, 2, True), ("gpipe", 4, 2, 4, False),
             ("1f1b", 6, None, 3, False), ("tied", None), ("tied", 2)]
-P4_CASES = [("1f1b", 4, None, 6, False), ("interleaved_1f1b", 8, 2, 8, True), ("gpipe", 4, None, 2, False),
-            ("tied", None)]
+P4_CASES = [("1f1b", 4, None, 6, False), ("interleaved_1f1b", 8, 2, 8, True), ("tied", None)]
 
 
 @pytest.mark.parametrize("P,cases", [(2, P2_CASES), (4, P4_CASES)], ids=["pp2", "pp4"])

@@ -36,6 +36,76 @@ def global_tokens(batches, groups):
     return n
 
 
+class _Rank:
+    """One rank's state while running a schedule. Per (chunk, mb) it holds the received
+    input (a leaf whose .grad goes back), the output (its storage freed once sent; on the
+    last virtual stage the scaled loss), the received output gradient and the input
+    gradient waiting to be sent; each entry is dropped as soon as it is used."""
+
+    def __init__(self, chunks, batches, forward_step, groups, comm, num_tokens, forward_only):
+        self.chunks, self.batches, self.forward_step = chunks, batches, forward_step
+        self.groups, self.comm, self.num_tokens, self.forward_only = groups, comm, num_tokens, forward_only
+        self.inputs, self.outputs, self.out_grads, self.in_grads = {}, {}, {}, {}
+        self.total = torch.zeros((), device=num_tokens.device)
+        self.last_chunk = len(chunks) - 1 if groups.is_last_stage else None  # the chunk with the loss
+
+    def forward(self, v, mb):
+        if len(self.chunks) > 1:
+            self.groups.vpp_rank = v  # the chunk now running, for code that asks
+        key = (v, mb)
+        _set_input_tensor(self.chunks[v], self.inputs.get(key))
+        out, mask = self.forward_step(self.chunks[v], self.batches[mb])
+        if v == self.last_chunk:
+            loss_sum = (out.float() * mask).sum()
+            self.total += loss_sum.detach()
+            out = None if self.forward_only else loss_sum / self.num_tokens
+        if out is not None:
+            self.outputs[key] = out
+        if self.forward_only:
+            self.inputs.pop(key, None)
+
+    def backward(self, v, mb):
+        if len(self.chunks) > 1:
+            self.groups.vpp_rank = v
+        key = (v, mb)
+        out, inp = self.outputs.pop(key), self.inputs.pop(key, None)
+        if v == self.last_chunk:
+            out.backward()
+        else:
+            backward_through(out, self.out_grads.pop(key))
+        if inp is not None:
+            self.in_grads[key] = inp.grad
+
+    def communicate(self, ops):
+        posted, received = [], []
+        for op in ops:
+            key = (op.chunk, op.mb)
+            if op.kind == "send_fwd":
+                posted.append(("send", self.outputs[key].detach(), op.peer))
+            elif op.kind == "send_bwd":
+                posted.append(("send", self.in_grads.pop(key), op.peer))
+            else:
+                buf = self.comm.buffer()
+                posted.append(("recv", buf, op.peer))
+                received.append((op.kind, key, buf))
+        self.comm.exchange(posted)
+        for op in ops:
+            if op.kind == "send_fwd":  # the next stage has it now; backward needs only the graph
+                key = (op.chunk, op.mb)
+                if self.forward_only:
+                    del self.outputs[key]
+                else:
+                    free_output(self.outputs[key])
+        for kind, key, buf in received:
+            if kind == "recv_bwd":
+                self.out_grads[key] = buf
+            else:
+                self.inputs[key] = buf if self.forward_only else buf.requires_grad_()
+
+    def kept_output_elems(self):
+        return sum(o.numel() for (v, _), o in self.outputs.items() if v != self.last_chunk)
+
+
 def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P2PCommunicator],
                 num_tokens, forward_only=False, trace: Optional[list] = None, stats: Optional[Dict] = None):
     """Execute `actions` on this rank. Returns sum(loss x mask) over this rank's microbatches
@@ -43,81 +113,32 @@ def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P
 
     Each microbatch's backward uses sum(loss x mask) / num_tokens (the global batch's token
     count), as training without pipelining does. trace: gets (kind, chunk, mb, start, end)
-    per action (time.perf_counter). stats: gets peak_in_flight and peak_kept_output_elems.
+    per action (time.perf_counter). stats: gets peak_in_flight (microbatch-chunks forwarded,
+    not yet backwarded) and peak_kept_output_elems (elements of sent outputs still held).
     """
-    P, rank, V = groups.pp_size, groups.pp_rank, len(chunks)
-    device = num_tokens.device
-    inputs, outputs, out_grads, in_grads = {}, {}, {}, {}
-    total = torch.zeros((), device=device)
+    r = _Rank(chunks, batches, forward_step, groups, comm, num_tokens, forward_only)
     peak = peak_elems = 0
-    sync = trace is not None and device.type == "cuda"
-
-    def is_last(v):
-        return rank == P - 1 and v == V - 1
-
+    sync = trace is not None and num_tokens.device.type == "cuda"
     for a in actions:
         t0 = time.perf_counter() if trace is not None else 0.0
-        key = (a.chunk, a.mb)
         if a.kind == "F":
-            if V > 1:
-                groups.vpp_rank = a.chunk  # the chunk now running, for code that asks
-            _set_input_tensor(chunks[a.chunk], inputs.get(key))
-            out, mask = forward_step(chunks[a.chunk], batches[a.mb])
-            if is_last(a.chunk):
-                loss_sum = (out.float() * mask).sum()
-                total += loss_sum.detach()
-                out = None if forward_only else loss_sum / num_tokens
-            if out is not None:
-                outputs[key] = out
-            if forward_only:
-                inputs.pop(key, None)
+            r.forward(a.chunk, a.mb)
         elif a.kind == "B":
-            if V > 1:
-                groups.vpp_rank = a.chunk
-            out, inp = outputs.pop(key), inputs.pop(key, None)
-            if is_last(a.chunk):
-                out.backward()
-            else:
-                backward_through(out, out_grads.pop(key))
-            if inp is not None:
-                in_grads[key] = inp.grad
+            r.backward(a.chunk, a.mb)
         else:
-            ops, received = [], []
-            for op in a.ops:
-                k = (op.chunk, op.mb)
-                if op.kind == "send_fwd":
-                    ops.append(("send", outputs[k].detach(), op.peer))
-                elif op.kind == "send_bwd":
-                    ops.append(("send", in_grads.pop(k), op.peer))
-                else:
-                    buf = comm.buffer()
-                    ops.append(("recv", buf, op.peer))
-                    received.append((op.kind, k, buf))
-            comm.exchange(ops)
-            for op in a.ops:
-                if op.kind == "send_fwd":
-                    k = (op.chunk, op.mb)
-                    if forward_only:
-                        del outputs[k]
-                    else:
-                        free_output(outputs[k])
-            for kind, k, buf in received:
-                if kind == "recv_fwd":
-                    inputs[k] = buf if forward_only else buf.requires_grad_()
-                else:
-                    out_grads[k] = buf
+            r.communicate(a.ops)
         if stats is not None:
-            peak = max(peak, len(outputs))
+            peak = max(peak, len(r.outputs))
             if a.kind == "comm":  # outputs are sent at the next comm: count what stays after it
-                peak_elems = max(peak_elems, sum(o.numel() for (v, _), o in outputs.items() if not is_last(v)))
+                peak_elems = max(peak_elems, r.kept_output_elems())
         if trace is not None:
             if sync:
-                torch.cuda.synchronize(device)
+                torch.cuda.synchronize(num_tokens.device)
             trace.append((a.kind, a.chunk, a.mb, t0, time.perf_counter()))
-    assert not outputs and not in_grads and not out_grads, "schedule left work undone"
+    assert not r.outputs and not r.in_grads and not r.out_grads, "the schedule left work undone"
     if stats is not None:
         stats.update(peak_in_flight=peak, peak_kept_output_elems=peak_elems)
-    return total
+    return r.total
 
 
 def forward_backward(model, batches, forward_step, groups, forward_only=False, schedule=None,
