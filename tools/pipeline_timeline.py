@@ -145,8 +145,10 @@ def main(argv=None):
             actions = build_schedule(a.pp, a.microbatches, a.vpp, a.schedule)
         except ScheduleError as e:
             raise SystemExit(f"error: {e}")
-        spans = spans_from_simulation(simulate(actions, uniform_costs(a.forward_cost, a.backward_cost,
-                                                                      a.comm_cost, a.vpp)))
+        timeline = simulate(actions, uniform_costs(a.forward_cost, a.backward_cost, a.comm_cost, a.vpp))
+        spans = spans_from_simulation(timeline)
+        print("peak microbatches in flight per rank (forwarded, backward not yet run; counted per chunk): "
+              + ", ".join(f"{r}: {n}" for r, n in sorted(timeline.peak_in_flight.items())))
         title = f"{a.schedule} simulated: P={a.pp} M={a.microbatches} V={a.vpp}"
         if a.schedule != "gpipe" or a.vpp == 1:
             print(f"theory (P-1)/(V M+P-1): {100 * predicted_bubble(a.pp, a.microbatches, a.vpp if a.schedule != 'gpipe' else 1):.2f}%")
