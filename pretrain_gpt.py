@@ -16,13 +16,16 @@ from megatron.training.tokenizer import build_tokenizer
 from megatron.training.training import pretrain
 
 
-def model_provider(config, groups, device):
-    """The whole GPT on one stage (pipelining arrives with its own issue)."""
-    return GPTModel(config, groups, pre_process=True, post_process=True, device=device)
+def model_provider(config, groups, device, pre_process=True, post_process=True, vp_stage=None):
+    """One model chunk: this pipeline rank's layers of virtual stage vp_stage (all of them
+    without pipelining); the embedding where pre_process, output layer and loss where post_process."""
+    return GPTModel(config, groups, pre_process=pre_process, post_process=post_process, device=device,
+                    vp_stage=vp_stage)
 
 
 def forward_step(model, batch):
-    """-> (per-token loss [b, s], loss mask [b, s])."""
+    """-> (per-token loss [b, s], loss mask [b, s]) on the last pipeline stage; earlier
+    stages return their hidden states [s, b, h] in place of the loss."""
     return model(batch["tokens"], labels=batch["labels"]), batch["loss_mask"]
 
 

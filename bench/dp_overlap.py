@@ -52,7 +52,7 @@ def _worker(rank, a, port, out):
                            ddp_bucket_size=a.bucket_size, bf16=a.bf16)
         t.validate(a.dp)
         model_parallel_seed(1, 0, 0, device)
-        runs[name] = setup_model_and_optimizer(cfg, t, groups, device, lambda c, g, d: GPTModel(c, g, device=d))
+        runs[name] = setup_model_and_optimizer(cfg, t, groups, device, lambda c, g, d, **kw: GPTModel(c, g, device=d, **kw))
     gen = torch.Generator().manual_seed(rank)
     batches = []
     for _ in range(a.accum):

@@ -41,14 +41,20 @@ def activation_bytes_per_layer(c, micro_batch, tp, sp):
     return per * (1 if c.params_dtype != torch.float32 else 2)
 
 
-def estimate(model_cfg, t, world_size):
-    """{'params', 'grads', 'optimizer', 'activations'} bytes for one rank."""
-    tp = model_cfg.tensor_model_parallel_size
-    dp = validate_parallel_sizes(world_size, tp, model_cfg.pipeline_model_parallel_size)
+def estimate(model_cfg, t, world_size, pp_rank=0):
+    """{'params', 'grads', 'optimizer', 'activations', 'layers', 'in_flight'} for a rank of
+    pipeline stage pp_rank (DP rank 0, TP rank 0: other TP ranks hold the same)."""
+    tp, pp = model_cfg.tensor_model_parallel_size, model_cfg.pipeline_model_parallel_size
+    dp = validate_parallel_sizes(world_size, tp, pp, model_cfg.virtual_pipeline_model_parallel_size)
     t.validate(dp)
-    groups = types.SimpleNamespace(tp=PlanGroup(tp, 0))
-    model = GPTModel(model_cfg, groups, device="meta")
-    params = [p for p in model.parameters() if p.requires_grad]
+    groups = types.SimpleNamespace(tp=PlanGroup(tp, 0), pp_size=pp, pp_rank=pp_rank,
+                                   is_first_stage=pp_rank == 0, is_last_stage=pp_rank == pp - 1)
+    V = model_cfg.virtual_pipeline_model_parallel_size or 1
+    # the same chunks, in the same order, as training.build_model
+    chunks = [GPTModel(model_cfg, groups, pre_process=groups.is_first_stage and v == 0,
+                       post_process=groups.is_last_stage and v == V - 1, device="meta", vp_stage=v)
+              for v in range(V)]
+    params = [p for c in chunks for p in c.parameters() if p.requires_grad]
     by_dtype = {}
     for p in params:
         by_dtype.setdefault(p.dtype, []).append(p)
@@ -68,8 +74,11 @@ def estimate(model_cfg, t, world_size):
             out["params"] += sum(numels) * elt
             owned = sum(numels)
         out["optimizer"] += owned * (8 + (4 if dtype != torch.float32 else 0))
+    out["layers"] = sum(len(c.decoder.layers) for c in chunks)
     out["activations"] = int(activation_bytes_per_layer(model_cfg, t.micro_batch_size, tp,
-                                                        model_cfg.sequence_parallel) * model_cfg.num_layers)
+                                                        model_cfg.sequence_parallel) * out["layers"])
+    num_micro = t.global_batch_size // (t.micro_batch_size * dp)
+    out["in_flight"] = min(pp - pp_rank, num_micro) if pp > 1 else 1  # 1F1B warm-up depth
     return out
 
 
@@ -98,13 +107,16 @@ def main(argv=None):
         model_cfg.vocab_size = build_tokenizer(t).vocab_size
         model_cfg.params_dtype = torch.bfloat16 if t.bf16 else torch.float16 if t.fp16 else torch.float32
         model_cfg.validate()
-        est = estimate(model_cfg, t, known.world_size)
+        stages = [estimate(model_cfg, t, known.world_size, r) for r in range(model_cfg.pipeline_model_parallel_size)]
     except (ConfigError, ParallelConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"per rank (world {known.world_size}): bytes: params {est['params']:,} grads {est['grads']:,}"
-          f" optimizer {est['optimizer']:,} | activations per microbatch in flight {est['activations']:,}"
-          f" | total {(est['params'] + est['grads'] + est['optimizer'] + est['activations']) / 2**30:.2f} GiB")
+    for r, est in enumerate(stages):
+        act = est["activations"] * est["in_flight"]
+        total = est["params"] + est["grads"] + est["optimizer"] + act
+        print(f"stage {r} ({est['layers']} layers), per rank (world {known.world_size}): bytes: params {est['params']:,}"
+              f" grads {est['grads']:,} optimizer {est['optimizer']:,} | activations {est['activations']:,} per"
+              f" microbatch x {est['in_flight']} in flight | total {total / 2**30:.2f} GiB")
     return 0
 
 

@@ -38,7 +38,11 @@ class ModelParallelConfig:
     tensor_model_parallel_size: int = opt(1, "Degree of tensor model parallelism.")
     pipeline_model_parallel_size: int = opt(1, "Degree of pipeline model parallelism.")
     virtual_pipeline_model_parallel_size: Optional[int] = opt(
-        None, "Model chunks per pipeline rank (interleaved schedule).", flag="--virtual-pipeline-model-parallel-size")
+        None, "Model chunks per pipeline rank, for the interleaved 1F1B schedule (or give "
+        "--num-layers-per-virtual-pipeline-stage).", flag="--num-virtual-stages-per-pipeline-rank")
+    num_layers_per_virtual_pipeline_stage: Optional[int] = opt(
+        None, "Layers per model chunk: each pipeline rank holds num_layers / (P x this) chunks and "
+        "runs the interleaved 1F1B schedule.")
     sequence_parallel: bool = opt(False, "Split activations outside TP regions along the sequence over the TP group.")
     params_dtype: torch.dtype = dataclasses.field(default=torch.float32, metadata={"cli": False})
 
@@ -46,6 +50,10 @@ class ModelParallelConfig:
 @dataclass
 class TransformerConfig(ModelParallelConfig):
     num_layers: int = opt(4, "Number of transformer layers.")
+    decoder_first_pipeline_num_layers: Optional[int] = opt(
+        None, "Layers on the first pipeline stage (uneven split; the other stages share the rest evenly).")
+    decoder_last_pipeline_num_layers: Optional[int] = opt(
+        None, "Layers on the last pipeline stage (uneven split; the other stages share the rest evenly).")
     hidden_size: int = opt(256, "Transformer hidden size.")
     num_attention_heads: int = opt(4, "Number of attention heads.")
     ffn_hidden_size: Optional[int] = opt(None, "MLP hidden size (default 4 x hidden, or about 8/3 x hidden with --swiglu).")
@@ -121,3 +129,45 @@ class TransformerConfig(ModelParallelConfig):
                 raise ConfigError(f"{f(name)} must be in [0, 1), got {getattr(self, name)}")
         if self.vocab_size is not None and self.vocab_size < 1:
             raise ConfigError(f"--vocab-size must be positive, got {self.vocab_size}")
+        self._validate_pipeline()
+
+    def _validate_pipeline(self) -> None:
+        """Derive the chunks per rank (V) and check that the layers split exactly."""
+        from .pipeline_parallel.split import layer_split  # split imports ConfigError from here
+        f = lambda n: flag_of(TransformerConfig, n)  # noqa: E731
+        pp, k = self.pipeline_model_parallel_size, self.num_layers_per_virtual_pipeline_stage
+        uneven = self.decoder_first_pipeline_num_layers is not None or self.decoder_last_pipeline_num_layers is not None
+        if k is not None:
+            if k < 1:
+                raise ConfigError(f"{f('num_layers_per_virtual_pipeline_stage')} must be at least 1, got {k}")
+            if pp < 2:
+                raise ConfigError(f"{f('num_layers_per_virtual_pipeline_stage')} needs "
+                                  f"{f('pipeline_model_parallel_size')} of at least 2")
+            if uneven:
+                raise ConfigError(f"{f('num_layers_per_virtual_pipeline_stage')} assumes an even split; with "
+                                  f"{f('decoder_first_pipeline_num_layers')} / {f('decoder_last_pipeline_num_layers')} "
+                                  f"give {f('virtual_pipeline_model_parallel_size')} instead")
+            layer_split(self.num_layers, pp)  # the even split must exist (error names the flags)
+            per_stage = self.num_layers // pp
+            if per_stage % k:
+                raise ConfigError(
+                    f"{f('num_layers')} ({self.num_layers}) / {f('pipeline_model_parallel_size')} ({pp}) = "
+                    f"{per_stage} layers per stage is not divisible by "
+                    f"{f('num_layers_per_virtual_pipeline_stage')} ({k})")
+            v = per_stage // k
+            if self.virtual_pipeline_model_parallel_size not in (None, v):
+                raise ConfigError(f"{f('virtual_pipeline_model_parallel_size')} "
+                                  f"({self.virtual_pipeline_model_parallel_size}) disagrees with "
+                                  f"{f('num_layers_per_virtual_pipeline_stage')} ({k}), which gives {v}")
+            self.virtual_pipeline_model_parallel_size = v
+        vpp = self.virtual_pipeline_model_parallel_size
+        if vpp is not None:
+            if vpp < 1:
+                raise ConfigError(f"{f('virtual_pipeline_model_parallel_size')} must be at least 1, got {vpp}")
+            if vpp > 1 and pp < 2:
+                raise ConfigError(f"{f('virtual_pipeline_model_parallel_size')} needs "
+                                  f"{f('pipeline_model_parallel_size')} of at least 2")
+            if vpp == 1:  # one chunk per rank is plain 1F1B
+                self.virtual_pipeline_model_parallel_size = None
+        layer_split(self.num_layers, pp, self.virtual_pipeline_model_parallel_size,
+                    self.decoder_first_pipeline_num_layers, self.decoder_last_pipeline_num_layers)

@@ -43,7 +43,7 @@ def validate_parallel_sizes(world_size: int, tensor_model_parallel_size: int,
     vpp = virtual_pipeline_model_parallel_size
     if vpp is not None and vpp > 1 and pp < 2:
         raise ParallelConfigError(
-            "virtual pipeline stages need --pipeline-model-parallel-size of at least 2")
+            "--num-virtual-stages-per-pipeline-rank (virtual pipeline stages) needs --pipeline-model-parallel-size of at least 2")
     return world_size // (tp * pp)
 
 

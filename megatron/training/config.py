@@ -33,6 +33,9 @@ class TrainingConfig:
     eval_iters: int = opt(10, "Validation batches per evaluation (0 disables evaluation).")
     tensorboard_dir: Optional[str] = opt(None, "Write TensorBoard logs here.")
     exit_interval: Optional[int] = opt(None, "Stop after an iteration that is a multiple of this.")
+    pipeline_trace: Optional[str] = opt(
+        None, "Write the start and end time of every schedule action of iteration 2 on each pipeline rank "
+        "to this JSON file (draw it with tools/pipeline_timeline.py --trace; one machine's clock).")
     mock_data: bool = opt(False, "Train on deterministic synthetic tokens (with --tokenizer-type NullTokenizer --vocab-size N).")
     tokenizer_type: Optional[str] = opt(None, "Tokenizer (default: byte-level for the embedded corpus, NullTokenizer for --mock-data).",
                                         choices=["NullTokenizer", "ByteTokenizer"])

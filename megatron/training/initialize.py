@@ -6,6 +6,7 @@ import socket
 import torch
 import torch.distributed as dist
 
+from ..core.config import ConfigError
 from ..core.parallel_state import default_backend, initialize_model_parallel, validate_parallel_sizes
 from ..core.tensor_parallel.random import model_parallel_seed
 
@@ -22,6 +23,14 @@ def validate_config(model_cfg, train_cfg, vocab_size):
                                  model_cfg.pipeline_model_parallel_size,
                                  model_cfg.virtual_pipeline_model_parallel_size)
     train_cfg.validate(dp)
+    pp, vpp = model_cfg.pipeline_model_parallel_size, model_cfg.virtual_pipeline_model_parallel_size
+    num_micro = train_cfg.global_batch_size // (train_cfg.micro_batch_size * dp)
+    if vpp and num_micro % pp:
+        raise ConfigError(
+            f"the interleaved schedule ({vpp} model chunks per rank) needs the number of microbatches, "
+            f"--global-batch-size ({train_cfg.global_batch_size}) / (--micro-batch-size "
+            f"({train_cfg.micro_batch_size}) x data-parallel size ({dp})) = {num_micro}, to be a multiple "
+            f"of --pipeline-model-parallel-size ({pp})")
     model_cfg.params_dtype = torch.bfloat16 if train_cfg.bf16 else torch.float16 if train_cfg.fp16 else torch.float32
     return dp
 
@@ -42,7 +51,6 @@ def initialize_distributed(model_cfg, train_cfg):
                           MASTER_PORT=str(_free_port()))
     backend = train_cfg.distributed_backend or default_backend()
     if backend == "nccl" and not torch.cuda.is_available():
-        from ..core.config import ConfigError
         raise ConfigError("--distributed-backend nccl needs CUDA GPUs; use gloo on CPU")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():

@@ -99,9 +99,21 @@ class TrainingLogger:
             self.writer.close()
 
 
+def pipeline_summary(model_cfg, pp):
+    """One line: the schedule and which layers (numbered from 1) each stage's chunks hold."""
+    from ..core.pipeline_parallel import default_schedule, layer_split
+    vpp = model_cfg.virtual_pipeline_model_parallel_size or 1
+    split = layer_split(model_cfg.num_layers, pp, vpp, model_cfg.decoder_first_pipeline_num_layers,
+                        model_cfg.decoder_last_pipeline_num_layers)
+    stages = " | ".join(f"stage {p}: " + ", ".join(f"{o + 1}" if n == 1 else f"{o + 1}-{o + n}" for o, n in chunks)
+                        for p, chunks in enumerate(split))
+    return (f"> pipeline: {default_schedule(pp, vpp)}, {pp} stages x {vpp} model chunk(s); layers {stages}"
+            " (embedding on stage 0, output layer and loss on the last)")
+
+
 def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name, memory):
-    """memory: this rank's (parameter, gradient, optimizer-state) bytes."""
-    """Layout, parameters per rank, and which implementation each op uses (rank 0 prints)."""
+    """Layout, parameters and bytes per rank, and which implementation each op uses (rank 0
+    prints). memory: this rank's (parameter, gradient, optimizer-state) bytes."""
     count = sum(p.numel() for p in model.parameters())
     counts = [None] * dist.get_world_size()
     dist.all_gather_object(counts, (groups.tp_rank, groups.dp_rank, groups.pp_rank, count, memory))
@@ -123,8 +135,10 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
         f"> precision: {'bf16' if train_cfg.bf16 else 'fp16' if train_cfg.fp16 else 'fp32'}"
         f" | DDP buckets: overlap grad reduce {train_cfg.overlap_grad_reduce}"
         f" | distributed optimizer {train_cfg.use_distributed_optimizer}",
-        "> parameters per rank (tp, dp, pp: count):",
     ]
+    if groups.pp_size > 1:
+        lines.append(pipeline_summary(model_cfg, groups.pp_size))
+    lines.append("> parameters per rank (tp, dp, pp: count):")
     lines += [f"    rank {r:3d} (tp {t}, dp {d}, pp {p}): {n:,} | bytes: params {m[0]:,} grads {m[1]:,}"
               f" optimizer {m[2]:,} (total {sum(m) / 2**20:.1f} MiB)" for r, (t, d, p, n, m) in enumerate(counts)]
     print("\n".join(lines), flush=True)

@@ -1,50 +1,50 @@
 """The pretrain loop: build, then per iteration microbatches -> grads -> reduce -> clip -> step."""
+import functools
+import json
+
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from ..core.distributed import DistributedDataParallel, finalize_model_grads
 from ..core.optimizer import LRScheduler
 from ..core.optimizer.grad_scaler import ConstantGradScaler, DynamicGradScaler
 from ..core.optimizer.megatron_optimizer import MegatronOptimizer
+from ..core.pipeline_parallel import default_schedule, get_forward_backward_func, global_tokens
 from ..core.tensor_parallel.initialization import initialize_parameters
 from .data import microbatches
 from .flops import num_floating_point_operations
 from .log import TrainingLogger, print_rank_0, startup_summary
 
 
-def _global_tokens(batches, groups):
-    """Loss-mask tokens in the whole global batch (summed over DP): the loss denominator."""
-    n = torch.stack([b["loss_mask"].sum() for b in batches]).sum()
-    if groups.dp_size > 1:
-        dist.all_reduce(n, group=groups.dp)
-    return n
+def build_model(model_provider, model_cfg, groups, device):
+    """This rank's part of the model: one chunk per virtual pipeline stage, a module when
+    there is one chunk, else an nn.ModuleList (chunk v is virtual stage v * P + pp_rank).
 
-
-def forward_backward(model, batches, forward_step, groups, loss_scale=1.0):
-    """Run every microbatch forward and backward; gradients accumulate (DDP buffer or .grad).
-
-    Each microbatch contributes sum(loss x mask) / tokens(global batch), so the summed
-    gradient over microbatches and DP ranks is that of the mean per-token loss of the
-    global batch, whatever the layout. loss_scale multiplies what is backpropagated (fp16).
-    Returns the mean loss (fp32 tensor, DP-reduced, unscaled).
+    model_provider(config, groups, device, pre_process, post_process, vp_stage) builds one
+    chunk; the embedding goes on the first stage's first chunk, the loss on the last's last.
     """
-    num_tokens = _global_tokens(batches, groups)
-    total = torch.zeros((), device=num_tokens.device)
-    for batch in batches:
-        loss, mask = forward_step(model, batch)
-        loss_sum = (loss.float() * mask).sum()
-        (loss_sum * (loss_scale / num_tokens)).backward()
-        total += loss_sum.detach()
-    if groups.dp_size > 1:
-        dist.all_reduce(total, group=groups.dp)
-    return total / num_tokens
+    V = model_cfg.virtual_pipeline_model_parallel_size or 1
+    chunks = [model_provider(model_cfg, groups, device, pre_process=groups.is_first_stage and v == 0,
+                             post_process=groups.is_last_stage and v == V - 1, vp_stage=v)
+              for v in range(V)]
+    return chunks[0] if V == 1 else nn.ModuleList(chunks)
 
 
-def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, iteration):
-    """One iteration. Returns (loss tensor, grad_norm tensor or None, lr, updated);
-    updated is False when fp16 gradients overflowed and the step was skipped."""
+def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, iteration,
+               forward_backward_func=None):
+    """One iteration. Returns (loss tensor, grad_norm tensor or None, lr, updated); updated
+    is False when fp16 gradients overflowed and the step was skipped. No host sync but fp16's.
+
+    The microbatches run through forward_backward_func (default: the schedule for this
+    layout, pipeline_parallel.get_forward_backward_func()). Each contributes
+    sum(loss x mask) / tokens(global batch), so the summed gradient over microbatches and
+    DP ranks is that of the mean per-token loss of the global batch, whatever the layout.
+    The loss returned is that mean (DP-reduced) on the last pipeline stage, 0 elsewhere.
+    """
     ddp.start_step(len(batches))
-    loss = forward_backward(model, batches, forward_step, groups, optimizer.loss_scale)
+    forward_backward_func = forward_backward_func or get_forward_backward_func()
+    loss = forward_backward_func(model, batches, forward_step, groups, loss_scale=optimizer.loss_scale)
     finalize_model_grads(model, groups, ddp)
     lr = scheduler.step(iteration)
     updated, grad_norm = optimizer.step()
@@ -53,21 +53,35 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
 
 @torch.no_grad()
 def evaluate(model, dataset, forward_step, groups, train_cfg, device):
-    """Mean per-token loss over eval_iters global batches from the start of `dataset`."""
+    """Mean per-token loss over eval_iters global batches from the start of `dataset`
+    (forward-only schedule; the figure is valid on the last pipeline stage, 0 elsewhere)."""
     model.eval()
     total = torch.zeros((), device=device)
     tokens = torch.zeros((), device=device)
     g, mb = train_cfg.global_batch_size, train_cfg.micro_batch_size
+    forward_only = get_forward_backward_func()
     for k in range(train_cfg.eval_iters):
-        for batch in microbatches(dataset, k * g, g, mb, groups.dp_rank, groups.dp_size, device):
-            loss, mask = forward_step(model, batch)
-            total += (loss.float() * mask).sum()
-            tokens += mask.sum()
-    both = torch.stack([total, tokens])
-    if groups.dp_size > 1:
-        dist.all_reduce(both, group=groups.dp)
+        batches = microbatches(dataset, k * g, g, mb, groups.dp_rank, groups.dp_size, device)
+        loss = forward_only(model, batches, forward_step, groups, forward_only=True)
+        if groups.is_last_stage:
+            n = global_tokens(batches, groups)
+            total += loss * n
+            tokens += n
     model.train()
-    return (both[0] / both[1]).item()
+    return (total / tokens).item() if groups.is_last_stage else 0.0
+
+
+def write_pipeline_trace(path, trace, groups, model_cfg, num_micro, iteration):
+    """Gather one iteration's (kind, chunk, mb, start, end) per action over groups.pp;
+    global rank 0 writes them as JSON for tools/pipeline_timeline.py --trace."""
+    spans = [None] * groups.pp_size
+    dist.all_gather_object(spans, trace, group=groups.pp)
+    if groups.rank == 0:
+        V = model_cfg.virtual_pipeline_model_parallel_size or 1
+        with open(path, "w") as f:
+            json.dump({"schedule": default_schedule(groups.pp_size, V), "P": groups.pp_size, "M": num_micro,
+                       "V": V, "iteration": iteration, "ranks": dict(enumerate(spans))}, f)
+        print(f"> wrote the pipeline schedule timeline of iteration {iteration} to {path}", flush=True)
 
 
 def build_scheduler(optimizer, train_cfg):
@@ -89,8 +103,8 @@ def build_grad_scaler(t):
 
 
 def setup_model_and_optimizer(model_cfg, t, groups, device, model_provider):
-    """Model (initialised layout-free), its DDP buffers, the optimizer and LR schedule."""
-    model = model_provider(model_cfg, groups, device)
+    """Model chunks (initialised layout-free), their DDP buffers, the optimizer and LR schedule."""
+    model = build_model(model_provider, model_cfg, groups, device)
     initialize_parameters(model, t.seed, groups.tp_rank, groups.tp_size)
     ddp = DistributedDataParallel(model, groups.dp, t.ddp_bucket_size, t.overlap_grad_reduce,
                                   t.use_distributed_optimizer, t.overlap_param_gather, t.grad_reduce_in_bf16)
@@ -100,9 +114,11 @@ def setup_model_and_optimizer(model_cfg, t, groups, device, model_provider):
 
 
 def pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step, datasets, tokenizer_name):
-    """Train model_provider(config, groups, device) on datasets = (train, valid).
+    """Train model_provider(config, groups, device, pre_process, post_process, vp_stage)
+    on datasets = (train, valid); every pipeline stage loads the same batches.
 
-    forward_step(model, batch) -> (per-token loss [b, s], loss mask [b, s]).
+    forward_step(model, batch) -> (per-token loss [b, s], loss mask [b, s]) on the last
+    pipeline stage, (hidden states, loss mask) on the others.
     Returns the list of per-iteration losses (floats) seen by this rank.
     """
     t = train_cfg
@@ -114,12 +130,18 @@ def pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step,
     flops = num_floating_point_operations(model_cfg, t.global_batch_size)
     print_rank_0(f"> training for {t.train_iters} iterations ({len(train_ds)} samples per epoch)")
     consumed, history = 0, []
+    forward_backward_func = get_forward_backward_func()
     model.train()
+    trace_iter = min(2, t.train_iters) if t.pipeline_trace else None  # 2: past first-call costs
     for iteration in range(1, t.train_iters + 1):
         batches = microbatches(train_ds, consumed, t.global_batch_size, t.micro_batch_size,
                                groups.dp_rank, groups.dp_size, device)
+        trace = [] if iteration == trace_iter else None
+        fb = forward_backward_func if trace is None else functools.partial(forward_backward_func, trace=trace)
         loss, grad_norm, lr, updated = train_step(model, ddp, optimizer, scheduler, batches, forward_step,
-                                                  groups, iteration)
+                                                  groups, iteration, fb)
+        if trace is not None:
+            write_pipeline_trace(t.pipeline_trace, trace, groups, model_cfg, len(batches), iteration)
         consumed += t.global_batch_size
         logger.add_iteration(loss, grad_norm, updated)
         if iteration % t.log_interval == 0 or iteration == t.train_iters:

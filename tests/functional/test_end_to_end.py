@@ -2,6 +2,7 @@
 import glob
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -50,3 +51,20 @@ def test_exit_interval_stops_early():
                     "--log-interval", "1", "--eval-iters", "0", "--exit-interval", "4"])
     assert sorted(losses(proc.stdout)) == [1, 2, 3, 4]
     assert "exiting at iteration 4" in proc.stdout
+
+
+@pytest.mark.slow
+def test_pipeline_trace_of_a_real_run_draws(tmp_path):
+    trace = tmp_path / "trace.json"
+    proc = run_cli(["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "128",
+                    "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "2",
+                    "--seq-length", "16", "--micro-batch-size", "1", "--global-batch-size", "4",
+                    "--train-iters", "2", "--log-interval", "1", "--eval-iters", "1", "--eval-interval", "2",
+                    "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
+                    "--pipeline-trace", str(trace)], nproc=2)
+    assert sorted(losses(proc.stdout)) == [1, 2] and "validation loss at iteration 2" in proc.stdout
+    assert "pipeline: interleaved_1f1b, 2 stages x 2 model chunk(s); layers stage 0: 1, 3 | stage 1: 2, 4" in proc.stdout
+    drawn = subprocess.run([sys.executable, "tools/pipeline_timeline.py", "--trace", str(trace), "-o", str(tmp_path / "t.svg")],
+                           cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert drawn.returncode == 0, drawn.stderr
+    assert "rank 1: idle" in drawn.stdout and (tmp_path / "t.svg").exists()

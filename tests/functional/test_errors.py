@@ -27,13 +27,26 @@ CASES = {
     "bad integer": (["--num-layers", "two"], "argument --num-layers: invalid int value: 'two'"),
     "unknown flag": (["--num-layer", "2"], "unrecognized arguments: --num-layer"),
     "null tokenizer without vocab": (["--mock-data"], "--tokenizer-type NullTokenizer needs --vocab-size"),
+    "layers not divisible by PP": (
+        ["--num-layers", "3", "--pipeline-model-parallel-size", "2"],
+        "--num-layers (3) is not divisible by --pipeline-model-parallel-size (2)"),
+    "layers per stage not divisible into chunks": (
+        ["--num-layers", "4", "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "3"],
+        "2 layers per stage is not divisible by --num-layers-per-virtual-pipeline-stage (3)"),
+    # WORLD_SIZE=2 is what torchrun gives each of 2 ranks; the check runs before any process
+    # group exists, so one process prints exactly what every rank would (without torchrun's
+    # own failure report)
+    "interleaving with microbatches not a multiple of PP": (
+        ["--num-layers", "4", "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
+         "--micro-batch-size", "2", "--global-batch-size", "6"],
+        "= 3, to be a multiple of --pipeline-model-parallel-size (2)", {"WORLD_SIZE": "2"}),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_config_is_one_clear_line(case):
-    args, expected = CASES[case]
-    proc = run_cli(args, check=False, timeout=120)
+    args, expected, *env = CASES[case]
+    proc = run_cli(args, check=False, timeout=120, env=env[0] if env else None)
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
     lines = [line for line in proc.stderr.splitlines() if line.strip()]

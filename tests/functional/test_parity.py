@@ -34,29 +34,40 @@ def assert_parity(ref, got):
         assert rel <= 1e-4, f"iteration {it}: {got[it]} vs {ref[it]} (relative {rel:.2e})"
 
 
+TP2, PP2, PP4 = (["--tensor-model-parallel-size", "2"], ["--pipeline-model-parallel-size", "2"],
+                 ["--pipeline-model-parallel-size", "4"])
 SMALL_BUCKETS = ["--ddp-bucket-size", "20000"]  # several buckets, each sharded over DP
+DEEP = ["--num-layers", "4"]  # enough layers for 4 stages or 2 x 2 chunks; the reference runs it too
+
+# name: (processes, layout flags, model flags shared with the one-process reference)
 LAYOUTS = {
-    "tp2": (2, ["--tensor-model-parallel-size", "2"]),
-    "tp4": (4, ["--tensor-model-parallel-size", "4"]),
-    "tp2-sp": (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
-    "dp2": (2, []),
-    "tp2-dp2": (4, ["--tensor-model-parallel-size", "2"]),
-    "dp4": (4, []),
-    "dp2-overlap": (2, ["--overlap-grad-reduce"] + SMALL_BUCKETS),
-    "dp4-overlap": (4, ["--overlap-grad-reduce"] + SMALL_BUCKETS),
-    "distopt-dp2": (2, ["--use-distributed-optimizer"] + SMALL_BUCKETS),
-    "distopt-tp2-dp2-overlap": (4, ["--tensor-model-parallel-size", "2", "--sequence-parallel",
-                                    "--use-distributed-optimizer", "--overlap-grad-reduce",
-                                    "--overlap-param-gather"] + SMALL_BUCKETS),
+    "tp2": (2, TP2, []),
+    "tp4": (4, ["--tensor-model-parallel-size", "4"], []),
+    "tp2-sp": (2, TP2 + ["--sequence-parallel"], []),
+    "dp2": (2, [], []),
+    "tp2-dp2": (4, TP2, []),
+    "pp2": (2, PP2, DEEP),
+    "pp4": (4, PP4, DEEP),
+    "pp2-vpp2": (2, PP2 + ["--num-layers-per-virtual-pipeline-stage", "1"], DEEP),
+    "tp2-pp2": (4, TP2 + PP2, DEEP),
+    "tp2-pp2-dp2-sp": (8, TP2 + PP2 + ["--sequence-parallel"], DEEP),
+    "dp4": (4, [], []),
+    "dp2-overlap": (2, ["--overlap-grad-reduce"] + SMALL_BUCKETS, []),
+    "dp4-overlap": (4, ["--overlap-grad-reduce"] + SMALL_BUCKETS, []),
+    "distopt-dp2": (2, ["--use-distributed-optimizer"] + SMALL_BUCKETS, []),
+    "distopt-tp2-dp2-overlap": (4, TP2 + ["--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce",
+                                          "--overlap-param-gather"] + SMALL_BUCKETS, []),
+    "distopt-pp2-dp2-overlap": (4, PP2 + ["--use-distributed-optimizer", "--overlap-grad-reduce"] + SMALL_BUCKETS,
+                                DEEP),
 }
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_gpt_layout_matches_one_process(name):
-    nproc, flags = LAYOUTS[name]
-    got = losses(run_cli(BASE + flags, nproc=nproc).stdout)
-    assert_parity(reference([]), got)
+    nproc, flags, model = LAYOUTS[name]
+    got = losses(run_cli(BASE + model + flags, nproc=nproc).stdout)
+    assert_parity(reference(model), got)
 
 
 @pytest.mark.slow
@@ -64,6 +75,14 @@ def test_llama_style_tp2_dp2_sequence_parallel_matches_one_process():
     flags = ["--tensor-model-parallel-size", "2", "--sequence-parallel"]
     got = losses(run_cli(BASE + LLAMA + flags, nproc=4).stdout)
     assert_parity(reference(LLAMA), got)
+
+
+@pytest.mark.slow
+def test_llama_style_uneven_pipeline_matches_one_process():
+    # untied output layer on the last stage only, rope, and a 1 + 3 layer split
+    flags = PP2 + ["--decoder-first-pipeline-num-layers", "1"]
+    got = losses(run_cli(BASE + LLAMA + DEEP + flags, nproc=2).stdout)
+    assert_parity(reference(LLAMA + DEEP), got)
 
 
 @pytest.mark.slow

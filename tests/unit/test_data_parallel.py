@@ -6,7 +6,8 @@ from megatron.core.config import TransformerConfig
 from megatron.core.models.gpt import GPTModel
 from megatron.core.tensor_parallel.random import model_parallel_seed
 from megatron.training.config import TrainingConfig
-from megatron.training.training import forward_backward, setup_model_and_optimizer, train_step
+from megatron.core.pipeline_parallel import forward_backward
+from megatron.training.training import setup_model_and_optimizer, train_step
 from tests.harness import spawn
 
 
@@ -21,7 +22,7 @@ def _setup(groups, **train_kw):
         cfg.params_dtype = torch.float16
     model_parallel_seed(5, groups.tp_rank, groups.pp_rank, "cpu")
     model, ddp, opt, sched = setup_model_and_optimizer(
-        cfg, t, groups, torch.device("cpu"), lambda c, g, d: GPTModel(c, g, device=d))
+        cfg, t, groups, torch.device("cpu"), lambda c, g, d, **kw: GPTModel(c, g, device=d, **kw))
     return model, ddp, opt, sched
 
 

@@ -9,6 +9,8 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from ..pipeline_parallel.tied_embeddings import allreduce_tied_embedding_grads
+
 _CHUNK_ELEMS = 64 * 1024 * 1024
 
 
@@ -37,10 +39,12 @@ def grad_of(param):
 
 
 def finalize_model_grads(model, groups, ddp=None):
-    """Complete the DP reduction (ddp, or a plain all-reduce of .grad), then sum the
-    sequence-parallel weights' grads over TP.
+    """Complete the DP reduction (ddp, or a plain all-reduce of .grad), sum the
+    sequence-parallel weights' grads over TP, then the tied embedding's over the first and
+    last pipeline stage.
 
-    Talks to groups.dp and groups.tp. With the distributed optimizer only this rank's
+    Talks to groups.dp, groups.tp and groups.embd. model: a module, or an nn.ModuleList of
+    pipeline model chunks. With the distributed optimizer only this rank's
     shard of each bucket is meaningful afterwards; the TP sum is right on it too, since
     the DP and TP sums commute.
     """
@@ -53,3 +57,5 @@ def finalize_model_grads(model, groups, ddp=None):
               if getattr(p, "sequence_parallel", False) and grad_of(p) is not None]
         if sp:
             _all_reduce_coalesced(sp, groups.tp)
+    # last, as in Megatron-LM: after the DP reduction (which may be overlapped) is complete
+    allreduce_tied_embedding_grads(model, groups)

@@ -4,6 +4,7 @@ import re
 import torch
 from torch import nn
 
+from ...pipeline_parallel.split import stage_layers
 from ...tensor_parallel import mappings
 from ...tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from ...tensor_parallel.initialization import set_init, set_tp_attrs
@@ -20,16 +21,22 @@ class GPTModel(nn.Module):
       labels given -> per-token loss [b, s] (fp32);
       else -> logits [b, s, V_padded/TP] of this TP rank's vocabulary slice.
     pre_process: this stage owns the embedding; post_process: the output layer and loss.
+    Later stages take their input from set_input_tensor() (the pipeline executor calls it).
+    Layers: num_layers from layer_offset, or by default this pipeline rank's share for
+    model chunk vp_stage (pipeline_parallel/split.py; groups.pp_size and pp_rank).
     Talks to `groups.tp` (TP collectives).
     """
 
     def __init__(self, config, groups, pre_process=True, post_process=True,
-                 num_layers=None, layer_offset=0, device=None):
+                 num_layers=None, layer_offset=0, device=None, vp_stage=None):
         super().__init__()
         c = self.config = config
         self.groups = groups
         self.pre_process, self.post_process = pre_process, post_process
         self.share_embeddings = not c.untie_embeddings_and_output_weights
+        self.input_tensor = None
+        if num_layers is None:
+            layer_offset, num_layers = stage_layers(c, groups.pp_size, groups.pp_rank, vp_stage)
         tp = groups.tp
         if pre_process or (post_process and self.share_embeddings):
             # with pipelining the last stage keeps its own copy of the tied table
@@ -37,6 +44,10 @@ class GPTModel(nn.Module):
                 c.padded_vocab_size, c.hidden_size, group=tp, unpadded_vocab_size=c.vocab_size,
                 init_std=c.init_method_std, reduce_scatter_embeddings=c.sequence_parallel,
                 params_dtype=c.params_dtype, device=device)
+            if self.share_embeddings and pre_process != post_process:
+                # the tied table lives on the first and the last stage: finalize_model_grads sums
+                # its grads over groups.embd; the grad norm counts it once (clip_grads.counted_once)
+                self.word_embeddings.weight.shared_embedding = True
         if pre_process and c.position_embedding_type == "learned_absolute":
             self.position_embeddings = nn.Parameter(torch.empty(
                 c.max_position_embeddings, c.hidden_size, dtype=c.params_dtype, device=device))
@@ -80,10 +91,19 @@ class GPTModel(nn.Module):
             return torch.nn.functional.linear(hidden, self.word_embeddings.weight)
         return self.output_layer(hidden)[0]
 
+    def set_input_tensor(self, tensor):
+        """The previous stage's output [s(/TP), b, h], used by the next forward when not pre_process."""
+        self.input_tensor = tensor
+
     def forward(self, input_ids, labels=None, hidden_states=None):
-        """hidden_states: the previous stage's output when not pre_process."""
+        """hidden_states: the previous stage's output when not pre_process (default: the
+        tensor given to set_input_tensor). Returns hidden states [s(/TP), b, h] when not
+        post_process."""
         c = self.config
-        x = self.embed(input_ids) if self.pre_process else hidden_states
+        if self.pre_process:
+            x = self.embed(input_ids)
+        else:
+            x = hidden_states if hidden_states is not None else self.input_tensor
         seq_len = input_ids.shape[1]
         rope = None
         if c.position_embedding_type == "rope":

@@ -1,0 +1,176 @@
+"""Pipeline bubble, measured: the real schedule executor over gloo against theory.
+
+    PYTHONPATH=. python bench/pipeline_bubble.py                  # P 2 and 4, M 4 8 16, 1F1B and interleaved (V 2)
+    PYTHONPATH=. python bench/pipeline_bubble.py --pp 2 --work matmul --append
+
+Every rank runs megatron.core.pipeline_parallel.forward_backward (the executor training
+uses, with real batch_isend_irecv between processes) on model chunks whose forward takes
+`--stage-ms` per stage and backward twice that, split evenly over the V chunks. A rank's
+idle fraction is 1 - (time inside its forward and backward actions) / makespan, the
+makespan running from the first action's start to the last action's end over all ranks
+(time.perf_counter: one clock for all processes of one machine). Theory, for uniform
+stages and free communication: (P - 1) / (M + P - 1) for 1F1B, (P - 1) / (V M + P - 1)
+interleaved; the simulator (simulator.py) gives exactly these figures for these schedules.
+
+Stage work is a sleep by default: it stands for accelerator compute, during which the host
+waits. On this benchmark's 2 shared CPU cores, real CPU work in P processes competes for the
+cores, so the measurement would show the OS scheduler, not the schedule; `--work matmul`
+uses CPU matmuls anyway (meaningful with P <= free cores). Messages are [32, 1, 64] fp32
+(8 KiB): communication is well under 1 ms against stages of tens of ms.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+
+SEQ, MICRO, HIDDEN = 32, 1, 64
+
+
+def _work(seconds, kind):
+    if kind == "sleep":
+        time.sleep(seconds)
+        return
+    a = torch.randn(96, 96)
+    end = time.perf_counter() + seconds  # busy CPU until the stage's time is spent
+    while time.perf_counter() < end:
+        a = torch.tanh(a @ a)
+
+
+class _BackwardWork(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, seconds, kind):
+        ctx.seconds, ctx.kind = seconds, kind
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        _work(ctx.seconds, ctx.kind)
+        return grad, None, None
+
+
+class Stage(nn.Module):
+    """A model chunk with a fixed cost: forward `fwd` seconds, backward `bwd` seconds."""
+
+    def __init__(self, fwd, bwd, pre, post, kind):
+        super().__init__()
+        self.config = SimpleNamespace(hidden_size=HIDDEN, sequence_parallel=False, params_dtype=torch.float32)
+        self.weight = nn.Parameter(torch.ones(()))
+        self.fwd, self.bwd, self.pre, self.post, self.kind = fwd, bwd, pre, post, kind
+        self.input_tensor = None
+
+    def set_input_tensor(self, tensor):
+        self.input_tensor = tensor
+
+    def forward(self, tokens):
+        x = torch.ones(tokens.shape[1], tokens.shape[0], HIDDEN) if self.pre else self.input_tensor
+        _work(self.fwd, self.kind)
+        y = _BackwardWork.apply(x * self.weight, self.bwd, self.kind)
+        return y.sum(-1).t() if self.post else y  # "per-token loss" [b, s] on the last stage
+
+
+def _forward_step(model, batch):
+    return model(batch["tokens"]), batch["loss_mask"]
+
+
+def _one_run(groups, P, M, V, stage_s, kind):
+    from megatron.core.pipeline_parallel import forward_backward
+    chunks = [Stage(stage_s / V, 2 * stage_s / V, groups.is_first_stage and v == 0,
+                    groups.is_last_stage and v == V - 1, kind) for v in range(V)]
+    batches = [{"tokens": torch.zeros(MICRO, SEQ, dtype=torch.long), "loss_mask": torch.ones(MICRO, SEQ)}] * M
+    trace = []
+    dist.barrier()
+    forward_backward(chunks, batches, _forward_step, groups, trace=trace)
+    traces = [None] * P
+    dist.all_gather_object(traces, trace)
+    return traces
+
+
+def _body(groups, configs, stage_s, kind, repeats):
+    for cfg in configs:  # warm up connections and first-call paths
+        _one_run(groups, groups.pp_size, *cfg, 0.001, "sleep")
+    out = {cfg: [] for cfg in configs}
+    for _ in range(repeats):  # rounds over all points, so a burst of load hits one run of each at most
+        for cfg in configs:
+            out[cfg].append(_one_run(groups, groups.pp_size, *cfg, stage_s, kind))
+    return out
+
+
+def main():
+    from pipeline_timeline import bubble, write
+    from tests.harness import spawn
+    from megatron.core.pipeline_parallel.simulator import predicted_bubble
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--pp", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--microbatches", type=int, nargs="+", default=[4, 8, 16])
+    ap.add_argument("--vpp", type=int, nargs="+", default=[1, 2], help="1 = 1F1B, more = interleaved")
+    ap.add_argument("--stage-ms", type=float, default=150.0, help="one stage's forward; backward is twice it")
+    ap.add_argument("--work", choices=["sleep", "matmul"], default="sleep")
+    ap.add_argument("--repeats", type=int, default=5, help="runs per point; the median-makespan run is reported")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "pipeline_bubble.md"))
+    ap.add_argument("--append", action="store_true")
+    ap.add_argument("--timeline", nargs="*", default=["4,8,1", "4,8,2"],
+                    help="P,M,V points whose recorded (reported) run is also drawn (SVG + JSON trace)")
+    a = ap.parse_args()
+    stage_s = a.stage_ms / 1000
+    load_start = os.getloadavg()[0]
+    rows, worst, draw = [], 0.0, {tuple(int(x) for x in t.split(",")) for t in a.timeline}
+    for P in a.pp:
+        configs = [(M, V) for V in a.vpp for M in a.microbatches if V == 1 or M % P == 0]
+        runs = spawn(P, _body, configs, stage_s, a.work, a.repeats, pp=P, timeout=1800)[0]
+        for (M, V), reps in runs.items():
+            measured = []
+            for traces in reps:
+                spans = {r: [tuple(x) for x in tr] for r, tr in enumerate(traces)}
+                measured.append((bubble(spans), spans))
+            (idle, makespan), spans = sorted(measured, key=lambda m: m[0][1])[len(measured) // 2]
+            theory = predicted_bubble(P, M, V)
+            dev = max(abs(i - theory) for i in idle.values())
+            worst = max(worst, dev)
+            name = "1f1b" if V == 1 else "interleaved_1f1b"
+            ideal = 3 * stage_s * (M + (P - 1) / V)
+            rows.append(f"| {P} | {V} | {M} | {name} | {100 * theory:.2f} | "
+                        + " / ".join(f"{100 * idle[r]:.2f}" for r in sorted(idle))
+                        + f" | {100 * dev:.2f} | {1000 * makespan:.0f} | {1000 * ideal:.0f} |")
+            print(rows[-1], flush=True)
+            if (P, M, V) in draw:
+                stem = os.path.join(os.path.dirname(a.out), f"pipeline_timeline_p{P}_m{M}_v{V}")
+                title = f"{name} recorded: P={P} M={M} V={V}, {a.work} stages of {a.stage_ms:g} ms forward"
+                write(spans, title, stem + ".svg")
+                with open(stem + ".json", "w") as f:
+                    json.dump({"schedule": name, "P": P, "M": M, "V": V, "ranks": spans}, f)
+                print(f"wrote {stem}.svg and .json", flush=True)
+    ok = "OK" if worst <= 0.02 else "MISSED"
+    text = "\n".join([
+        "# Pipeline bubble: measured idle fraction per rank vs theory", "",
+        f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}",
+        f"- command: `PYTHONPATH=. python bench/pipeline_bubble.py {' '.join(sys.argv[1:])}`".rstrip(),
+        f"- torch {torch.__version__}, python {platform.python_version()}, {os.cpu_count()} CPU cores, gloo; "
+        f"load average (1 min) {load_start:.1f} at start, {os.getloadavg()[0]:.1f} at end (other jobs share the cores)",
+        f"- stage work: {a.work}, forward {a.stage_ms:g} ms per stage, backward {2 * a.stage_ms:g} ms "
+        f"(each of V chunks 1/V of it); messages [{SEQ}, {MICRO}, {HIDDEN}] fp32; "
+        f"median-makespan run of {a.repeats}",
+        "- theory: (P-1)/(M+P-1) for 1F1B, (P-1)/(V M+P-1) interleaved; idle = 1 - compute time / makespan", "",
+        "| P | V | M | schedule | theory % | measured idle % per rank | max deviation (pp) | makespan ms | ideal ms |",
+        "|---|---|---|---|---:|---|---:|---:|---:|", *rows, "",
+        f"**largest deviation from theory: {100 * worst:.2f} percentage points; target <= 2: {ok}**", ""])
+    print(text)
+    os.makedirs(os.path.dirname(a.out), exist_ok=True)
+    with open(a.out, "a" if a.append else "w") as f:
+        f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Point-to-point between neighbouring pipeline stages: activations forward, grads backward.
+
+Every message between stages has the same shape, known before the first microbatch
+([s / TP with sequence parallelism, else s, micro batch, hidden]), so receive buffers are
+allocated up front and no shape is ever exchanged. All messages of one schedule step
+are posted together with batch_isend_irecv (NCCL runs them as one group; gloo posts them
+one by one) and waited for before the step's tensors are used: the schedules are built,
+and simulated, for exactly these semantics.
+"""
+import weakref
+from typing import List, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+from torch.autograd import Variable
+
+_WARMED = weakref.WeakSet()  # pipeline groups that have run a collective
+
+
+class P2PCommunicator:
+    """Sends and receives tensors of one shape over this rank's pipeline group (groups.pp).
+
+    Peers are pipeline ranks (0 .. P-1), turned into global ranks via groups.pp_ranks.
+    """
+
+    def __init__(self, groups, shape: Sequence[int], dtype: torch.dtype, device):
+        self.groups, self.shape, self.dtype, self.device = groups, tuple(shape), dtype, torch.device(device)
+        if groups.pp_size > 1 and groups.pp not in _WARMED:
+            # one collective with every rank of the group present, before the first batched
+            # p2p: NCCL builds the group's communicator on first use and its batched
+            # send/recv must not be that first use (torch.distributed.batch_isend_irecv docs)
+            dist.all_reduce(torch.zeros(1, device=self.device), group=groups.pp)
+            _WARMED.add(groups.pp)
+
+    def buffer(self) -> torch.Tensor:
+        return torch.empty(self.shape, dtype=self.dtype, device=self.device)
+
+    def exchange(self, ops: List[Tuple[str, torch.Tensor, int]]) -> None:
+        """ops: (kind, tensor, peer pipeline rank), kind "send" or "recv", posted in list
+        order as one batch and all waited for. Receives land in their given tensors."""
+        p2p_ops = []
+        for kind, tensor, peer in ops:
+            if tuple(tensor.shape) != self.shape or tensor.dtype != self.dtype:
+                raise RuntimeError(
+                    f"pipeline {kind} of {tuple(tensor.shape)} {tensor.dtype}: every message between stages "
+                    f"must be {self.shape} {self.dtype} (fixed sequence length and micro batch size)")
+            fn = dist.isend if kind == "send" else dist.irecv
+            p2p_ops.append(dist.P2POp(fn, tensor, self.groups.pp_ranks[peer], self.groups.pp))
+        if p2p_ops:
+            for req in dist.batch_isend_irecv(p2p_ops):
+                req.wait()
+
+
+def free_output(tensor: torch.Tensor) -> None:
+    """Drop a sent output's storage; its autograd node (which backward needs) stays.
+
+    The next stage holds its own copy, and no op of ours saves its own output for backward
+    (a stage ends in a residual add), so only the graph is kept: memory per microbatch in
+    flight is the saved activations, not also the stage output (Megatron-LM does the same).
+    """
+    tensor.data = torch.empty((1,), device=tensor.device, dtype=tensor.dtype)
+
+
+def backward_through(output: torch.Tensor, grad: torch.Tensor) -> None:
+    """output.backward(grad) for an output whose storage free_output dropped: calls the
+    autograd engine directly, skipping torch.autograd.backward's shape check."""
+    Variable._execution_engine.run_backward(
+        tensors=(output,), grad_tensors=(grad,), keep_graph=False, create_graph=False, inputs=(),
+        allow_unreachable=True, accumulate_grad=True)
