@@ -27,6 +27,13 @@ CASES = {
     "bad integer": (["--num-layers", "two"], "argument --num-layers: invalid int value: 'two'"),
     "unknown flag": (["--num-layer", "2"], "unrecognized arguments: --num-layer"),
     "null tokenizer without vocab": (["--mock-data"], "--tokenizer-type NullTokenizer needs --vocab-size"),
+    "flash attention not installed": (["--attention-backend", "flash"],
+                                      "--attention-backend flash: the flash-attn package is not installed"),
+    "recompute method without full": (["--recompute-method", "block"],
+                                      "--recompute-method and --recompute-num-layers go with "
+                                      "--recompute-granularity full"),
+    "too many recomputed layers": (["--recompute-granularity", "full", "--recompute-num-layers", "9"],
+                                   "--recompute-num-layers (9) must be between 1 and --num-layers (4)"),
 }
 
 
