@@ -6,7 +6,7 @@ from ..core.distributed import finalize_model_grads
 from ..core.optimizer import LRScheduler, build_optimizer, clip_grads_, get_grad_norm
 from ..core.tensor_parallel.initialization import initialize_parameters
 from .data import microbatches
-from .flops import num_floating_point_operations
+from .flops import num_floating_point_operations, peak_tflops_per_gpu
 from .log import TrainingLogger, print_rank_0, startup_summary
 
 
@@ -90,7 +90,8 @@ def pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step,
     scheduler = build_scheduler(optimizer, t)
     startup_summary(model, model_cfg, t, groups, device, tokenizer_name)
     train_ds, valid_ds = datasets
-    logger = TrainingLogger(t.train_iters, t.tensorboard_dir)
+    peak = peak_tflops_per_gpu(device, model_cfg.params_dtype)
+    logger = TrainingLogger(t.train_iters, t.tensorboard_dir, peak[1] if peak else None)
     flops = num_floating_point_operations(model_cfg, t.global_batch_size)
     print_rank_0(f"> training for {t.train_iters} iterations ({len(train_ds)} samples per epoch)")
     consumed, history = 0, []
