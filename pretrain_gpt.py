@@ -6,6 +6,8 @@
 """
 import sys
 
+import torch.distributed as dist
+
 from megatron.core.config import ConfigError
 from megatron.core.models.gpt import GPTModel
 from megatron.core.parallel_state import ParallelConfigError
@@ -39,6 +41,9 @@ def main(argv=None):
         return 2
     pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step, datasets,
              type(tokenizer).__name__)
+    # without this, gloo's worker threads can abort the process at interpreter exit
+    # ("terminate called without an active exception", pytorch/pytorch#190489)
+    dist.destroy_process_group()
     return 0
 
 
