@@ -1,5 +1,4 @@
 """Model FLOPs (flops.py) and the MFU peak table (docs/mfu.md)."""
-import dataclasses
 
 import pytest
 import torch

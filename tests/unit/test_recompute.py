@@ -8,7 +8,6 @@ one spawned run; inside it, every recompute mode is compared with no recompute o
 rank, from the same seed. A negative control switches the RNG restore off and checks that
 the gradients then differ: the comparison can fail.
 """
-import dataclasses
 
 import pytest
 import torch
