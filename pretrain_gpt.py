@@ -6,6 +6,7 @@
 """
 import sys
 
+
 from megatron.core.config import ConfigError
 from megatron.core.models.gpt import GPTModel
 from megatron.core.parallel_state import ParallelConfigError

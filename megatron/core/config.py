@@ -73,6 +73,32 @@ class TransformerConfig(ModelParallelConfig):
     attention_dropout: float = opt(0.1, "Dropout on the attention probabilities.")
     init_method_std: float = opt(0.02, "Std of the normal initialisation.")
     make_vocab_size_divisible_by: int = opt(128, "Pad the vocabulary to a multiple of this x TP.")
+    # fused kernels (megatron/core/fusions): each flag forces the plain-torch path of one op
+    attention_backend: str = opt(
+        "auto", "Core attention: auto (flash-attn, else Transformer Engine, else torch SDPA, whichever is "
+        "installed and fits), flash, te, sdpa, or unfused (explicit scores and the masked-softmax kernel).",
+        choices=["auto", "flash", "te", "sdpa", "unfused"])
+    masked_softmax_fusion: bool = opt(True, "Use torch's softmax instead of a fused masked-softmax kernel "
+                                      "(unfused attention).", flag="--no-masked-softmax-fusion")
+    bias_gelu_fusion: bool = opt(True, "Use torch for bias + GeLU instead of a fused kernel.",
+                                 flag="--no-bias-gelu-fusion")
+    bias_swiglu_fusion: bool = opt(True, "Use torch for bias + SwiGLU instead of a fused kernel.",
+                                   flag="--no-bias-swiglu-fusion")
+    norm_fusion: bool = opt(True, "Use torch for LayerNorm / RMSNorm instead of a fused kernel (ours or apex).",
+                            flag="--no-norm-fusion")
+    apply_rope_fusion: bool = opt(True, "Use torch for the rotary embedding instead of a fused kernel.",
+                                  flag="--no-rope-fusion")
+    # activation recompute (Korthikanti et al. 2022)
+    recompute_granularity: Optional[str] = opt(
+        None, "Recompute activations in the backward pass instead of keeping them: full (whole layers, only "
+        "their inputs are kept) or selective (the attention core only: its s x s scores).",
+        choices=["full", "selective"])
+    recompute_method: Optional[str] = opt(
+        None, "With full recompute: uniform (checkpoint chunks of --recompute-num-layers layers; default) or "
+        "block (checkpoint the first --recompute-num-layers layers of each pipeline stage, the rest not).",
+        choices=["uniform", "block"])
+    recompute_num_layers: Optional[int] = opt(
+        None, "Layers per recomputed chunk (uniform, default 1) or recomputed layers per stage (block).")
     vocab_size: Optional[int] = dataclasses.field(default=None, metadata={"cli": False})
 
     def __post_init__(self):
@@ -127,6 +153,7 @@ class TransformerConfig(ModelParallelConfig):
         for name in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{f(name)} must be in [0, 1), got {getattr(self, name)}")
+        self._validate_recompute(f)
         if self.vocab_size is not None and self.vocab_size < 1:
             raise ConfigError(f"--vocab-size must be positive, got {self.vocab_size}")
         self._validate_pipeline()
@@ -171,3 +198,17 @@ class TransformerConfig(ModelParallelConfig):
                 self.virtual_pipeline_model_parallel_size = None
         layer_split(self.num_layers, pp, self.virtual_pipeline_model_parallel_size,
                     self.decoder_first_pipeline_num_layers, self.decoder_last_pipeline_num_layers)
+
+    def _validate_recompute(self, f):
+        g, method, n = self.recompute_granularity, self.recompute_method, self.recompute_num_layers
+        if g != "full" and (method is not None or n is not None):
+            raise ConfigError(f"{f('recompute_method')} and {f('recompute_num_layers')} go with "
+                              f"{f('recompute_granularity')} full (selective recomputes the attention core of "
+                              "every layer)")
+        if g == "full":
+            self.recompute_method = method = method or "uniform"
+            self.recompute_num_layers = n = 1 if n is None else n
+            low = 1 if method == "uniform" else 0
+            if not low <= n <= self.num_layers:
+                raise ConfigError(f"{f('recompute_num_layers')} ({n}) must be between {low} and "
+                                  f"{f('num_layers')} ({self.num_layers}) with {f('recompute_method')} {method}")

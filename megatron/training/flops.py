@@ -1,12 +1,16 @@
-"""Model FLOPs per iteration, for TFLOP/s and MFU.
+"""Model FLOPs per iteration, and the peak FLOP/s that MFU divides by (docs/mfu.md).
 
 Per token and layer, a forward pass does 2 FLOPs per multiply-add of every matrix
 product: QKV 2h(h + 2 g d), scores and weighted values 4 s h (full square, as
 Megatron-LM counts), output projection 2h^2, MLP 2 h f (x3 with SwiGLU, x2 with GeLU);
-the logits add 2 h V per token. Training is 3x forward (backward costs twice forward);
-activation recompute is not counted. For a standard GPT (f = 4h, g d = h) this is
-Korthikanti et al.'s 72 B L s h^2 (1 + s/6h + V/12hL).
+the logits add 2 h V per token (V padded; tied or not, the product is the same). Training
+is 3x forward (backward costs twice forward); activation recompute is not counted (model
+FLOPs, not hardware FLOPs). For a standard GPT (f = 4h, g d = h) this is Korthikanti et
+al.'s 72 B L s h^2 (1 + s/6h + V/12hL).
 """
+import re
+
+import torch
 
 
 def num_floating_point_operations(config, batch_size):
@@ -19,3 +23,54 @@ def num_floating_point_operations(config, batch_size):
                  + 2 * h * c.ffn_hidden_size * (3 if c.swiglu else 2))
     per_token = L * per_layer + 2 * h * c.padded_vocab_size
     return 3 * batch_size * s * per_token
+
+
+# Dense (no 2:4 sparsity) peak TFLOP/s per GPU from the vendors' datasheets, by the math
+# the matmuls run in: "bf16" (= fp16) and "tf32" on tensor cores, "fp32" without them. A
+# missing entry means unknown. Matched against torch.cuda.get_device_name(), first match
+# wins (so the more specific names come first). Datasheet peaks are not reachable: large
+# bf16 GEMMs measure about 70-80% of them (H100 SXM ~700-790 of 989), so MFU >= 50% is
+# very good; we still divide by the datasheet number, as Megatron-LM, PaLM and most papers
+# do, so MFUs are comparable across papers.
+PEAK_TFLOPS = [
+    (r"\bGH200\b", "GH200", {"bf16": 989, "tf32": 495, "fp32": 67}),
+    (r"\bH100\b.*\bPCIe\b", "H100 PCIe", {"bf16": 756, "tf32": 378, "fp32": 51}),
+    (r"\bH100\b.*\bNVL\b", "H100 NVL", {"bf16": 835}),
+    (r"\bH100\b", "H100 SXM", {"bf16": 989, "tf32": 495, "fp32": 67}),
+    (r"\bH800\b", "H800", {"bf16": 989, "tf32": 495, "fp32": 67}),
+    (r"\bH200\b", "H200", {"bf16": 989, "tf32": 495, "fp32": 67}),
+    (r"\bB200\b", "B200", {"bf16": 2250}),
+    (r"\bA100\b", "A100", {"bf16": 312, "tf32": 156, "fp32": 19.5}),
+    (r"\bA800\b", "A800", {"bf16": 312, "tf32": 156, "fp32": 19.5}),
+    (r"\bL40S\b", "L40S", {"bf16": 362, "tf32": 183, "fp32": 91.6}),
+    (r"\bL4\b", "L4", {"bf16": 121, "tf32": 60, "fp32": 30.3}),
+    (r"\bMI300X\b", "MI300X", {"bf16": 1307, "tf32": 654, "fp32": 163}),
+]
+
+
+def matmul_precision(params_dtype):
+    """The peak-table column for matmuls on tensors of params_dtype."""
+    if params_dtype in (torch.bfloat16, torch.float16):
+        return "bf16"
+    return "fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"
+
+
+def lookup_peak(device_name, precision):
+    """(table name, dense peak TFLOP/s) for a device name, or None when unknown."""
+    for pattern, name, peaks in PEAK_TFLOPS:
+        if re.search(pattern, device_name, re.IGNORECASE):
+            return (name, peaks[precision]) if precision in peaks else None
+    return None
+
+
+def peak_tflops_per_gpu(device, params_dtype):
+    """(description, peak TFLOP/s) of this rank's GPU for MFU, or None (CPU, unknown GPU)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    precision = matmul_precision(params_dtype)
+    found = lookup_peak(torch.cuda.get_device_name(device), precision)
+    if found is None:
+        return None
+    name, peak = found
+    return f"{name} {precision} dense peak {peak:g} TFLOP/s (datasheet)", float(peak)

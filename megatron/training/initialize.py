@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.config import ConfigError
+from ..core.fusions import check_config as check_fusions
 from ..core.parallel_state import default_backend, initialize_model_parallel, validate_parallel_sizes
 from ..core.tensor_parallel.random import model_parallel_seed
 
@@ -19,6 +20,7 @@ def validate_config(model_cfg, train_cfg, vocab_size):
     """Everything that can be checked before any process group exists (raises ConfigError)."""
     model_cfg.vocab_size = vocab_size
     model_cfg.validate()
+    check_fusions(model_cfg)
     dp = validate_parallel_sizes(world_size_from_env(), model_cfg.tensor_model_parallel_size,
                                  model_cfg.pipeline_model_parallel_size,
                                  model_cfg.virtual_pipeline_model_parallel_size)

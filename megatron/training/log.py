@@ -5,6 +5,9 @@ import time
 
 import torch.distributed as dist
 
+from ..core import fusions
+from .flops import peak_tflops_per_gpu
+
 
 def is_logging_rank():
     """The last rank prints iteration lines: it is on the last pipeline stage, where the loss is."""
@@ -29,8 +32,10 @@ def _fmt_time(seconds):
 class TrainingLogger:
     """Accumulates metrics between log lines; writes text (last rank) and TensorBoard."""
 
-    def __init__(self, train_iters, tensorboard_dir=None):
+    def __init__(self, train_iters, tensorboard_dir=None, peak_tflops=None):
+        """peak_tflops: this GPU's peak TFLOP/s (flops.peak_tflops_per_gpu); None: no MFU column."""
         self.train_iters = train_iters
+        self.peak_tflops = peak_tflops
         self.writer = None
         if tensorboard_dir and is_logging_rank():
             from torch.utils.tensorboard import SummaryWriter
@@ -68,10 +73,11 @@ class TrainingLogger:
         eta = (now - self.start) / self.iters_done * (self.train_iters - iteration)
         gn = float(self.grad_norm) if self.grad_norm is not None else float("nan")
         scale = f" loss scale: {loss_scale:.1f} |" if loss_scale is not None else ""
+        mfu = f" MFU: {100 * tflops / self.peak_tflops:.1f}% |" if self.peak_tflops else ""
         print_rank_last(
             f" iteration {iteration:8d}/{self.train_iters:8d} | consumed samples: {consumed:12d} |"
             f" elapsed time per iteration (ms): {per_iter * 1000:.1f} |"
-            f" throughput per GPU (TFLOP/s/GPU): {tflops:.2f} | learning rate: {lr:.6E} |"
+            f" throughput per GPU (TFLOP/s/GPU): {tflops:.2f} |{mfu} learning rate: {lr:.6E} |"
             f" global batch size: {global_batch:5d} | lm loss: {loss:.6E} |{scale} grad norm: {gn:.3f} |"
             f" number of skipped iterations: {self.skipped:3d} | number of nan iterations: {self.nan_iters:3d} |"
             f" ETA {_fmt_time(eta)} |")
@@ -81,6 +87,8 @@ class TrainingLogger:
             self.scalar(name, value, iteration)
         if loss_scale is not None:
             self.scalar("loss-scale", loss_scale, iteration)
+        if self.peak_tflops:
+            self.scalar("mfu", tflops / self.peak_tflops, iteration)
         self.losses, self.interval_start, self.iters_in_interval, self.skipped = [], time.perf_counter(), 0, 0
         return loss
 
@@ -120,15 +128,18 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
     if dist.get_rank() != 0:
         return
     c = model_cfg
+    peak = peak_tflops_per_gpu(device, c.params_dtype)
     lines = [
         "> parallel layout: " + groups.describe(),
         f"> sequence parallel: {c.sequence_parallel} | device: {device} | backend: {dist.get_backend()}",
         f"> model: {c.num_layers} layers, hidden {c.hidden_size}, {c.num_attention_heads} heads"
         f" ({c.num_query_groups} query groups), ffn {c.ffn_hidden_size}, seq {c.seq_length},"
         f" vocab {c.vocab_size} padded to {c.padded_vocab_size} ({tokenizer_name})",
-        "> implementations: attention=torch.nn.functional.scaled_dot_product_attention"
-        f" | norm=torch ({c.normalization}) | mlp activation={'SwiGLU' if c.swiglu else 'GeLU'} (torch)"
-        f" | cross entropy=vocab-parallel (torch) | optimizer=torch.optim.AdamW (fused)",
+        "> implementations: " + " | ".join(f"{op}={impl}" for op, impl in fusions.describe(c, device))
+        + " | cross entropy=vocab-parallel (torch) | optimizer=torch.optim.AdamW (fused)",
+        f"> fused kernels (csrc): {fusions.kernels_status()}",
+        f"> activation recompute: {_recompute(c)}",
+        f"> MFU: {peak[0] if peak else 'n/a (' + ('CPU' if device.type != 'cuda' else 'GPU not in the peak table') + ')'}",
         f"> batch: micro {train_cfg.micro_batch_size} x DP {groups.dp_size} x accumulation "
         f"{train_cfg.global_batch_size // (train_cfg.micro_batch_size * groups.dp_size)}"
         f" = global {train_cfg.global_batch_size}",
@@ -143,3 +154,9 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
               f" optimizer {m[2]:,} (total {sum(m) / 2**20:.1f} MiB)" for r, (t, d, p, n, m) in enumerate(counts)]
     print("\n".join(lines), flush=True)
     sys.stdout.flush()
+
+
+def _recompute(c):
+    if c.recompute_granularity == "full":
+        return f"full, {c.recompute_method}, {c.recompute_num_layers} layer(s)"
+    return c.recompute_granularity or "none"

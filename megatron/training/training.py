@@ -13,7 +13,7 @@ from ..core.optimizer.megatron_optimizer import MegatronOptimizer
 from ..core.pipeline_parallel import default_schedule, get_forward_backward_func, global_tokens
 from ..core.tensor_parallel.initialization import initialize_parameters
 from .data import microbatches
-from .flops import num_floating_point_operations
+from .flops import num_floating_point_operations, peak_tflops_per_gpu
 from .log import TrainingLogger, print_rank_0, startup_summary
 
 
@@ -126,7 +126,8 @@ def pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step,
     startup_summary(model, model_cfg, t, groups, device, tokenizer_name,
                     ddp.memory_bytes() + (optimizer.memory_bytes(),))
     train_ds, valid_ds = datasets
-    logger = TrainingLogger(t.train_iters, t.tensorboard_dir)
+    peak = peak_tflops_per_gpu(device, model_cfg.params_dtype)
+    logger = TrainingLogger(t.train_iters, t.tensorboard_dir, peak[1] if peak else None)
     flops = num_floating_point_operations(model_cfg, t.global_batch_size)
     print_rank_0(f"> training for {t.train_iters} iterations ({len(train_ds)} samples per epoch)")
     consumed, history = 0, []

@@ -40,6 +40,13 @@ CASES = {
         ["--num-layers", "4", "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
          "--micro-batch-size", "2", "--global-batch-size", "6"],
         "= 3, to be a multiple of --pipeline-model-parallel-size (2)", {"WORLD_SIZE": "2"}),
+    "flash attention not installed": (["--attention-backend", "flash"],
+                                      "--attention-backend flash: the flash-attn package is not installed"),
+    "recompute method without full": (["--recompute-method", "block"],
+                                      "--recompute-method and --recompute-num-layers go with "
+                                      "--recompute-granularity full"),
+    "too many recomputed layers": (["--recompute-granularity", "full", "--recompute-num-layers", "9"],
+                                   "--recompute-num-layers (9) must be between 1 and --num-layers (4)"),
 }
 
 

@@ -92,3 +92,25 @@ def test_loss_falls_and_layouts_differ_from_other_seeds():
     assert ref[ITERS] < ref[1] - 0.05
     other = losses(run_cli([a if a != "7" else "8" for a in BASE]).stdout)
     assert abs(other[1] - ref[1]) / ref[1] > 1e-4
+
+
+DROPOUT = list(BASE)
+for _flag in ("--hidden-dropout", "--attention-dropout"):
+    DROPOUT[DROPOUT.index(_flag) + 1] = "0.1"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc,layout,recompute", [
+    (1, [], ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "2"]),
+    (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"],
+     ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "1"]),
+    (2, ["--tensor-model-parallel-size", "2", "--sequence-parallel"], ["--recompute-granularity", "selective"]),
+], ids=["full-uniform", "tp2-sp-full-block", "tp2-sp-selective"])
+def test_recompute_with_dropout_gives_the_losses_of_no_recompute(nproc, layout, recompute):
+    # dropout on: the recomputed forward must draw the masks of the first one, on every rank
+    key = (nproc, "dropout") + tuple(layout)
+    if key not in _reference:
+        _reference[key] = losses(run_cli(DROPOUT + layout, nproc=nproc).stdout)
+        assert sorted(_reference[key]) == list(range(1, ITERS + 1))
+    got = losses(run_cli(DROPOUT + layout + recompute, nproc=nproc).stdout)
+    assert got == _reference[key]

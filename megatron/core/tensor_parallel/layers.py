@@ -11,9 +11,35 @@ from torch import nn
 
 from .. import comm
 from .initialization import set_init, set_tp_attrs
-from .mappings import (copy_to_tensor_model_parallel_region, gather_from_sequence_parallel_region,
+from .mappings import (copy_to_tensor_model_parallel_region,
                        gather_from_tensor_model_parallel_region, reduce_from_tensor_model_parallel_region,
                        reduce_scatter_to_sequence_parallel_region, scatter_to_tensor_model_parallel_region)
+
+
+class _SequenceParallelLinear(torch.autograd.Function):
+    """y = all_gather_s(x) W^T + b that keeps only this rank's shard x for the backward.
+
+    Sequence parallelism's memory saving is that activations outside TP regions hold s/TP
+    tokens; gathering and then calling F.linear would keep the gathered [s, b, in] for the
+    weight gradient instead. As Megatron-LM does, we keep the shard and gather it again
+    in the backward: one more all-gather per layer, for 1/TP of the input's memory.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group):
+        ctx.save_for_backward(x, weight)
+        ctx.group, ctx.has_bias = group, bias is not None
+        return F.linear(comm.all_gather_dim0(x, group), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        total = comm.all_gather_dim0(x, ctx.group).reshape(-1, x.shape[-1])
+        g = grad.reshape(-1, grad.shape[-1])
+        grad_x = comm.reduce_scatter_dim0(grad.matmul(weight), ctx.group)  # partial sums over TP
+        grad_weight = g.t().mm(total) if ctx.needs_input_grad[1] else None
+        grad_bias = g.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_weight, grad_bias, None
 
 
 def _divide(n, d, what):
@@ -51,12 +77,11 @@ class ColumnParallelLinear(nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, x):
-        if self.sequence_parallel:
-            x = gather_from_sequence_parallel_region(x, self.group)
-        else:
-            x = copy_to_tensor_model_parallel_region(x, self.group)
         bias = None if self.skip_bias_add else self.bias
-        y = F.linear(x, self.weight, bias)
+        if self.sequence_parallel and self.tp > 1:
+            y = _SequenceParallelLinear.apply(x, self.weight, bias, self.group)
+        else:
+            y = F.linear(copy_to_tensor_model_parallel_region(x, self.group), self.weight, bias)
         if self.gather_output:
             y = gather_from_tensor_model_parallel_region(y, self.group)
         return y, (self.bias if self.skip_bias_add else None)

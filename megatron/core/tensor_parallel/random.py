@@ -1,4 +1,6 @@
-"""Model-parallel RNG: dropout inside TP regions differs per TP rank, outside it is the same.
+"""Model-parallel RNG and activation recompute.
+
+Dropout inside TP regions differs per TP rank, outside it is the same.
 
 The default generator (seeded with seed + 100 * pp_rank) is identical across TP ranks,
 so dropout on replicated activations (after a row-parallel layer) keeps them identical.
@@ -81,3 +83,71 @@ def model_parallel_seed(seed: int, tp_rank: int, pp_rank: int, device) -> None:
     torch.manual_seed(seed + 100 * pp_rank)
     _TRACKER.reset(device)
     _TRACKER.add(MODEL_PARALLEL_RNG, seed + 2718 + tp_rank + 100 * pp_rank)
+
+
+# ----------------------------------------------------------------------------- recompute
+
+
+def _rng_states():
+    """Every generator a forward may draw from: CPU default, CUDA default (this device), tracker."""
+    cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda, _TRACKER.get_states()
+
+
+def _set_rng_states(states):
+    cpu, cuda, tracker = states
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda)
+    _TRACKER.set_states(tracker)
+
+
+class CheckpointFunction(torch.autograd.Function):
+    """Run `function` without keeping its activations; run it again in the backward pass.
+
+    Keeps only the tensor arguments (saved for backward, so memory accounting sees them)
+    and the RNG states at the start of the forward. The recompute runs from those same
+    states, so dropout draws the same masks, and afterwards every generator is put back
+    where it was: the recompute consumes no random numbers as far as later code can tell.
+    Non-tensor arguments (tuples of tensors included) are passed through as they are and
+    get no gradient. Like Megatron-LM's (reentrant) checkpoint, the output needs at least
+    one argument that requires grad, and the backward must come from .backward().
+    """
+
+    @staticmethod
+    def forward(ctx, function, *args):
+        ctx.function = function
+        ctx.rng = _rng_states()
+        ctx.tensor_index = [i for i, a in enumerate(args) if torch.is_tensor(a)]
+        ctx.others = [None if torch.is_tensor(a) else a for a in args]
+        ctx.save_for_backward(*(args[i] for i in ctx.tensor_index))
+        with torch.no_grad():
+            return function(*args)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        args = list(ctx.others)
+        for i, t in zip(ctx.tensor_index, ctx.saved_tensors):
+            args[i] = t.detach().requires_grad_(t.requires_grad)
+        now = _rng_states()
+        _set_rng_states(ctx.rng)
+        try:
+            with torch.enable_grad():
+                outputs = ctx.function(*args)
+        finally:
+            _set_rng_states(now)
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        pairs = [(o, g) for o, g in zip(outputs, grads) if torch.is_tensor(o) and o.requires_grad and g is not None]
+        if pairs:
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        return (None,) + tuple(a.grad if torch.is_tensor(a) else None for a in args)
+
+
+def checkpoint(function, *args):
+    """function(*args), recomputed in the backward pass instead of keeping its activations.
+
+    Outside training (no grad) it is a plain call.
+    """
+    if not torch.is_grad_enabled():
+        return function(*args)
+    return CheckpointFunction.apply(function, *args)

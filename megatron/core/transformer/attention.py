@@ -2,40 +2,46 @@
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .. import comm
+from ..fusions import rope as rope_front
+from ..fusions.attention import CoreAttention
 from ..tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
-from ..tensor_parallel.random import get_rng_tracker
-from .rope import apply_rope
+from ..tensor_parallel.random import checkpoint
 
 
 class SelfAttention(nn.Module):
     """[s(/TP with SP), b, h] -> same shape. Talks to the TP group `tp_group`.
 
     The fused QKV weight is laid out per query group, [q_1..q_k, k, v] for each group,
-    so splitting its rows evenly over TP gives each rank whole groups.
+    so splitting its rows evenly over TP gives each rank whole groups. The attention core
+    (scores, softmax, dropout, weighted sum) is CoreAttention, whose backend the fusion
+    front picks; with --recompute-granularity selective it alone is recomputed in the
+    backward pass: it holds the s x s activations, yet costs few of the layer's FLOPs.
     """
 
-    def __init__(self, config, tp_group, device=None):
+    def __init__(self, config, tp_group, device=None, layer_number=1):
         super().__init__()
         c = config
         tp = comm.world(tp_group)
         self.head_dim = c.kv_channels
         self.heads = c.num_attention_heads // tp
         self.groups = c.num_query_groups // tp
-        self.dropout = c.attention_dropout
+        self.recompute_core = c.recompute_granularity == "selective"
+        self.rope_impl = rope_front.select(c.apply_rope_fusion, device or "cpu", c.params_dtype)
         qkv_size = (c.num_attention_heads + 2 * c.num_query_groups) * c.kv_channels
         out_std = c.init_method_std / math.sqrt(2.0 * c.num_layers)
         self.linear_qkv = ColumnParallelLinear(
             c.hidden_size, qkv_size, group=tp_group, bias=c.add_bias_linear, init_std=c.init_method_std,
             sequence_parallel=c.sequence_parallel, params_dtype=c.params_dtype, device=device)
+        self.core_attention = CoreAttention(c, tp_group, layer_number, device)
         self.linear_proj = RowParallelLinear(
             c.num_attention_heads * c.kv_channels, c.hidden_size, group=tp_group, bias=c.add_bias_linear,
             init_std=out_std, sequence_parallel=c.sequence_parallel, params_dtype=c.params_dtype, device=device)
 
     def forward(self, x, rope=None, attn_mask=None):
+        """x [s(/TP), b, h]; rope: (cos, sin) [s, 1, 1, d] or None; attn_mask: None = causal."""
         qkv, _ = self.linear_qkv(x)
         s, b = qkv.shape[:2]
         per_group = self.heads // self.groups
@@ -43,17 +49,9 @@ class SelfAttention(nn.Module):
         q = qkv[:, :, :, :per_group].reshape(s, b, self.heads, self.head_dim)
         k, v = qkv[:, :, :, per_group], qkv[:, :, :, per_group + 1]
         if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        # SDPA wants [b, heads, s, d]
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (q, k, v))
-        p = self.dropout if self.training else 0.0
-        kwargs = dict(attn_mask=attn_mask, is_causal=attn_mask is None, dropout_p=p)
-        if self.groups != self.heads:
-            kwargs["enable_gqa"] = True
-        if p > 0:
-            with get_rng_tracker().fork():  # heads differ per TP rank: so must their dropout
-                out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+            q, k = (rope_front.apply_rope(t, *rope, impl=self.rope_impl) for t in (q, k))
+        if self.recompute_core and self.training:
+            out = checkpoint(self.core_attention, q, k, v, attn_mask)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, **kwargs)
-        out = out.permute(2, 0, 1, 3).reshape(s, b, self.heads * self.head_dim)
+            out = self.core_attention(q, k, v, attn_mask)
         return self.linear_proj(out)[0]

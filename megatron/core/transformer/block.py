@@ -1,6 +1,8 @@
-"""A stack of transformer layers, optionally followed by the final norm."""
+"""A stack of transformer layers, optionally followed by the final norm, with full recompute."""
+import torch
 from torch import nn
 
+from ..tensor_parallel.random import checkpoint
 from .layer import TransformerLayer
 from .norm import build_norm
 
@@ -9,17 +11,38 @@ class TransformerBlock(nn.Module):
     """Layers layer_offset+1 .. layer_offset+num_layers of the model, on this pipeline stage.
 
     [s(/TP), b, h] -> same; final_layernorm only where post_process (last stage).
+    With --recompute-granularity full only the inputs of checkpointed chunks are kept:
+    uniform checkpoints every chunk of recompute_num_layers layers; block checkpoints the
+    first recompute_num_layers layers of this stage one by one and keeps the rest.
     """
 
     def __init__(self, config, tp_group, num_layers=None, layer_offset=0, post_process=True, device=None):
         super().__init__()
+        self.config = config
         n = config.num_layers if num_layers is None else num_layers
         self.layer_offset = layer_offset
         self.layers = nn.ModuleList(
             TransformerLayer(config, tp_group, layer_offset + i + 1, device) for i in range(n))
         self.final_layernorm = build_norm(config, device) if post_process else None
 
+    def _chunk(self, start, end):
+        def run(x, rope, attn_mask):
+            for layer in self.layers[start:end]:
+                x = layer(x, rope, attn_mask)
+            return x
+        return run
+
     def forward(self, x, rope=None, attn_mask=None):
-        for layer in self.layers:
-            x = layer(x, rope, attn_mask)
+        c = self.config
+        if c.recompute_granularity == "full" and self.training and torch.is_grad_enabled():
+            n = c.recompute_num_layers
+            if c.recompute_method == "uniform":
+                for start in range(0, len(self.layers), n):
+                    x = checkpoint(self._chunk(start, start + n), x, rope, attn_mask)
+            else:  # block
+                for i, layer in enumerate(self.layers):
+                    x = checkpoint(layer, x, rope, attn_mask) if i < n else layer(x, rope, attn_mask)
+        else:
+            for layer in self.layers:
+                x = layer(x, rope, attn_mask)
         return self.final_layernorm(x) if self.final_layernorm is not None else x

@@ -30,7 +30,7 @@ class TransformerLayer(nn.Module):
         super().__init__()
         self.config, self.layer_number = config, layer_number
         self.input_layernorm = build_norm(config, device)
-        self.self_attention = SelfAttention(config, tp_group, device)
+        self.self_attention = SelfAttention(config, tp_group, device, layer_number)
         self.pre_mlp_layernorm = build_norm(config, device)
         self.mlp = MLP(config, tp_group, device)
 

@@ -1,9 +1,9 @@
 """Feed-forward block: column-parallel up projection, GeLU or SwiGLU, row-parallel down."""
 import math
 
-import torch.nn.functional as F
 from torch import nn
 
+from ..fusions import activations
 from ..tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 
 
@@ -12,27 +12,28 @@ class MLP(nn.Module):
 
     With SwiGLU, linear_fc1 holds [gate; up] (2 x ffn rows); each block is split over TP
     separately (stride 2) so every rank has matching gate and up rows.
+    The activation is the front's (megatron/core/fusions/activations.py): with a fused
+    kernel, linear_fc1 skips its bias and the kernel adds it.
     """
 
     def __init__(self, config, tp_group, device=None):
         super().__init__()
         c = config
         self.swiglu = c.swiglu
+        fused = c.bias_swiglu_fusion if c.swiglu else c.bias_gelu_fusion
+        self.activation_impl = activations.select(fused, device or "cpu", c.params_dtype)
         fc1_out = c.ffn_hidden_size * (2 if c.swiglu else 1)
         self.linear_fc1 = ColumnParallelLinear(
             c.hidden_size, fc1_out, group=tp_group, bias=c.add_bias_linear, init_std=c.init_method_std,
             stride=2 if c.swiglu else 1, sequence_parallel=c.sequence_parallel,
-            params_dtype=c.params_dtype, device=device)
+            # torch keeps the bias in the matmul (addmm), as before fusions existed
+            skip_bias_add=self.activation_impl != "torch", params_dtype=c.params_dtype, device=device)
         self.linear_fc2 = RowParallelLinear(
             c.ffn_hidden_size, c.hidden_size, group=tp_group, bias=c.add_bias_linear,
             init_std=c.init_method_std / math.sqrt(2.0 * c.num_layers),
             sequence_parallel=c.sequence_parallel, params_dtype=c.params_dtype, device=device)
 
     def forward(self, x):
-        h, _ = self.linear_fc1(x)
-        if self.swiglu:
-            gate, up = h.chunk(2, dim=-1)
-            h = F.silu(gate) * up
-        else:
-            h = F.gelu(h)
-        return self.linear_fc2(h)[0]
+        h, bias = self.linear_fc1(x)  # bias is None unless the activation adds it
+        activation = activations.bias_swiglu if self.swiglu else activations.bias_gelu
+        return self.linear_fc2(activation(h, bias, self.activation_impl))[0]

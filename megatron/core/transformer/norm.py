@@ -2,19 +2,24 @@
 
 With sequence parallelism each TP rank normalises only its sequence shard, so the
 weights' gradients are partial: they carry `sequence_parallel=True` and are summed
-over the TP group in finalize_model_grads.
+over the TP group in finalize_model_grads. The math is the norm front's
+(megatron/core/fusions/norm.py): a fused kernel when one fits, else plain torch.
 """
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ..fusions import norm as norm_front
 from ..tensor_parallel.initialization import set_init
 
 
 class LayerNorm(nn.Module):
-    def __init__(self, hidden_size, eps=1e-5, sequence_parallel=False, params_dtype=torch.float32, device=None):
+    """[..., h] -> same. fusion=False forces the torch implementation."""
+
+    def __init__(self, hidden_size, eps=1e-5, sequence_parallel=False, params_dtype=torch.float32, device=None,
+                 fusion=True):
         super().__init__()
         self.eps = eps
+        self.impl = norm_front.select(fusion, device or "cpu", params_dtype)
         self.weight = nn.Parameter(torch.empty(hidden_size, dtype=params_dtype, device=device))
         self.bias = nn.Parameter(torch.empty(hidden_size, dtype=params_dtype, device=device))
         set_init(self.weight, "ones")
@@ -22,24 +27,26 @@ class LayerNorm(nn.Module):
         self.weight.sequence_parallel = self.bias.sequence_parallel = sequence_parallel
 
     def forward(self, x):
-        return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, self.eps)
+        return norm_front.layer_norm(x, self.weight, self.bias, self.eps, self.impl)
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size, eps=1e-5, sequence_parallel=False, params_dtype=torch.float32, device=None):
+    """[..., h] -> same: x / sqrt(mean(x^2) + eps) * weight, statistics in fp32."""
+
+    def __init__(self, hidden_size, eps=1e-5, sequence_parallel=False, params_dtype=torch.float32, device=None,
+                 fusion=True):
         super().__init__()
         self.eps = eps
+        self.impl = norm_front.select(fusion, device or "cpu", params_dtype)
         self.weight = nn.Parameter(torch.empty(hidden_size, dtype=params_dtype, device=device))
         set_init(self.weight, "ones")
         self.weight.sequence_parallel = sequence_parallel
 
     def forward(self, x):
-        # statistics in fp32 even for bf16 activations
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return y.to(x.dtype) * self.weight
+        return norm_front.rms_norm(x, self.weight, self.eps, self.impl)
 
 
 def build_norm(config, device=None):
     cls = {"LayerNorm": LayerNorm, "RMSNorm": RMSNorm}[config.normalization]
-    return cls(config.hidden_size, config.norm_epsilon, config.sequence_parallel, config.params_dtype, device)
+    return cls(config.hidden_size, config.norm_epsilon, config.sequence_parallel, config.params_dtype, device,
+               fusion=config.norm_fusion)

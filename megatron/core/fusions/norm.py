@@ -1,0 +1,73 @@
+"""LayerNorm and RMSNorm fronts.
+
+Implementations, first usable: "csrc" (our kernel: fp32 statistics, keeps the input and
+fp32 mean / rstd for the backward; weights of the input's dtype or fp32), "apex"
+(apex.normalization's fused_layer_norm_affine / fused_rms_norm_affine), "torch"
+(F.layer_norm; RMSNorm with fp32 statistics, written out).
+"""
+import torch
+import torch.nn.functional as F
+
+from . import _ext
+from ._common import csrc_ok, csrc_ok_for, importable
+
+_APEX = "apex.normalization.fused_layer_norm"
+
+
+def select(enabled, device, dtype):
+    """'csrc' | 'apex' | 'torch' for a norm over tensors of dtype on device."""
+    if not enabled:
+        return "torch"
+    if csrc_ok(device, dtype):
+        return "csrc"
+    if torch.device(device).type == "cuda" and importable(_APEX):
+        return "apex"
+    return "torch"
+
+
+def torch_rms_norm(x, weight, eps):
+    # statistics in fp32 even for bf16 activations (fp64 stays fp64)
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return y.to(x.dtype) * weight
+
+
+class _CsrcNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, rms):
+        x = x.contiguous()
+        y, mean, rstd = _ext.load().norm_forward(x, weight, bias, eps, rms)
+        ctx.save_for_backward(x, mean, rstd, weight)
+        ctx.rms, ctx.has_bias = rms, bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, mean, rstd, weight = ctx.saved_tensors
+        dx, dw, db = _ext.load().norm_backward(grad.contiguous(), x, mean, rstd, weight, ctx.rms, ctx.has_bias)
+        return dx, dw, db, None, None
+
+
+def _csrc_fits(x, weight, bias):
+    return (csrc_ok_for(x, weight, bias) and weight.is_contiguous()
+            and weight.dtype in (x.dtype, torch.float32) and (bias is None or bias.dtype == weight.dtype))
+
+
+def layer_norm(x, weight, bias, eps, impl="torch"):
+    """LayerNorm over the last dim of x [..., h]; weight, bias [h]."""
+    if impl == "csrc" and _csrc_fits(x, weight, bias):
+        return _CsrcNorm.apply(x, weight, bias, float(eps), False)
+    if impl == "apex" and x.is_cuda:
+        from apex.normalization.fused_layer_norm import fused_layer_norm_affine
+        return fused_layer_norm_affine(x, weight, bias, x.shape[-1:], eps)
+    return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+
+
+def rms_norm(x, weight, eps, impl="torch"):
+    """RMSNorm over the last dim of x [..., h]: x / sqrt(mean(x^2) + eps) * weight."""
+    if impl == "csrc" and _csrc_fits(x, weight, None):
+        return _CsrcNorm.apply(x, weight, None, float(eps), True)
+    if impl == "apex" and x.is_cuda:
+        from apex.normalization.fused_layer_norm import fused_rms_norm_affine
+        return fused_rms_norm_affine(x, weight, x.shape[-1:], eps)
+    return torch_rms_norm(x, weight, eps)

@@ -1,0 +1,35 @@
+"""Rotary embedding front: "csrc" (one elementwise kernel each way) or "torch".
+
+apex and Transformer Engine have fused RoPE too, but they take the angles, not cos / sin,
+and TE's layout options differ by version; our kernel covers the same need.
+"""
+import torch
+
+from . import _ext
+from ._common import csrc_ok, csrc_ok_for
+from ..transformer.rope import apply_rope as torch_apply_rope
+
+
+def select(enabled, device, dtype):
+    return "csrc" if enabled and csrc_ok(device, dtype) else "torch"
+
+
+class _CsrcRope(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)  # the map is linear: its input is not needed
+        return _ext.load().rope_apply(x.contiguous(), cos, sin, False)
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        return _ext.load().rope_apply(grad.contiguous(), cos, sin, True), None, None
+
+
+def apply_rope(x, cos, sin, impl="torch"):
+    """x [s, b, heads, d]; cos, sin [s, 1, 1, d] -> rotated x (rotate-half convention)."""
+    if (impl == "csrc" and csrc_ok_for(x, cos, sin) and cos.dtype == sin.dtype == x.dtype
+            and cos.is_contiguous() and sin.is_contiguous()
+            and cos.numel() == sin.numel() == x.shape[0] * x.shape[-1]):
+        return _CsrcRope.apply(x, cos, sin)
+    return torch_apply_rope(x, cos, sin)

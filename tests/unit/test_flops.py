@@ -1,0 +1,102 @@
+"""Model FLOPs (flops.py) and the MFU peak table (docs/mfu.md)."""
+
+import pytest
+import torch
+
+from megatron.core.config import TransformerConfig
+from megatron.training import flops, log
+from tests.harness import spawn
+
+
+def _gpt(**kw):
+    cfg = TransformerConfig(**{**dict(num_layers=3, hidden_size=64, num_attention_heads=4, seq_length=32,
+                                      vocab_size=500, make_vocab_size_divisible_by=128), **kw})
+    cfg.validate()
+    return cfg
+
+
+def test_standard_gpt_is_korthikantis_72_B_L_s_h2():
+    for L, h, a, s, V, B in [(24, 1024, 16, 2048, 51200, 8), (3, 64, 4, 32, 512, 2), (96, 12288, 96, 2048, 51200, 1)]:
+        cfg = _gpt(num_layers=L, hidden_size=h, num_attention_heads=a, seq_length=s, vocab_size=V)
+        assert cfg.padded_vocab_size == V  # multiples of 128: the formula's V is the padded one
+        expected = 72 * B * L * s * h ** 2 * (1 + s / (6 * h) + V / (12 * h * L))
+        assert flops.num_floating_point_operations(cfg, B) == pytest.approx(expected, rel=1e-12)
+
+
+def test_gqa_swiglu_and_untied_heads():
+    base = _gpt()
+    B, s, h, L = 2, base.seq_length, base.hidden_size, base.num_layers
+    f0 = flops.num_floating_point_operations(base, B)
+    # GQA: K and V projections shrink from h to g d columns each
+    gqa = _gpt(group_query_attention=True, num_query_groups=1)
+    kv_saved = 3 * B * s * L * 2 * h * 2 * (h - gqa.kv_channels)
+    assert f0 - flops.num_floating_point_operations(gqa, B) == kv_saved
+    # SwiGLU: three h x f matrices instead of two
+    sw = _gpt(swiglu=True, ffn_hidden_size=4 * h)
+    assert flops.num_floating_point_operations(sw, B) - f0 == 3 * B * s * L * 2 * h * 4 * h
+    # an untied output layer does the same product as the tied one
+    assert flops.num_floating_point_operations(_gpt(untie_embeddings_and_output_weights=True), B) == f0
+
+
+def _counted(groups, cfg):
+    from torch.utils.flop_counter import FlopCounterMode
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.tensor_parallel.initialization import initialize_parameters
+    model = GPTModel(cfg, groups)
+    initialize_parameters(model, 1, 0, 1)
+    ids = torch.randint(0, cfg.vocab_size, (2, cfg.seq_length), generator=torch.Generator().manual_seed(0))
+    with FlopCounterMode(display=False) as counter:
+        model(ids, ids).sum().backward()
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("kind", ["gpt", "llama"])
+def test_formula_equals_torchs_flop_counter(kind):
+    """torch counts every matmul of a real forward + backward (the unfused attention's bmm, whose backward
+    is exactly 2x forward; SDPA's counter would add its backward's recompute of the scores)."""
+    kw = dict(attention_backend="unfused", hidden_dropout=0.0, attention_dropout=0.0)
+    if kind == "llama":
+        kw.update(position_embedding_type="rope", normalization="RMSNorm", swiglu=True, group_query_attention=True,
+                  num_query_groups=2, add_bias_linear=False, untie_embeddings_and_output_weights=True)
+    cfg = _gpt(**kw)
+    (counted,) = spawn(1, _counted, cfg, timeout=120)
+    assert counted == flops.num_floating_point_operations(cfg, 2)
+
+
+@pytest.mark.parametrize("name,precision,expected", [
+    ("NVIDIA H100 80GB HBM3", "bf16", ("H100 SXM", 989)),
+    ("NVIDIA H100 PCIe", "bf16", ("H100 PCIe", 756)),
+    ("NVIDIA H100 NVL", "bf16", ("H100 NVL", 835)),
+    ("NVIDIA H200", "bf16", ("H200", 989)),
+    ("NVIDIA GH200 480GB", "bf16", ("GH200", 989)),
+    ("NVIDIA A100-SXM4-80GB", "bf16", ("A100", 312)),
+    ("NVIDIA A100-PCIE-40GB", "tf32", ("A100", 156)),
+    ("NVIDIA H100 80GB HBM3", "fp32", ("H100 SXM", 67)),
+    ("NVIDIA L4", "bf16", ("L4", 121)),
+    ("NVIDIA L40S", "bf16", ("L40S", 362)),
+    ("NVIDIA L40", "bf16", None),        # not L4, not L40S: unknown
+    ("NVIDIA A10", "bf16", None),        # not an A100
+    ("Tesla V100-SXM2-32GB", "bf16", None),
+    ("NVIDIA H100 NVL", "fp32", None),   # a precision without a datasheet entry here
+])
+def test_peak_table(name, precision, expected):
+    assert flops.lookup_peak(name, precision) == expected
+
+
+def test_no_mfu_on_cpu():
+    assert flops.peak_tflops_per_gpu(torch.device("cpu"), torch.bfloat16) is None
+    assert flops.matmul_precision(torch.bfloat16) == flops.matmul_precision(torch.float16) == "bf16"
+
+
+def test_log_line_has_mfu_only_with_a_peak(monkeypatch, capsys):
+    monkeypatch.setattr(log, "is_logging_rank", lambda: True)
+    lines = {}
+    for peak in (None, 100.0):
+        logger = log.TrainingLogger(10, peak_tflops=peak)
+        logger.add_loss(torch.tensor(2.0))
+        logger.log(1, 8, 1e-3, 8, torch.tensor(1.0), flops_per_iter=1e12, world_size=1)
+        lines[peak] = capsys.readouterr().out
+    assert "MFU" not in lines[None]
+    tflops = float(lines[100.0].split("(TFLOP/s/GPU): ")[1].split(" ")[0])
+    mfu = float(lines[100.0].split("MFU: ")[1].split("%")[0])
+    assert mfu == pytest.approx(tflops, abs=0.06)  # TFLOP/s / 100 TFLOP/s peak, in percent

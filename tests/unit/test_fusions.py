@@ -1,0 +1,340 @@
+"""The fusion fronts on CPU: plain-torch results when kernels are unavailable, the flags pick
+torch, and the kernel path's Python side and math, with a stand-in for the CUDA module.
+
+The stand-in (`FakeKernels`) implements every binding of csrc/fused/bindings.cpp in torch,
+with the closed-form backward formulas the .cu files use (not autograd), so the autograd
+wrappers (what they save, argument order, bias gradients) and the kernels' derivations are
+checked against torch autograd in float64. The CUDA indexing itself is checked on a GPU
+(tests/gpu).
+"""
+import dataclasses
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from megatron.core import fusions
+from megatron.core.config import ConfigError, TransformerConfig
+from megatron.core.fusions import _common, _ext, activations, attention, norm, rope, softmax
+from megatron.core.transformer.rope import rope_cos_sin
+
+DT = torch.float64
+CUDA = torch.device("cuda")  # only handed to select(): nothing runs on it
+
+
+def _rand(*shape, seed, dtype=DT):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- selection
+
+
+def test_kernels_unavailable_on_cpu():
+    assert _ext.load() is None
+    assert "no CUDA device" in _ext.status()
+    assert fusions.kernels_status() == _ext.status()
+
+
+def test_cpu_selects_torch_for_every_flag_setting():
+    cpu = torch.device("cpu")
+    for enabled in (True, False):
+        for dtype in (torch.float32, torch.bfloat16):
+            assert softmax.select(enabled, cpu, dtype) == "torch"
+            assert norm.select(enabled, cpu, dtype) == "torch"
+            assert activations.select(enabled, cpu, dtype) == "torch"
+            assert rope.select(enabled, cpu, dtype) == "torch"
+    assert attention.select("auto", cpu, torch.bfloat16) == "sdpa"
+    assert attention.select("unfused", cpu, torch.float32) == "unfused"
+
+
+@pytest.fixture
+def kernels_present(monkeypatch):
+    """Pretend our kernels (and nothing else optional) are available."""
+    monkeypatch.setattr(_ext, "load", lambda: FakeKernels())
+
+
+def test_kernels_are_picked_when_present_and_flags_pick_torch(kernels_present):
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        assert softmax.select(True, CUDA, dtype) == "csrc"
+        assert norm.select(True, CUDA, dtype) == "csrc"
+        assert activations.select(True, CUDA, dtype) == "csrc"
+        assert rope.select(True, CUDA, dtype) == "csrc"
+        # --no-masked-softmax-fusion, --no-norm-fusion, --no-bias-*-fusion, --no-rope-fusion
+        assert softmax.select(False, CUDA, dtype) == "torch"
+        assert norm.select(False, CUDA, dtype) == "torch"
+        assert activations.select(False, CUDA, dtype) == "torch"
+        assert rope.select(False, CUDA, dtype) == "torch"
+    assert softmax.select(True, CUDA, torch.float64) == "torch"  # no kernel for fp64
+    assert attention.select("auto", CUDA, torch.bfloat16) == "sdpa"  # flash-attn / TE not installed
+
+
+def test_describe_follows_the_flags(kernels_present):
+    cfg = TransformerConfig(attention_backend="unfused", position_embedding_type="rope", swiglu=True,
+                            normalization="RMSNorm", params_dtype=torch.bfloat16)
+    assert dict(fusions.describe(cfg, CUDA)) == {
+        "attention": "unfused (matmul + masked softmax + matmul), softmax csrc", "RMSNorm": "csrc",
+        "bias-swiglu": "csrc", "rope": "csrc"}
+    off = dataclasses.replace(cfg, masked_softmax_fusion=False, norm_fusion=False, bias_swiglu_fusion=False,
+                              apply_rope_fusion=False)
+    assert dict(fusions.describe(off, CUDA)) == {
+        "attention": "unfused (matmul + masked softmax + matmul), softmax torch", "RMSNorm": "torch",
+        "bias-swiglu": "torch", "rope": "torch"}
+    gelu = TransformerConfig(bias_gelu_fusion=False)
+    assert dict(fusions.describe(gelu, CUDA)) == {
+        "attention": "torch scaled_dot_product_attention", "LayerNorm": "csrc", "bias-gelu": "torch"}
+
+
+def test_requested_backend_that_is_missing_is_a_config_error():
+    for backend, package in (("flash", "flash-attn"), ("te", "Transformer Engine")):
+        with pytest.raises(ConfigError, match=f"--attention-backend {backend}: .*{package}"):
+            fusions.check_config(TransformerConfig(attention_backend=backend))
+    fusions.check_config(TransformerConfig(attention_backend="unfused"))
+
+
+# ----------------------------------------------------------------------------- torch path
+
+
+def _grads(fn, *inputs, seed=0):
+    """fn(*inputs) and the gradients of <fn, random> wrt every input that requires grad."""
+    leaves = [t.detach().clone().requires_grad_(t.requires_grad) if torch.is_tensor(t) else t for t in inputs]
+    out = fn(*leaves)
+    out.backward(_rand(*out.shape, seed=seed, dtype=out.dtype))
+    return out.detach(), [t.grad for t in leaves if torch.is_tensor(t) and t.requires_grad]
+
+
+def _softmax_reference(x, mask, scale):
+    """Written independently: -inf where masked, NaN rows (all masked) -> 0."""
+    y = torch.softmax((x * scale).masked_fill(mask, float("-inf")), dim=-1)
+    return torch.nan_to_num(y, nan=0.0)
+
+
+def test_torch_softmax_semantics():
+    x = _rand(2, 3, 5, 7, seed=1)
+    mask = torch.rand(2, 1, 5, 7, generator=torch.Generator().manual_seed(2)) < 0.4
+    mask[1, 0, 2] = True  # a fully masked row
+    y = softmax.scaled_masked_softmax(x, mask, 0.5, impl="torch")
+    torch.testing.assert_close(y, _softmax_reference(x, mask, 0.5), rtol=1e-12, atol=1e-15)
+    assert torch.equal(y[1, :, 2], torch.zeros_like(y[1, :, 2]))
+    _, (gx,) = _grads(lambda t: softmax.scaled_masked_softmax(t, mask, 0.5, impl="torch"), x.requires_grad_())
+    assert torch.isfinite(gx).all() and torch.equal(gx[1, :, 2], torch.zeros_like(gx[1, :, 2]))
+    causal = torch.ones(5, 7, dtype=torch.bool).triu(1)
+    torch.testing.assert_close(softmax.scaled_upper_triang_masked_softmax(x, 0.5, impl="torch"),
+                               _softmax_reference(x, causal, 0.5), rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("impl", ["csrc", "apex", "torch"])
+def test_fronts_give_the_plain_torch_result_without_kernels(impl):
+    """impl names a kernel, the tensors are on CPU: every front must return torch's result."""
+    x, w, b = _rand(4, 3, 16, seed=3), _rand(16, seed=4), _rand(16, seed=5)
+    for xx in (x, x.float(), x.bfloat16()):
+        ww, bb = w.to(xx.dtype), b.to(xx.dtype)
+        assert torch.equal(norm.layer_norm(xx, ww, bb, 1e-5, impl), F.layer_norm(xx, (16,), ww, bb, 1e-5))
+        xf = xx.to(torch.promote_types(xx.dtype, torch.float32))
+        rms = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(xx.dtype) * ww
+        assert torch.equal(norm.rms_norm(xx, ww, 1e-5, impl), rms)
+        assert torch.equal(activations.bias_gelu(xx, bb, impl), F.gelu(xx + bb))
+        assert torch.equal(activations.bias_gelu(xx, None, impl), F.gelu(xx))
+        gate, up = (xx + bb).chunk(2, dim=-1)
+        assert torch.equal(activations.bias_swiglu(xx, bb, impl), F.silu(gate) * up)
+        cos, sin = rope_cos_sin(4, 16, 10000, "cpu", xx.dtype)
+        q = xx.view(4, 3, 1, 16)
+        rotated = torch.cat([-q[..., 8:], q[..., :8]], dim=-1)
+        assert torch.equal(rope.apply_rope(q, cos, sin, impl), q * cos + rotated * sin)
+        s4 = xx.view(1, 4, 3, 16)
+        assert torch.equal(softmax.scaled_upper_triang_masked_softmax(s4, 0.25, impl),
+                           softmax.torch_scaled_masked_softmax(s4, None, 0.25, causal=True))
+
+
+@pytest.mark.parametrize("gqa,mask", [(False, False), (True, False), (False, True)])
+def test_unfused_attention_equals_sdpa(gqa, mask):
+    s, b, heads, d = 6, 2, 4, 8
+    groups = 2 if gqa else heads
+    q, k, v = _rand(s, b, heads, d, seed=6), _rand(s, b, groups, d, seed=7), _rand(s, b, groups, d, seed=8)
+    attn_mask = None
+    if mask:  # SDPA convention: True = attend; keep every row non-empty
+        attn_mask = torch.rand(b, 1, s, s, generator=torch.Generator().manual_seed(9)) < 0.7
+        attn_mask[..., 0] = True
+    cfg = TransformerConfig(num_attention_heads=heads, hidden_size=heads * d, attention_dropout=0.0,
+                            params_dtype=DT)
+    outs = {}
+    for backend in ("sdpa", "unfused"):
+        core = attention.CoreAttention(dataclasses.replace(cfg, attention_backend=backend))
+        outs[backend] = _grads(lambda *t: core(*t, attn_mask=attn_mask), q.requires_grad_(), k.requires_grad_(),
+                               v.requires_grad_())
+        assert core.backend == backend
+    (o1, g1), (o2, g2) = outs["sdpa"], outs["unfused"]
+    assert o1.shape == (s, b, heads * d)
+    torch.testing.assert_close(o2, o1, rtol=1e-10, atol=1e-12)
+    for a, e in zip(g2, g1):
+        torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12)
+
+
+def _flags_off_vs_defaults(groups):
+    """On CPU, every fusion flag off must compute exactly what the defaults compute."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.tensor_parallel.initialization import initialize_parameters
+    from megatron.core.tensor_parallel.random import model_parallel_seed
+    ids = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(1))
+    llama = dict(position_embedding_type="rope", normalization="RMSNorm", swiglu=True)
+    off = dict(masked_softmax_fusion=False, bias_gelu_fusion=False, bias_swiglu_fusion=False, norm_fusion=False,
+               apply_rope_fusion=False)
+    runs = {}
+    for name, kw in {"gpt": {}, "gpt-off": off, "llama": llama, "llama-off": {**llama, **off}}.items():
+        cfg = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=8, vocab_size=50,
+                                make_vocab_size_divisible_by=8, hidden_dropout=0.1, attention_dropout=0.1, **kw)
+        cfg.validate()
+        model = GPTModel(cfg, groups)
+        initialize_parameters(model, 3, 0, 1)
+        model_parallel_seed(5, 0, 0, "cpu")
+        loss = model(ids, ids).sum()
+        loss.backward()
+        runs[name] = (loss.detach(), [p.grad for p in model.parameters()],
+                      model.decoder.layers[0].mlp.linear_fc1.skip_bias_add)
+    failures = []  # plain strings: tensors would travel back through file-descriptor sharing
+    for name in ("gpt", "llama"):
+        (l0, g0, skip0), (l1, g1, skip1) = runs[name], runs[name + "-off"]
+        if not (torch.equal(l0, l1) and all(torch.equal(a, b) for a, b in zip(g0, g1))):
+            failures.append(f"{name}: flags off changed the loss or gradients")
+        if skip0 or skip1:
+            failures.append(f"{name}: on CPU the MLP must keep its bias in the matmul, as before fusions")
+    return failures
+
+
+def test_flags_off_and_defaults_compute_the_same_on_cpu():
+    from tests.harness import spawn
+    assert spawn(1, _flags_off_vs_defaults, timeout=120) == [[]]
+
+
+# ----------------------------------------------------------------------------- kernel path
+
+
+class FakeKernels:
+    """megatron_fused_kernels in torch, with the .cu files' formulas (fp32 math on fp32 storage
+    becomes fp64 here: the checks are about the formulas, not rounding)."""
+    API_VERSION = _ext.API_VERSION
+
+    @staticmethod
+    def softmax_forward(x, mask, scale, causal):
+        sq, sk = x.shape[-2:]
+        masked = torch.ones(sq, sk, dtype=torch.bool).triu(1) if causal else mask
+        v = (x * scale).masked_fill(masked, float("-inf")) if masked is not None else x * scale
+        m = v.amax(-1, keepdim=True)
+        e = torch.exp(v - torch.where(torch.isinf(m), torch.zeros_like(m), m))
+        d = e.sum(-1, keepdim=True)
+        return torch.where(d == 0, torch.zeros_like(e), e / d)
+
+    @staticmethod
+    def softmax_backward(dy, y, scale):
+        return scale * y * (dy - (dy * y).sum(-1, keepdim=True))
+
+    @staticmethod
+    def norm_forward(x, weight, bias, eps, rms):
+        mu = torch.zeros_like(x[..., :1]) if rms else x.mean(-1, keepdim=True)
+        r = torch.rsqrt(((x - mu) ** 2).mean(-1, keepdim=True) + eps)
+        y = (x - mu) * r * weight + (bias if bias is not None else 0)
+        return y, (mu.flatten() if not rms else x.new_empty(0)), r.flatten()
+
+    @staticmethod
+    def norm_backward(dy, x, mean, rstd, weight, rms, has_bias):
+        n = x.shape[-1]
+        mu = 0 if rms else mean.view(*x.shape[:-1], 1)
+        r = rstd.view(*x.shape[:-1], 1)
+        xh = (x - mu) * r
+        g = dy * weight
+        v = g - xh * (g * xh).sum(-1, keepdim=True) / n
+        if not rms:
+            v = v - g.sum(-1, keepdim=True) / n
+        flat = lambda t: t.reshape(-1, n)  # noqa: E731
+        return r * v, flat(dy * xh).sum(0), (flat(dy).sum(0) if has_bias and not rms else None)
+
+    @staticmethod
+    def _gelu_grad(v):
+        return 0.5 * (1 + torch.erf(v / math.sqrt(2))) + v * torch.exp(-0.5 * v * v) / math.sqrt(2 * math.pi)
+
+    @staticmethod
+    def bias_gelu_forward(x, bias):
+        v = x + bias if bias is not None else x
+        return 0.5 * v * (1 + torch.erf(v / math.sqrt(2)))
+
+    @classmethod
+    def bias_gelu_backward(cls, dy, x, bias):
+        return dy * cls._gelu_grad(x + bias if bias is not None else x)
+
+    @staticmethod
+    def swiglu_forward(x, bias):
+        g, u = (x + bias if bias is not None else x).chunk(2, -1)
+        return g * torch.sigmoid(g) * u
+
+    @staticmethod
+    def swiglu_backward(dy, x, bias):
+        g, u = (x + bias if bias is not None else x).chunk(2, -1)
+        s = torch.sigmoid(g)
+        return torch.cat([dy * u * s * (1 + g * (1 - s)), dy * g * s], dim=-1)
+
+    @staticmethod
+    def rope_apply(x, cos, sin, backward):
+        d = x.shape[-1]
+        half = d // 2
+        shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (d,)
+        c, s = cos.reshape(shape), sin.reshape(shape)
+        partner = torch.cat([x[..., half:], x[..., :half]], dim=-1)
+        sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(x.dtype)
+        if not backward:
+            return x * c + sign * partner * s
+        s_partner = torch.cat([s[..., half:], s[..., :half]], dim=-1)
+        return x * c - sign * partner * s_partner
+
+
+@pytest.fixture
+def fake_kernels(monkeypatch):
+    """Route the fronts' kernel path to FakeKernels for CPU tensors."""
+    monkeypatch.setattr(_ext, "load", lambda: FakeKernels())
+    monkeypatch.setattr(_common, "KERNEL_DTYPES", (torch.float64,))
+    ok = lambda *ts: all(t is None or t.dtype == torch.float64 for t in ts)  # noqa: E731
+    for module in (softmax, norm, activations, rope):
+        monkeypatch.setattr(module, "csrc_ok_for", ok)
+
+
+def _same(kernel_fn, torch_fn, *inputs):
+    (o1, g1), (o2, g2) = _grads(kernel_fn, *inputs), _grads(torch_fn, *inputs)
+    torch.testing.assert_close(o1, o2, rtol=1e-10, atol=1e-12)
+    assert len(g1) == len(g2)
+    for a, e in zip(g1, g2):
+        torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12)
+
+
+def test_kernel_path_softmax(fake_kernels):
+    x = _rand(2, 3, 5, 7, seed=10).requires_grad_()
+    mask = torch.rand(2, 1, 5, 7, generator=torch.Generator().manual_seed(11)) < 0.4
+    mask[0, 0, 1] = True
+    for m in (mask, mask[:1]):
+        _same(lambda t: softmax.scaled_masked_softmax(t, m, 0.3, "csrc"),
+              lambda t: softmax.torch_scaled_masked_softmax(t, m, 0.3), x)
+    _same(lambda t: softmax.scaled_upper_triang_masked_softmax(t, 0.3, "csrc"),
+          lambda t: softmax.torch_scaled_masked_softmax(t, None, 0.3, causal=True), x)
+
+
+def test_kernel_path_norms(fake_kernels):
+    x, w, b = _rand(3, 2, 16, seed=12), _rand(16, seed=13), _rand(16, seed=14)
+    args = (x.requires_grad_(), w.requires_grad_(), b.requires_grad_())
+    _same(lambda *t: norm.layer_norm(*t, 1e-5, "csrc"), lambda *t: F.layer_norm(t[0], (16,), t[1], t[2], 1e-5), *args)
+    _same(lambda x_, w_: norm.rms_norm(x_, w_, 1e-5, "csrc"), lambda x_, w_: norm.torch_rms_norm(x_, w_, 1e-5),
+          x, w)
+
+
+def test_kernel_path_activations(fake_kernels):
+    x, b = _rand(3, 2, 16, seed=15).requires_grad_(), _rand(16, seed=16).requires_grad_()
+    _same(lambda *t: activations.bias_gelu(*t, "csrc"), activations.torch_bias_gelu, x, b)
+    _same(lambda t: activations.bias_gelu(t, None, "csrc"), activations.torch_bias_gelu, x)
+    _same(lambda *t: activations.bias_swiglu(*t, "csrc"), activations.torch_bias_swiglu, x, b)
+    _same(lambda t: activations.bias_swiglu(t, None, "csrc"), activations.torch_bias_swiglu, x)
+
+
+def test_kernel_path_rope_is_the_exact_transpose(fake_kernels):
+    x = _rand(5, 2, 3, 8, seed=17).requires_grad_()
+    cos, sin = rope_cos_sin(5, 8, 10000, "cpu", DT)
+    _same(lambda t: rope.apply_rope(t, cos, sin, "csrc"), lambda t: rope.torch_apply_rope(t, cos, sin), x)
+    # halves of cos / sin that differ (not what rope_cos_sin makes): the backward is still exact
+    cos2, sin2 = _rand(5, 1, 1, 8, seed=18), _rand(5, 1, 1, 8, seed=19)
+    _same(lambda t: rope.apply_rope(t, cos2, sin2, "csrc"), lambda t: rope.torch_apply_rope(t, cos2, sin2), x)
