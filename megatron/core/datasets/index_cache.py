@@ -48,7 +48,7 @@ def description_hash(description):
 
 
 @contextlib.contextmanager
-def _locked(path):
+def file_lock(path):
     try:
         import fcntl
     except ImportError:  # no flock (Windows): concurrent builders write identical files atomically
@@ -92,7 +92,7 @@ def build_or_load(cache_dir, kind, description, names, build):
         return arrays, key, False
     try:
         os.makedirs(cache_dir, exist_ok=True)
-        with _locked(os.path.join(cache_dir, f"{key}.lock")):
+        with file_lock(os.path.join(cache_dir, f"{key}.lock")):
             arrays = load()  # another process may have built it while we waited
             if arrays is not None:
                 return arrays, key, False
