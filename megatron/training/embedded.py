@@ -38,7 +38,12 @@ def _file_md5(path):
         return hashlib.md5(fh.read()).hexdigest()
 
 
-def _tokenizer_key(cfg):
+def _tokenizer_key(cfg, tokenizer):
+    """Identifies the tokenizer by what it does: a SentencePiece model by its pieces and scores (the
+    .model file also records the path it was trained under), other tokenizers by their files."""
+    if hasattr(tokenizer, "sp"):
+        sp = tokenizer.sp
+        return _md5(cfg.tokenizer_type, *[f"{sp.IdToPiece(i)} {sp.GetScore(i)}" for i in range(sp.GetPieceSize())])[:12]
     files = [p for p in (cfg.vocab_file, cfg.merge_file, cfg.tokenizer_model) if p and os.path.isfile(p)]
     if cfg.tokenizer_model and os.path.isdir(cfg.tokenizer_model):
         files.append(os.path.join(cfg.tokenizer_model, "tokenizer.json"))
@@ -74,7 +79,7 @@ def prepare_embedded_data(cfg, log=print):
                 built.append(f"SentencePiece BPE tokenizer ({cfg.embedded_vocab_size} pieces)")
             cfg.tokenizer_model = model_prefix + ".model"
         tokenizer = build_tokenizer(cfg)
-        prefix = os.path.join(folder, f"{cfg.tokenizer_type}-{_tokenizer_key(cfg)}_text_document")
+        prefix = os.path.join(folder, f"{cfg.tokenizer_type}-{_tokenizer_key(cfg, tokenizer)}_text_document")
         if not (os.path.isfile(data_file_path(prefix)) and os.path.isfile(index_file_path(prefix))):
             docs = docs or _documents(cfg.embedded_corpus_bytes)
             builder = IndexedDatasetBuilder(prefix, optimal_dtype(tokenizer.vocab_size))

@@ -86,6 +86,17 @@ def test_blend_draws_each_dataset_by_its_weight(tmp_path):
     assert [d.num_samples for d in train.datasets] == np.bincount(train.dataset_index).tolist()
 
 
+def test_per_split_paths_use_each_dataset_whole(tmp_path):
+    a = make_data(tmp_path / "a", n_docs=50, seed=1, low=0, high=500)
+    b = make_data(tmp_path / "b", n_docs=30, seed=2, low=600, high=1000)
+    cfg = GPTDatasetConfig(seq_length=16, seed=3)
+    train, valid, test = build_gpt_datasets(cfg, (40, 10, 0), per_split=[[a], ["1", b + ".bin"], None])
+    assert len(train.documents) == 50 and len(valid.documents) == 30 and test is None
+    assert (all_tokens(valid, 10) >= 600).all() and (all_tokens(train, 40) <= 500).all()
+    with pytest.raises(DatasetError, match="10 valid samples are needed .* no --valid-data-path"):
+        build_gpt_datasets(cfg, (40, 10, 0), per_split=[[a], None, None])
+
+
 def test_cache_is_reused_by_content_not_path(tmp_path):
     prefix = make_data(tmp_path / "d")
     cache = str(tmp_path / "cache")

@@ -91,6 +91,8 @@ def test_gpt2_bpe_matches_hugging_face_on_the_same_files(files):
     for text in texts[20:40] + EDGE_CASES:  # texts the merges were not trained on, too
         assert ours.tokenize(text) == theirs.tokenize(text)
     assert ours.eod == theirs.eod and ours.vocab_size == theirs.vocab_size
+    from_folder = build_tokenizer(_cfg("HuggingFaceTokenizer", tokenizer_model=str(folder)))
+    assert from_folder.tokenize(EDGE_CASES[2]) == ours.tokenize(EDGE_CASES[2])
 
 
 def test_bad_tokenizer_files_are_clear_errors(files, tmp_path):
