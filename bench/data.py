@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python bench/data.py [--docs 100000 --tokens 50000000] [--text-mb 8] [--append]
 
-1. Sample index for D documents / T tokens (1 epoch, seq 2048): C++ vs the numpy reference (ratio),
+1. Sample index for D documents / T tokens (1 epoch, seq 2048 and 128): C++ vs the numpy reference (ratio),
    and the blending index (3 datasets, 200k samples): C++ vs the Python reference.
 2. tools/preprocess_data.py on stdlib source as jsonl: tokens/s with 1 and 2 workers, for
    SentencePiece (C++ tokenizer) and GPT2BPETokenizer (our pure-Python BPE).
@@ -42,11 +42,12 @@ def bench_indices(num_docs, num_tokens, rows):
     sizes = rng.integers(1, 2 * num_tokens // num_docs, num_docs).astype(np.int32)
     doc_index = _document_index(np.arange(num_docs, dtype=np.int32), 1, np.random.RandomState(0))
     tokens = int(sizes.sum())
-    run = {impl: best_of(lambda i=impl: helpers.build_sample_idx(sizes, doc_index, 2048, 1, tokens, impl=i), 7)
-           for impl in ("cpp", "numpy")}
-    assert np.array_equal(run["cpp"][2], run["numpy"][2])
-    rows.append(("sample index", f"{num_docs:,} docs / {tokens:,} tokens, seq 2048 ({len(run['cpp'][2]) - 1:,} samples)",
-                 run["cpp"][0], run["numpy"][0]))
+    for seq in (2048, 128):
+        run = {impl: best_of(lambda i=impl: helpers.build_sample_idx(sizes, doc_index, seq, 1, tokens, impl=i), 7)
+               for impl in ("cpp", "numpy")}
+        assert np.array_equal(run["cpp"][2], run["numpy"][2])
+        rows.append(("sample index", f"{num_docs:,} docs / {tokens:,} tokens, seq {seq} "
+                     f"({len(run['cpp'][2]) - 1:,} samples)", run["cpp"][0], run["numpy"][0]))
     w = np.array([0.2, 0.3, 0.5])
     run = {impl: best_of(lambda i=impl: helpers.build_blending_indices(w, 200_000, impl=i), 3)
            for impl in ("cpp", "numpy")}
@@ -61,7 +62,7 @@ def bench_preprocess(text_mb, folder, rows):
     jsonl = write_jsonl(os.path.join(folder, "in.jsonl"), texts)
     mb = os.path.getsize(jsonl) / 1e6
     spm = make_sentencepiece(folder, texts[:200], vocab_size=8000)
-    vocab, merges = make_gpt2_files(folder, texts[:20], num_merges=2000)
+    vocab, merges = make_gpt2_files(folder, texts[:10], num_merges=500)
     toks = {"SentencePieceTokenizer": ["--tokenizer-model", spm],
             "GPT2BPETokenizer": ["--vocab-file", vocab, "--merge-file", merges]}
     env = dict(os.environ, PYTHONPATH=REPO)
