@@ -3,6 +3,8 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 from ..core.config import ConfigError, opt, flag_of
+from ..core.datasets import DatasetError, parse_blend, parse_split
+from .tokenizer import TOKENIZER_TYPES
 
 
 @dataclass
@@ -37,10 +39,23 @@ class TrainingConfig:
         None, "Write the start and end time of every schedule action of iteration 2 on each pipeline rank "
         "to this JSON file (draw it with tools/pipeline_timeline.py --trace; one machine's clock).")
     mock_data: bool = opt(False, "Train on deterministic synthetic tokens (with --tokenizer-type NullTokenizer --vocab-size N).")
-    tokenizer_type: Optional[str] = opt(None, "Tokenizer (default: byte-level for the embedded corpus, NullTokenizer for --mock-data).",
-                                        choices=["NullTokenizer", "ByteTokenizer"])
-    vocab_size: Optional[int] = opt(None, "Vocabulary size of the NullTokenizer.")
-    data_path: Optional[List[str]] = opt(None, "Reserved for the indexed-dataset pipeline (not yet available).", nargs="+")
+    data_path: Optional[List[str]] = opt(
+        None, "Indexed dataset prefix(es) from tools/preprocess_data.py, split by --split: 'PREFIX', "
+        "or a blend 'W1 PREFIX1 W2 PREFIX2 ...' (default: the embedded standard-library corpus).", nargs="+")
+    train_data_path: Optional[List[str]] = opt(None, "Training data (prefix or weighted blend), used whole; "
+                                               "instead of --data-path and --split.", nargs="+")
+    valid_data_path: Optional[List[str]] = opt(None, "Validation data (prefix or weighted blend), used whole.", nargs="+")
+    test_data_path: Optional[List[str]] = opt(None, "Test data (prefix or weighted blend), used whole.", nargs="+")
+    split: str = opt("969,30,1", "Train,valid,test shares of the documents of each --data-path dataset.")
+    data_cache_path: Optional[str] = opt(None, "Where built dataset indices (and the embedded corpus) are cached "
+                                         "(default $XDG_CACHE_HOME/megatron-3d or ~/.cache/megatron-3d).")
+    tokenizer_type: Optional[str] = opt(
+        None, "Tokenizer (default: NullTokenizer with --mock-data; a SentencePiece model trained on the "
+        "embedded corpus without data flags; required with --data-path).", choices=TOKENIZER_TYPES)
+    vocab_file: Optional[str] = opt(None, "GPT2BPETokenizer vocab.json.")
+    merge_file: Optional[str] = opt(None, "GPT2BPETokenizer merges.txt.")
+    tokenizer_model: Optional[str] = opt(None, "SentencePiece .model, or a Hugging Face tokenizer.json or folder.")
+    vocab_size: Optional[int] = opt(None, "NullTokenizer: ids 0..N-1, end-of-document N.")
     distributed_backend: Optional[str] = opt(None, "Collective backend (default nccl with CUDA, else gloo).",
                                              choices=["nccl", "gloo"])
     bf16: bool = opt(False, "bf16 parameters and activations, fp32 main parameters and gradients.")
@@ -56,6 +71,7 @@ class TrainingConfig:
     use_distributed_optimizer: bool = opt(False, "Shard fp32 main parameters and Adam states over data-parallel ranks.")
     overlap_param_gather: bool = opt(False, "With the distributed optimizer, gather parameters during the next forward.")
     embedded_corpus_bytes: int = opt(4_000_000, "Bytes of Python standard-library source used by the embedded default corpus.")
+    embedded_vocab_size: int = opt(2048, "Pieces of the SentencePiece model trained for the embedded corpus.")
 
     def validate(self, dp_size: int) -> None:
         f = lambda n: flag_of(TrainingConfig, n)  # noqa: E731
@@ -87,12 +103,52 @@ class TrainingConfig:
             raise ConfigError("--hysteresis and --loss-scale-window must be at least 1, --loss-scale positive")
         if self.ddp_bucket_size is not None and self.ddp_bucket_size < 1:
             raise ConfigError("--ddp-bucket-size must be at least 1")
-        if self.data_path:
-            raise ConfigError("--data-path needs the indexed-dataset pipeline, which is not built yet; "
-                              "use --mock-data, or no data flag for the embedded corpus")
-        tok = self.tokenizer_type or ("NullTokenizer" if self.mock_data else "ByteTokenizer")
-        if tok == "NullTokenizer" and (self.vocab_size is None or self.vocab_size < 2):
-            raise ConfigError("--tokenizer-type NullTokenizer needs --vocab-size N (N >= 2)")
-        if tok == "ByteTokenizer" and self.mock_data and self.vocab_size:
-            raise ConfigError("--vocab-size goes with --tokenizer-type NullTokenizer, not ByteTokenizer")
+        self._validate_data()
+
+    @property
+    def per_split_paths(self):
+        return [self.train_data_path, self.valid_data_path, self.test_data_path]
+
+    @property
+    def uses_embedded_corpus(self):
+        return not self.mock_data and not self.data_path and not any(self.per_split_paths)
+
+    def _validate_data(self):
+        per_split = any(self.per_split_paths)
+        if self.mock_data and (self.data_path or per_split):
+            raise ConfigError("--mock-data and --data-path (or --train-data-path ...) exclude each other")
+        if self.data_path and per_split:
+            raise ConfigError("give either --data-path (split by --split) or --train-data-path / "
+                              "--valid-data-path / --test-data-path, not both")
+        if per_split and not self.train_data_path:
+            raise ConfigError("--valid-data-path / --test-data-path need --train-data-path as well")
+        if per_split and self.eval_iters > 0 and not self.valid_data_path:
+            raise ConfigError(f"--eval-iters {self.eval_iters} needs validation data: give --valid-data-path, "
+                              "or set --eval-iters 0")
+        try:
+            parse_split(self.split)
+            for flag, paths in (("--data-path", self.data_path), ("--train-data-path", self.train_data_path),
+                                ("--valid-data-path", self.valid_data_path), ("--test-data-path", self.test_data_path)):
+                parse_blend(paths, flag)
+        except DatasetError as e:
+            raise ConfigError(str(e)) from None
+        if self.embedded_vocab_size < 300:
+            raise ConfigError("--embedded-vocab-size must be at least 300 (256 byte pieces + text pieces)")
+        tok = self.tokenizer_type
+        if tok is None:
+            if self.mock_data:
+                tok = "NullTokenizer"
+            elif self.uses_embedded_corpus:
+                tok = "SentencePieceTokenizer"
+            else:
+                raise ConfigError("--data-path needs --tokenizer-type (and its files): the tokenizer that "
+                                  "tools/preprocess_data.py used")
+        if tok == "NullTokenizer" and (self.vocab_size is None or self.vocab_size < 1):
+            raise ConfigError("--tokenizer-type NullTokenizer needs --vocab-size N (N >= 1)")
+        if tok == "NullTokenizer" and self.uses_embedded_corpus:
+            raise ConfigError("--tokenizer-type NullTokenizer cannot tokenize the embedded text corpus; "
+                              "use --mock-data or --data-path")
+        if tok != "NullTokenizer" and self.vocab_size is not None:
+            raise ConfigError(f"--vocab-size goes with --tokenizer-type NullTokenizer, not {tok} "
+                              "(whose files define the vocabulary)")
         self.tokenizer_type = tok

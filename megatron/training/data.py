@@ -1,26 +1,66 @@
-"""Global batches sliced over data-parallel ranks and microbatches.
+"""Datasets from the configuration, and global batches sliced over data-parallel ranks and microbatches.
 
 Iteration k uses samples [c, c + G) of the dataset (c = samples consumed so far,
 G = global batch). They are cut into chunks of micro x DP; DP rank r takes slice
 [r x micro, (r+1) x micro) of each chunk. Which samples form a global batch therefore
-never depends on the layout.
+never depends on the layout; the datasets themselves are built the same on every rank.
 """
+import os
+
 import numpy as np
 import torch
 
-from ..core.datasets import MockGPTDataset, StdlibCorpusDataset
+from ..core.datasets import GPTDatasetConfig, MockGPTDataset, build_gpt_datasets, default_cache_root
+
+
+def index_cache_dir(train_cfg):
+    return os.path.join(train_cfg.data_cache_path or default_cache_root(), "index-cache")
 
 
 def build_datasets(train_cfg, model_cfg, tokenizer):
-    """(train, valid) datasets for the configured source."""
-    s, seed = model_cfg.seq_length, train_cfg.seed
-    if train_cfg.mock_data:
-        n = train_cfg.train_iters * train_cfg.global_batch_size
-        return (MockGPTDataset(n, s, tokenizer.vocab_size, seed, tokenizer.eod),
-                MockGPTDataset(max(1, train_cfg.eval_iters) * train_cfg.global_batch_size, s,
-                               tokenizer.vocab_size, seed + 1, tokenizer.eod))
-    args = dict(seq_length=s, seed=seed, max_bytes=train_cfg.embedded_corpus_bytes, eod=tokenizer.eod)
-    return StdlibCorpusDataset("train", **args), StdlibCorpusDataset("valid", **args)
+    """(train, valid) datasets for the configured source; valid is None with --eval-iters 0.
+
+    Raises DatasetError (one line) for missing, corrupt or too small data.
+    """
+    t, s = train_cfg, model_cfg.seq_length
+    num_train = t.train_iters * t.global_batch_size
+    num_valid = t.eval_iters * t.global_batch_size  # evaluation re-reads the first eval_iters batches
+    if t.mock_data:
+        return (MockGPTDataset(num_train, s, tokenizer.vocab_size, t.seed, tokenizer.eod),
+                MockGPTDataset(max(1, num_valid), s, tokenizer.vocab_size, t.seed + 1, tokenizer.eod))
+    config = GPTDatasetConfig(seq_length=s, seed=t.seed, cache_dir=index_cache_dir(t),
+                              vocab_size=tokenizer.vocab_size)
+    per_split = t.per_split_paths if any(t.per_split_paths) else None
+    train, valid, _ = build_gpt_datasets(config, (num_train, num_valid, 0), data_path=t.data_path,
+                                         split=t.split, per_split=per_split)
+    for ds in (train, valid):  # read a sample now: a tokenizer mismatch fails before training
+        if ds is not None:
+            ds[0]
+    return train, valid
+
+
+def describe_datasets(datasets):
+    """One line per dataset for the start-up log."""
+    lines = []
+    for name, ds in zip(("train", "valid"), datasets):
+        if ds is None:
+            continue
+        parts = getattr(ds, "datasets", None)
+        if parts is None:
+            lines.append(f"> {name}: {_describe(ds)}")
+            continue
+        lines.append(f"> {name}: blend of {len(parts)} datasets, {len(ds)} samples")
+        for w, share, part in zip(ds.weights, ds.shares(), parts):
+            lines.append(f">    weight {w:.3f} (drawn {share:.3f}): {_describe(part) if part else 'not drawn'}")
+    return lines
+
+
+def _describe(ds):
+    if not hasattr(ds, "indexed"):
+        return f"{type(ds).__name__}, {len(ds)} samples"
+    return (f"{ds.indexed.path_prefix}: {len(ds.documents)} documents, {ds.tokens_per_epoch} tokens per epoch, "
+            f"{ds.num_epochs()} epoch(s), {ds.num_samples} samples asked, index "
+            f"{'built' if ds.built else 'loaded from cache'} ({ds.cache_key[:10]})")
 
 
 def microbatches(dataset, consumed, global_batch, micro, dp_rank, dp_size, device):

@@ -9,8 +9,8 @@ LOSS_RE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?\| lm loss: ([0-9.Ee+-]+|na
 
 
 def run_cli(args, nproc=1, script="pretrain_gpt.py", timeout=600, check=True, env=None):
-    """Run the script; nproc > 1 goes through torchrun --standalone. Returns CompletedProcess.
-    env: extra environment variables."""
+    """Run the script; nproc > 1 goes through torchrun --standalone. env: extra variables.
+    Returns CompletedProcess."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
                **(env or {}))
     if nproc > 1:

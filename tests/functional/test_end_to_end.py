@@ -11,16 +11,20 @@ from .cli import REPO, losses, run_cli
 
 
 @pytest.mark.slow
-def test_default_run_trains_on_stdlib_text_within_three_minutes():
+def test_default_run_builds_its_data_and_trains_within_three_minutes(tmp_path):
+    # an empty cache: the one-time build (corpus, SentencePiece model, .bin/.idx, indices) is timed too
     busy = os.getloadavg()[0] > os.cpu_count()  # other jobs on the cores: time is not ours
     start = time.time()
-    proc = run_cli([], timeout=400)
+    proc = run_cli([], timeout=400, env={"XDG_CACHE_HOME": str(tmp_path)})
     elapsed = time.time() - start
     got = losses(proc.stdout)
     assert max(got) == 200
     assert got[200] < got[10] - 1.0, got  # the loss visibly falls
     assert "validation loss at iteration 200" in proc.stdout
-    assert "ByteTokenizer" in proc.stdout and "parameters per rank" in proc.stdout
+    assert "> embedded corpus: " in proc.stdout and "SentencePiece BPE tokenizer" in proc.stdout
+    assert "index built" in proc.stdout
+    assert "SentencePieceTokenizer" in proc.stdout and "parameters per rank" in proc.stdout
+    assert glob.glob(str(tmp_path / "megatron-3d" / "embedded" / "*" / "*_text_document.idx"))
     assert busy or elapsed < 180, f"took {elapsed:.0f} s"
 
 

@@ -1,6 +1,8 @@
 """Loss parity through the CLI: every layout gives the per-iteration loss of one process."""
 import pytest
 
+from tests.data_utils import make_sentencepiece, preprocess, sample_texts, write_jsonl
+
 from .cli import losses, run_cli
 
 ITERS = 12
@@ -114,3 +116,27 @@ def test_recompute_with_dropout_gives_the_losses_of_no_recompute(nproc, layout, 
         assert sorted(_reference[key]) == list(range(1, ITERS + 1))
     got = losses(run_cli(DROPOUT + layout + recompute, nproc=nproc).stdout)
     assert got == _reference[key]
+
+
+@pytest.fixture(scope="module")
+def real_data(tmp_path_factory):
+    """Two datasets of real text (stdlib source) under a SentencePiece model trained here."""
+    d = tmp_path_factory.mktemp("parity-data")
+    texts = sample_texts(300_000)
+    model = make_sentencepiece(d, texts, vocab_size=500)
+    tok = ["--tokenizer-type", "SentencePieceTokenizer", "--tokenizer-model", model]
+    a = preprocess(write_jsonl(d / "a.jsonl", texts[0::2]), d / "a", tok)
+    b = preprocess(write_jsonl(d / "b.jsonl", texts[1::2]), d / "b", tok, "--workers", "2")
+    return d, tok + ["--data-path", "0.3", a, "0.7", b, "--split", "90,10,0"]
+
+
+@pytest.mark.slow
+def test_blended_data_path_tp2_dp2_matches_one_process(real_data):
+    d, data = real_data
+    flags = [x for x in BASE if x not in ("--mock-data",)]
+    flags = flags[:flags.index("--tokenizer-type")] + flags[flags.index("--vocab-size") + 2:] + data
+    ref = losses(run_cli(flags + ["--data-cache-path", str(d / "cache1")]).stdout)
+    assert sorted(ref) == list(range(1, ITERS + 1)) and ref[ITERS] < ref[1] - 0.05
+    proc = run_cli(flags + ["--tensor-model-parallel-size", "2", "--data-cache-path", str(d / "cache4")], nproc=4)
+    assert "blend of 2 datasets" in proc.stdout
+    assert_parity(ref, losses(proc.stdout))

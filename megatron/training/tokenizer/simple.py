@@ -1,12 +1,15 @@
-"""Tokenizers available before the data pipeline lands: NullTokenizer and a byte-level one."""
+"""Tokenizers that need no files: NullTokenizer (ids as text) and ByteTokenizer (UTF-8 bytes)."""
 
 
 class NullTokenizer:
-    """Ids are the text's whitespace-separated integers; vocab_size given, eod = vocab_size - 1."""
+    """Ids are the text's whitespace-separated integers, as in Megatron-LM.
+
+    --vocab-size N gives ids 0..N-1 for data and N for end-of-document, so vocab_size = N + 1.
+    """
 
     def __init__(self, vocab_size):
-        self.vocab_size = vocab_size
-        self.eod = vocab_size - 1
+        self.vocab_size = int(vocab_size) + 1
+        self.eod = int(vocab_size)
 
     def tokenize(self, text):
         return [int(t) for t in text.split()]
@@ -26,9 +29,3 @@ class ByteTokenizer:
 
     def detokenize(self, ids):
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
-
-
-def build_tokenizer(train_config):
-    if train_config.tokenizer_type == "NullTokenizer":
-        return NullTokenizer(train_config.vocab_size)
-    return ByteTokenizer()

@@ -1,0 +1,119 @@
+"""Dataset index helpers: the C++ extension (csrc/helpers.cpp) when built, else numpy.
+
+Both implementations give identical arrays (tests compare them exactly); the numpy ones
+are the reference and the fallback. impl=None picks C++ when importable, "cpp" / "numpy"
+force one.
+"""
+import sys
+
+import numpy as np
+
+try:
+    from . import helpers_cpp
+except ImportError:  # not built (pip install -e . compiles it): the numpy path works, slower
+    helpers_cpp = None
+
+_warned = False
+INT32_MAX = np.iinfo(np.int32).max
+
+
+def _pick(impl):
+    global _warned
+    if impl == "numpy" or (impl is None and helpers_cpp is None):
+        if impl is None and not _warned:
+            _warned = True
+            print("warning: megatron.core.datasets.helpers_cpp is not built (pip install -e . compiles "
+                  "csrc/helpers.cpp); building dataset indices with numpy instead", file=sys.stderr, flush=True)
+        return "numpy"
+    if helpers_cpp is None:
+        raise ImportError("megatron.core.datasets.helpers_cpp is not built; pip install -e . compiles it")
+    return "cpp"
+
+
+def sample_idx_dtype(document_index):
+    return np.int32 if len(document_index) <= INT32_MAX else np.int64
+
+
+def build_sample_idx(sizes, document_index, seq_length, num_epochs, tokens_per_epoch, add_extra_token=1,
+                     impl=None):
+    """Where each packed sample starts, as (entry of document_index, token offset in that document).
+
+    sizes: int32 [documents in the dataset]; document_index: int32 [epochs x documents of the split],
+    document ids in reading order. The documents are read as one token stream; boundary i is stream
+    position i * seq_length (boundary 0 is (0, 0); later ones lie in a non-empty document). Sample i is
+    boundary i to boundary i + 1 inclusive: seq_length + add_extra_token tokens.
+    Returns [num_samples + 1, 2] (int32, or int64 for a document index beyond int32),
+    num_samples = (num_epochs * tokens_per_epoch - add_extra_token) // seq_length.
+    """
+    sizes = np.ascontiguousarray(sizes, dtype=np.int32)
+    document_index = np.ascontiguousarray(document_index, dtype=np.int32)
+    dtype = sample_idx_dtype(document_index)
+    if _pick(impl) == "cpp":
+        return helpers_cpp.build_sample_idx(sizes, document_index, int(seq_length), int(num_epochs),
+                                            int(tokens_per_epoch), int(add_extra_token), dtype == np.int64)
+    return build_sample_idx_numpy(sizes, document_index, seq_length, num_epochs, tokens_per_epoch,
+                                  add_extra_token, dtype)
+
+
+def build_sample_idx_numpy(sizes, document_index, seq_length, num_epochs, tokens_per_epoch, add_extra_token=1,
+                           dtype=np.int32):
+    """The reference: searchsorted over the running document ends (O(samples log documents))."""
+    num_samples = (num_epochs * tokens_per_epoch - add_extra_token) // seq_length
+    if num_samples < 0 or (len(document_index) == 0 and num_samples > 0):
+        raise ValueError("fewer tokens than one sample")
+    out = np.zeros((num_samples + 1, 2), dtype=dtype)
+    if num_samples == 0:
+        return out
+    doc_sizes = sizes[document_index].astype(np.int64)
+    ends = np.cumsum(doc_sizes)  # stream position just past each document
+    pos = np.arange(num_samples + 1, dtype=np.int64) * seq_length
+    if pos[-1] >= ends[-1]:
+        raise IndexError("the document index holds fewer tokens than num_epochs * tokens_per_epoch")
+    j = np.searchsorted(ends, pos, side="right")  # the first document ending after pos contains it
+    j[0] = 0  # boundary 0 is (0, 0) even when the first document is empty
+    out[:, 0] = j
+    out[:, 1] = pos - (ends - doc_sizes)[j]
+    return out
+
+
+def build_blending_indices(weights, size, impl=None):
+    """Which dataset, and which of its samples, each of `size` blended samples comes from.
+
+    weights: [k] positive, summing to 1. After every prefix of n samples, dataset d has been
+    taken within 1 - 1/(2k - 2) of weights[d] x n times (Tijdeman's chairman assignment; see
+    csrc/helpers.cpp). Returns (dataset_index int16 [size], dataset_sample_index int64 [size]).
+    """
+    weights = np.ascontiguousarray(weights, dtype=np.float64)
+    if len(weights) < 1 or not (weights > 0).all():
+        raise ValueError(f"blending weights must be positive, got {weights.tolist()}")
+    if _pick(impl) == "cpp":
+        dataset_index = np.zeros(size, dtype=np.int16)
+        dataset_sample_index = np.zeros(size, dtype=np.int64)
+        helpers_cpp.build_blending_indices(dataset_index, dataset_sample_index, weights, int(size))
+        return dataset_index, dataset_sample_index
+    return build_blending_indices_numpy(weights, size)
+
+
+def build_blending_indices_numpy(weights, size):
+    """The reference: the same choices in Python floats (IEEE doubles, the C++'s operations in order)."""
+    w = [float(x) for x in weights]
+    k = len(w)
+    sigma = 1.0 / float(2 * k - 2) if k > 1 else 0.0
+    taken = [0] * k
+    choice, nth = [0] * size, [0] * size
+    for i in range(size):
+        n = float(i + 1)
+        best, best_due, behind, most_behind = -1, 0.0, 0, 0.0
+        for d in range(k):
+            deficit = w[d] * n - float(taken[d])
+            if d == 0 or deficit > most_behind:
+                behind, most_behind = d, deficit
+            if deficit >= sigma:
+                due = (float(taken[d]) + 1.0 - sigma) / w[d]
+                if best < 0 or due < best_due:
+                    best, best_due = d, due
+        if best < 0:
+            best = behind
+        choice[i], nth[i] = best, taken[best]
+        taken[best] += 1
+    return np.array(choice, dtype=np.int16), np.array(nth, dtype=np.int64)

@@ -1,0 +1,48 @@
+"""Tokenizers, picked by --tokenizer-type (Megatron-LM names).
+
+    GPT2BPETokenizer        --vocab-file vocab.json --merge-file merges.txt (byte-level BPE)
+    SentencePieceTokenizer  --tokenizer-model x.model (GPTSentencePieceTokenizer is an alias)
+    HuggingFaceTokenizer    --tokenizer-model tokenizer.json or a folder (needs `tokenizers`)
+    NullTokenizer           --vocab-size N (ids written as integers in the text; eod = N)
+    ByteTokenizer           UTF-8 bytes, no files
+
+No module here imports torch, so tools/ start fast.
+"""
+from .base import TokenizerError
+from .gpt2_bpe import GPT2BPETokenizer
+from .huggingface import HuggingFaceTokenizer
+from .sentencepiece_tokenizer import SentencePieceTokenizer, train_sentencepiece
+from .simple import ByteTokenizer, NullTokenizer
+
+TOKENIZER_TYPES = ["GPT2BPETokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
+                   "HuggingFaceTokenizer", "NullTokenizer", "ByteTokenizer"]
+
+
+def build_tokenizer(cfg):
+    """A tokenizer from anything with tokenizer_type, vocab_file, merge_file, tokenizer_model and
+    vocab_size attributes (the TrainingConfig, or the tools' parsed arguments)."""
+    kind = cfg.tokenizer_type
+    if kind == "GPT2BPETokenizer":
+        return GPT2BPETokenizer(cfg.vocab_file, cfg.merge_file)
+    if kind in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer"):
+        return SentencePieceTokenizer(cfg.tokenizer_model)
+    if kind == "HuggingFaceTokenizer":
+        return HuggingFaceTokenizer(cfg.tokenizer_model)
+    if kind == "NullTokenizer":
+        if cfg.vocab_size is None or cfg.vocab_size < 1:
+            raise TokenizerError("--tokenizer-type NullTokenizer needs --vocab-size N (N >= 1)")
+        return NullTokenizer(cfg.vocab_size)
+    if kind == "ByteTokenizer":
+        return ByteTokenizer()
+    raise TokenizerError(f"unknown --tokenizer-type {kind!r}; choose from {', '.join(TOKENIZER_TYPES)}")
+
+
+def add_tokenizer_args(parser):
+    """The tokenizer flags, for the tools (the trainer generates its own from TrainingConfig)."""
+    g = parser.add_argument_group("tokenizer")
+    g.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPES)
+    g.add_argument("--vocab-file", help="GPT2BPETokenizer: vocab.json")
+    g.add_argument("--merge-file", help="GPT2BPETokenizer: merges.txt")
+    g.add_argument("--tokenizer-model", help="SentencePiece .model, or HF tokenizer.json / folder")
+    g.add_argument("--vocab-size", type=int, help="NullTokenizer: ids are 0..N-1, eod is N")
+    return g

@@ -1,0 +1,130 @@
+"""Tokenize a jsonl corpus into Megatron-LM's indexed format (.bin/.idx), streaming.
+
+    python tools/preprocess_data.py --input corpus.jsonl --output-prefix data/my-corpus \\
+        --tokenizer-type GPT2BPETokenizer --vocab-file vocab.json --merge-file merges.txt \\
+        --append-eod --workers 8
+    # -> data/my-corpus_text_document.bin / .idx ; train with --data-path data/my-corpus_text_document
+
+One JSON object per line; every --json-keys field (default text) becomes its own dataset.
+--partitions N splits the input by bytes into N parts processed at once (workers shared
+among them), then joins them: the output is byte-identical to one partition and one worker.
+A malformed line stops with its line number (exit 1), or with --skip-malformed is reported,
+skipped and counted.
+"""
+import argparse
+import multiprocessing
+import os
+import sys
+
+if __package__ in (None, ""):  # run from a checkout: make `megatron` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from megatron.core.datasets.indexed_builder import IndexedDatasetBuilder  # noqa: E402
+from megatron.core.datasets.indexed_dataset import DatasetError, data_file_path, index_file_path, \
+    optimal_dtype  # noqa: E402
+from megatron.training.preprocess import MalformedLine, output_prefix_for, partition_bounds, \
+    preprocess_range  # noqa: E402
+from megatron.training.tokenizer import TokenizerError, add_tokenizer_args, build_tokenizer  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    g = p.add_argument_group("input and output")
+    g.add_argument("--input", required=True, help="jsonl file, one document per line")
+    g.add_argument("--json-keys", nargs="+", default=["text"], help="fields to tokenize (default text)")
+    g.add_argument("--output-prefix", required=True, help="writes PREFIX_KEY_document.bin/.idx per key")
+    g.add_argument("--append-eod", action="store_true", help="end every document with the tokenizer's eod id")
+    g.add_argument("--workers", type=int, default=1, help="tokenizing processes in all (default 1)")
+    g.add_argument("--partitions", type=int, default=1, help="split the input into this many parts run at once")
+    g.add_argument("--skip-malformed", action="store_true",
+                   help="report, skip and count malformed lines instead of stopping at the first")
+    g.add_argument("--log-interval", type=int, default=10000, help="progress line every this many documents")
+    add_tokenizer_args(p)
+    args = p.parse_args(argv)
+    if args.workers < 1 or args.partitions < 1:
+        p.error("--workers and --partitions must be at least 1")
+    return args
+
+
+def _run_partition(args, i, start, stop, conn):
+    try:
+        prog = preprocess_range(args.input, f"{args.output_prefix}.part{i}", args, args.json_keys,
+                                args.append_eod, max(1, args.workers // args.partitions), args.skip_malformed,
+                                args.log_interval, start, stop, label=f"[partition {i + 1}/{args.partitions}] ")
+        conn.send((True, (prog.docs, prog.skipped, prog.tokens, prog.bytes)))
+    except (MalformedLine, DatasetError, TokenizerError, OSError) as e:
+        conn.send((False, str(e)))
+
+
+def _remove_dataset(prefix):
+    for path in (data_file_path(prefix), index_file_path(prefix)):
+        if os.path.exists(path):
+            os.remove(path)
+
+
+def run_partitions(args, dtype):
+    bounds = partition_bounds(args.input, args.partitions)
+    procs, conns = [], []
+    for i, (start, stop) in enumerate(bounds):
+        recv, send = multiprocessing.Pipe(duplex=False)
+        proc = multiprocessing.Process(target=_run_partition, args=(args, i, start, stop, send))
+        proc.start()
+        procs.append(proc)
+        conns.append(recv)
+    results = []
+    for proc, conn in zip(procs, conns):
+        try:
+            results.append(conn.recv())
+        except EOFError:
+            results.append((False, f"a partition process died (exit code {proc.exitcode})"))
+        if not results[-1][0]:  # stop the others: the run has failed
+            for other in procs:
+                other.terminate()
+            break
+    for proc in procs:
+        proc.join()
+    parts = [output_prefix_for(f"{args.output_prefix}.part{i}", k) for i in range(len(bounds)) for k in args.json_keys]
+    try:
+        for ok, payload in results:
+            if not ok:
+                raise RuntimeError(payload)
+        for key in args.json_keys:  # join the parts in input order
+            builder = IndexedDatasetBuilder(output_prefix_for(args.output_prefix, key), dtype)
+            for i in range(len(bounds)):
+                builder.add_index(output_prefix_for(f"{args.output_prefix}.part{i}", key))
+            builder.finalize()
+    finally:
+        for prefix in parts:
+            _remove_dataset(prefix)
+    return [sum(r[1][j] for r in results) for j in range(4)]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        if not os.path.isfile(args.input):
+            raise FileNotFoundError(f"--input {args.input}: no such file")
+        os.makedirs(os.path.dirname(os.path.abspath(args.output_prefix)), exist_ok=True)
+        tokenizer = build_tokenizer(args)  # bad tokenizer files fail here, before any work
+        if args.workers > 1 and args.tokenizer_type == "HuggingFaceTokenizer":
+            os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we parallelise by process
+        if args.partitions == 1:
+            prog = preprocess_range(args.input, args.output_prefix, args, args.json_keys, args.append_eod,
+                                    args.workers, args.skip_malformed, args.log_interval)
+            docs, skipped = prog.docs, prog.skipped
+            prog.report(final=True)
+        else:
+            docs, skipped, tokens, nbytes = run_partitions(args, optimal_dtype(tokenizer.vocab_size))
+            print(f"done: processed {docs} documents, {tokens} tokens in {args.partitions} partitions"
+                  + (f", skipped {skipped} malformed lines" if skipped else ""), file=sys.stderr)
+    except (MalformedLine, DatasetError, TokenizerError, OSError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for key in args.json_keys:
+        print(f"wrote {output_prefix_for(args.output_prefix, key)}.bin/.idx "
+              f"(train with --data-path {output_prefix_for(args.output_prefix, key)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
