@@ -5,6 +5,8 @@ import time
 
 import torch.distributed as dist
 
+from ..core.pipeline_parallel import default_schedule, layer_split
+
 
 def is_logging_rank():
     """The last rank prints iteration lines: it is on the last pipeline stage, where the loss is."""
@@ -89,7 +91,6 @@ class TrainingLogger:
 
 def pipeline_summary(model_cfg, pp):
     """One line: the schedule and which layers (numbered from 1) each stage's chunks hold."""
-    from ..core.pipeline_parallel import default_schedule, layer_split
     vpp = model_cfg.virtual_pipeline_model_parallel_size or 1
     split = layer_split(model_cfg.num_layers, pp, vpp, model_cfg.decoder_first_pipeline_num_layers,
                         model_cfg.decoder_last_pipeline_num_layers)
