@@ -7,6 +7,7 @@ import torch.distributed as dist
 
 from ..core import fusions
 from .flops import peak_tflops_per_gpu
+from ..core.pipeline_parallel import default_schedule, layer_split
 
 
 def is_logging_rank():
@@ -109,7 +110,6 @@ class TrainingLogger:
 
 def pipeline_summary(model_cfg, pp):
     """One line: the schedule and which layers (numbered from 1) each stage's chunks hold."""
-    from ..core.pipeline_parallel import default_schedule, layer_split
     vpp = model_cfg.virtual_pipeline_model_parallel_size or 1
     split = layer_split(model_cfg.num_layers, pp, vpp, model_cfg.decoder_first_pipeline_num_layers,
                         model_cfg.decoder_last_pipeline_num_layers)

@@ -59,10 +59,10 @@ def evaluate(model, dataset, forward_step, groups, train_cfg, device):
     total = torch.zeros((), device=device)
     tokens = torch.zeros((), device=device)
     g, mb = train_cfg.global_batch_size, train_cfg.micro_batch_size
-    forward_only = get_forward_backward_func()
+    forward_backward_func = get_forward_backward_func()
     for k in range(train_cfg.eval_iters):
         batches = microbatches(dataset, k * g, g, mb, groups.dp_rank, groups.dp_size, device)
-        loss = forward_only(model, batches, forward_step, groups, forward_only=True)
+        loss = forward_backward_func(model, batches, forward_step, groups, forward_only=True)
         if groups.is_last_stage:
             n = global_tokens(batches, groups)
             total += loss * n

@@ -122,6 +122,15 @@ def _tied_embeddings_stay_equal(groups, fails, V):
         fails.append(f"V={V} rank {groups.rank}: embedding never updated")
 
 
+def _uneven_split_places_layers_by_global_number(groups, fails):
+    cfg = dataclasses.replace(_config(2, 4), decoder_first_pipeline_num_layers=1)
+    cfg.validate()
+    model = build_model(_provider, cfg, groups, "cpu")
+    keys = sorted({int(p.init_key.split(".")[2]) for p in model.parameters() if p.init_key.startswith("decoder.layers.")})
+    if (len(model.decoder.layers), keys) != [(1, [0]), (3, [1, 2, 3])][groups.pp_rank]:
+        fails.append(f"uneven 1 + 3 split, rank {groups.rank}: {len(model.decoder.layers)} layers, keys {keys}")
+
+
 def _run(groups, cases):
     torch.manual_seed(0)
     model_parallel_seed(SEED, groups.tp_rank, groups.pp_rank, "cpu")
@@ -129,6 +138,8 @@ def _run(groups, cases):
     for case in cases:
         if case[0] == "tied":
             _tied_embeddings_stay_equal(groups, fails, case[1])
+        elif case[0] == "uneven":
+            _uneven_split_places_layers_by_global_number(groups, fails)
         else:
             _check_schedule(groups, fails, *case)
     return fails
@@ -136,7 +147,7 @@ def _run(groups, cases):
 
 P2_CASES = [("1f1b", 4, None, 4, False), ("1f1b", 4, None, 1, False), ("gpipe", 4, None, 3, True),
             ("interleaved_1f1b", 4, 2, 4, False), ("interleaved_1f1b", 8, 2, 2, True), ("gpipe", 4, 2, 4, False),
-            ("1f1b", 6, None, 3, False), ("tied", None), ("tied", 2)]
+            ("1f1b", 6, None, 3, False), ("tied", None), ("tied", 2), ("uneven",)]
 P4_CASES = [("1f1b", 4, None, 6, False), ("interleaved_1f1b", 8, 2, 8, True), ("tied", None)]
 
 
@@ -145,14 +156,3 @@ def test_pipelined_gradients_equal_one_process(P, cases):
     fails = [f for rank in spawn(P, _run, cases, pp=P, timeout=240) for f in rank]
     assert not fails, "\n".join(fails[:30])
 
-
-def _uneven(groups):
-    cfg = dataclasses.replace(_config(2, 4), decoder_first_pipeline_num_layers=1)
-    cfg.validate()
-    model = build_model(_provider, cfg, groups, "cpu")
-    return len(model.decoder.layers), sorted({p.init_key.split(".")[2] for p in model.parameters()
-                                              if p.init_key.startswith("decoder.layers.")})
-
-
-def test_uneven_split_places_layers_by_global_number():
-    assert spawn(2, _uneven, pp=2) == [(1, ["0"]), (3, ["1", "2", "3"])]

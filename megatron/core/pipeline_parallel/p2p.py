@@ -44,6 +44,8 @@ class P2PCommunicator:
                 raise RuntimeError(
                     f"pipeline {kind} of {tuple(tensor.shape)} {tensor.dtype}: every message between stages "
                     f"must be {self.shape} {self.dtype} (fixed sequence length and micro batch size)")
+            if kind == "send" and not tensor.is_contiguous():  # NCCL sends contiguous memory only
+                tensor = tensor.contiguous()
             fn = dist.isend if kind == "send" else dist.irecv
             p2p_ops.append(dist.P2POp(fn, tensor, self.groups.pp_ranks[peer], self.groups.pp))
         if p2p_ops:
