@@ -6,6 +6,7 @@
 """
 import sys
 
+from megatron.core.checkpointing import CheckpointError, find_checkpoint
 from megatron.core.config import ConfigError
 from megatron.core.models.gpt import GPTModel
 from megatron.core.parallel_state import ParallelConfigError
@@ -32,13 +33,20 @@ def main(argv=None):
         train_cfg.validate(1)  # tokenizer choice; re-checked with the real DP size below
         tokenizer = build_tokenizer(train_cfg)
         validate_config(model_cfg, train_cfg, tokenizer.vocab_size)
+        if train_cfg.load:  # a missing, truncated or foreign checkpoint fails before any process group
+            find_checkpoint(train_cfg.load, allow_empty=train_cfg.load == train_cfg.save)
         groups, device = initialize_distributed(model_cfg, train_cfg)
         datasets = build_datasets(train_cfg, model_cfg, tokenizer)
-    except (ConfigError, ParallelConfigError) as e:
+    except (ConfigError, ParallelConfigError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step, datasets,
-             type(tokenizer).__name__)
+    try:
+        pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step, datasets,
+                 type(tokenizer).__name__)
+    except CheckpointError as e:  # found by every rank alike (e.g. a shape mismatch)
+        if groups.rank == 0:
+            print(f"error: {e}", file=sys.stderr)
+        return 2
     shutdown()
     return 0
 
