@@ -8,9 +8,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 LOSS_RE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?\| lm loss: ([0-9.Ee+-]+|nan) \|")
 
 
-def run_cli(args, nproc=1, script="pretrain_gpt.py", timeout=600, check=True):
+def run_cli(args, nproc=1, script="pretrain_gpt.py", timeout=600, check=True, env=None):
     """Run the script; nproc > 1 goes through torchrun --standalone. Returns CompletedProcess."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               **(env or {}))
     if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", script]
     else:

@@ -93,3 +93,90 @@ def test_checkpoint_loads_into_another_layout(layout, tmp_path_factory):
         want = ref["losses"][it]
         rel = abs(got[it] - want) / abs(want)
         assert rel <= tol, f"{layout}: iteration {it} loss {got[it]} vs uninterrupted {want} ({rel:.2e})"
+
+
+@pytest.mark.slow
+def test_kill_during_save_keeps_last_good_checkpoint(tmp_path, tmp_path_factory):
+    ref = straight(tmp_path_factory)
+    d = str(tmp_path / "ck")
+    env = {"MEGATRON_CKPT_TEST_FAULT": "4:0"}  # die after writing the rank file of iteration 4
+    proc = run_cli(BASE + ["--save", d, "--save-interval", "2"], check=False, env=env)
+    assert proc.returncode == 43, proc.stderr[-2000:]
+    assert open(os.path.join(d, "latest_checkpointed_iteration.txt")).read() == "2"
+    assert os.path.isdir(os.path.join(d, "iter_0000004.tmp"))
+    got = losses(run_cli(BASE + ["--save", d, "--load", d, "--exit-interval", "4"]).stdout)
+    assert got == {3: ref["losses"][3], 4: ref["losses"][4]}
+    assert open(os.path.join(d, "latest_checkpointed_iteration.txt")).read() == "4"
+    assert sorted(os.listdir(d)) == ["iter_0000002", "iter_0000004", "latest_checkpointed_iteration.txt"]
+
+
+@pytest.mark.slow
+def test_sigterm_saves_and_exits_cleanly(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+    from .cli import REPO
+    d = str(tmp_path / "ck")
+    args = list(BASE)
+    args[args.index("--train-iters") + 1] = "100000"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "pretrain_gpt.py"] + args + ["--save", d, "--exit-signal-handler"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "iteration        2/" in line:
+            proc.send_signal(signal.SIGTERM)
+            break
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert "on SIGTERM" in out
+    it = int(open(os.path.join(d, "latest_checkpointed_iteration.txt")).read())
+    assert it >= 2 and f"iteration {it:8d}/" in "".join(lines) + out
+
+
+def _truncate(root):
+    f = os.path.join(root, "iter_0000008", "rank_00000.pt")
+    with open(f, "r+b") as fh:
+        fh.truncate(os.path.getsize(f) // 2)
+
+
+def _foreign(root):
+    os.makedirs(root)
+    open(os.path.join(root, "config.json"), "w").write("{}")
+
+
+ERRORS = {
+    "missing directory": (lambda d: None, "no such checkpoint directory"),
+    "empty directory": (lambda d: os.makedirs(d), "latest_checkpointed_iteration.txt is missing"),
+    "huggingface directory": (_foreign, "looks like a HuggingFace model"),
+}
+
+
+@pytest.mark.parametrize("case", list(ERRORS))
+def test_unusable_checkpoint_directory_is_a_clear_error(case, tmp_path):
+    from megatron.core.checkpointing import CheckpointError, find_checkpoint
+    make, expected = ERRORS[case]
+    d = str(tmp_path / "ck")
+    make(d)
+    with pytest.raises(CheckpointError, match=expected):
+        find_checkpoint(d)
+
+
+@pytest.mark.slow
+def test_damaged_or_mismatched_checkpoint_is_one_line_error(tmp_path, tmp_path_factory):
+    import shutil
+    d = str(tmp_path / "ck")
+    shutil.copytree(straight(tmp_path_factory)["dir"], d)
+    # another model size: names the tensor and both shapes
+    bigger = list(BASE)
+    bigger[bigger.index("--hidden-size") + 1] = "128"
+    proc = run_cli(bigger + ["--load", d], check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert "has shape [" in proc.stderr and "the model expects [" in proc.stderr, proc.stderr
+    _truncate(d)
+    proc = run_cli(BASE + ["--load", d], check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: ") and "truncated" in proc.stderr, proc.stderr

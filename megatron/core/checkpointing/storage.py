@@ -168,3 +168,12 @@ class CheckpointReader:
         if (key, state) not in self.index:
             raise CheckpointError(f"checkpoint {self.path} has no tensor {key!r} ({state})")
         return assemble(self.index[(key, state)], f"{key!r} ({state})")
+
+
+def save_global_checkpoint(root, pieces, args, iteration=0):
+    """One process writes a whole-tensor checkpoint (converters): rank_00000.pt holds every
+    piece; no optimizer or RNG state, so loading it trains from fresh optimizer state."""
+    begin_save(root, iteration)
+    write_rank_file(root, iteration, 0, {"pieces": pieces})
+    commit(root, iteration, {"consumed_samples": 0, "args": args, "optimizer": None,
+                             "layout": {"tp": 1, "pp": 1, "dp": 1, "vpp": None, "distributed_optimizer": False}}, 1)

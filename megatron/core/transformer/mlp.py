@@ -18,6 +18,7 @@ class MLP(nn.Module):
         super().__init__()
         c = config
         self.swiglu = c.swiglu
+        self.gelu_approximate = "tanh" if c.openai_gelu else "none"
         fc1_out = c.ffn_hidden_size * (2 if c.swiglu else 1)
         self.linear_fc1 = ColumnParallelLinear(
             c.hidden_size, fc1_out, group=tp_group, bias=c.add_bias_linear, init_std=c.init_method_std,
@@ -34,5 +35,5 @@ class MLP(nn.Module):
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
         else:
-            h = F.gelu(h)
+            h = F.gelu(h, approximate=self.gelu_approximate)
         return self.linear_fc2(h)[0]
