@@ -1,4 +1,4 @@
-"""Install with `pip install -e .` (add `[test]` for the test suite).
+"""Install with `pip install -e .` (add `[test]` for the test suite, `[hf]` for HuggingFace conversion).
 
 C++/CUDA extensions in csrc/ are added here as they land; none is required to run.
 """
@@ -12,5 +12,7 @@ setup(
     py_modules=["pretrain_gpt"],
     python_requires=">=3.9",
     install_requires=["torch>=2.4", "numpy", "sentencepiece", "tensorboard"],
-    extras_require={"test": ["pytest", "pytest-timeout"]},
+    # hf: checkpoint conversion to/from HuggingFace (tools/checkpoint/convert.py); the
+    # conversion tests skip without it
+    extras_require={"test": ["pytest", "pytest-timeout", "transformers"], "hf": ["transformers"]},
 )
