@@ -180,3 +180,15 @@ def test_damaged_or_mismatched_checkpoint_is_one_line_error(tmp_path, tmp_path_f
     proc = run_cli(BASE + ["--load", d], check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("error: ") and "truncated" in proc.stderr, proc.stderr
+
+
+@pytest.mark.slow
+def test_finetune_and_no_load_optim(tmp_path_factory):
+    d = straight(tmp_path_factory)["dir"]
+    args = list(BASE)
+    args[args.index("--train-iters") + 1] = "9"
+    out = run_cli(args + ["--load", d, "--no-load-optim", "--no-load-rng"]).stdout
+    assert sorted(losses(out)) == [9] and "optimizer state NOT loaded" in out  # iteration kept
+    args[args.index("--train-iters") + 1] = "2"
+    out = run_cli(args + ["--load", d, "--finetune"]).stdout
+    assert sorted(losses(out)) == [1, 2] and "at iteration 0, 0 consumed samples" in out
