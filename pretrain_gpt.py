@@ -9,7 +9,7 @@
 import os
 import sys
 
-
+from megatron.core.checkpointing import CheckpointError, find_checkpoint
 from megatron.core.config import ConfigError
 from megatron.core.datasets import DatasetError
 from megatron.core.models.gpt import GPTModel
@@ -22,7 +22,7 @@ from megatron.training.log import print_rank_0
 from megatron.training.tokenizer import TokenizerError, build_tokenizer
 from megatron.training.training import pretrain
 
-USER_ERRORS = (ConfigError, ParallelConfigError, DatasetError, TokenizerError)
+USER_ERRORS = (ConfigError, ParallelConfigError, DatasetError, TokenizerError, CheckpointError)
 
 
 def model_provider(config, groups, device, pre_process=True, post_process=True, vp_stage=None):
@@ -51,14 +51,21 @@ def main(argv=None):
             prepare_embedded_data(train_cfg, log=_print_first_rank)
         tokenizer = build_tokenizer(train_cfg)
         validate_config(model_cfg, train_cfg, tokenizer.vocab_size)
+        if train_cfg.load:  # a missing, truncated or foreign checkpoint fails before any process group
+            find_checkpoint(train_cfg.load, allow_empty=train_cfg.load == train_cfg.save)
         groups, device = initialize_distributed(model_cfg, train_cfg)
         datasets = build_datasets(train_cfg, model_cfg, tokenizer)
         for line in describe_datasets(datasets):
             print_rank_0(line)
-        pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step, datasets,
-                 type(tokenizer).__name__)
     except USER_ERRORS as e:  # bad input: one line, no traceback
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step, datasets,
+                 type(tokenizer).__name__)
+    except CheckpointError as e:  # found by every rank alike (e.g. a shape mismatch)
+        if groups.rank == 0:
+            print(f"error: {e}", file=sys.stderr)
         return 2
     shutdown()
     return 0

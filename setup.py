@@ -1,4 +1,4 @@
-"""Install with `pip install -e .` (add `[test]` for the test suite).
+"""Install with `pip install -e .` (add `[test]` for the test suite, `[hf]` for HuggingFace conversion).
 
 Two optional extensions; a failed build of either is a warning, not a failed install:
 - csrc/helpers.cpp (dataset index helpers, pybind11) -> megatron.core.datasets.helpers_cpp;
@@ -79,5 +79,7 @@ setup(
     cmdclass={"build_ext": OptionalBuildExt},
     python_requires=">=3.9",
     install_requires=["torch>=2.4", "numpy", "sentencepiece", "tensorboard"],
-    extras_require={"test": ["pytest", "pytest-timeout"], "hf": ["tokenizers"]},
+    # hf: HuggingFace tokenizers (--tokenizer-type HuggingFaceTokenizer) and checkpoint conversion
+    # (tools/checkpoint/convert.py); the tests that need them skip without them
+    extras_require={"test": ["pytest", "pytest-timeout", "transformers"], "hf": ["tokenizers", "transformers"]},
 )

@@ -70,6 +70,13 @@ class TrainingConfig:
     overlap_grad_reduce: bool = opt(False, "Reduce each gradient bucket asynchronously as soon as it is complete.")
     use_distributed_optimizer: bool = opt(False, "Shard fp32 main parameters and Adam states over data-parallel ranks.")
     overlap_param_gather: bool = opt(False, "With the distributed optimizer, gather parameters during the next forward.")
+    save: Optional[str] = opt(None, "Directory to save checkpoints to.")
+    load: Optional[str] = opt(None, "Directory to load a checkpoint from (any parallel layout).")
+    save_interval: Optional[int] = opt(None, "Save a checkpoint every this many iterations (and at the end).")
+    no_load_optim: bool = opt(False, "Do not load the optimizer state (Adam moments, loss scale).")
+    no_load_rng: bool = opt(False, "Do not load the RNG states.")
+    finetune: bool = opt(False, "Load only the model weights; start at iteration 0 with fresh optimizer and data.")
+    exit_signal_handler: bool = opt(False, "On SIGTERM, save a checkpoint after the current iteration and exit.")
     embedded_corpus_bytes: int = opt(4_000_000, "Bytes of Python standard-library source used by the embedded default corpus.")
     embedded_vocab_size: int = opt(2048, "Pieces of the SentencePiece model trained for the embedded corpus.")
 
@@ -101,6 +108,10 @@ class TrainingConfig:
             raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
         if self.hysteresis < 1 or self.loss_scale_window < 1 or (self.loss_scale is not None and self.loss_scale <= 0):
             raise ConfigError("--hysteresis and --loss-scale-window must be at least 1, --loss-scale positive")
+        if self.save_interval is not None and self.save_interval < 1:
+            raise ConfigError("--save-interval must be at least 1")
+        if self.save_interval and not self.save:
+            raise ConfigError("--save-interval needs --save DIR")
         if self.ddp_bucket_size is not None and self.ddp_bucket_size < 1:
             raise ConfigError("--ddp-bucket-size must be at least 1")
         self._validate_data()

@@ -12,6 +12,7 @@ from ..core.optimizer.grad_scaler import ConstantGradScaler, DynamicGradScaler
 from ..core.optimizer.megatron_optimizer import MegatronOptimizer
 from ..core.pipeline_parallel import default_schedule, get_forward_backward_func, global_tokens
 from ..core.tensor_parallel.initialization import initialize_parameters
+from .checkpointing import Checkpointer
 from .data import microbatches
 from .flops import num_floating_point_operations, peak_tflops_per_gpu
 from .log import TrainingLogger, print_rank_0, startup_summary
@@ -125,16 +126,18 @@ def pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step,
     model, ddp, optimizer, scheduler = setup_model_and_optimizer(model_cfg, t, groups, device, model_provider)
     startup_summary(model, model_cfg, t, groups, device, tokenizer_name,
                     ddp.memory_bytes() + (optimizer.memory_bytes(),))
+    ckpt = Checkpointer(model_cfg, t, model, optimizer, groups, device)
+    iteration, consumed = ckpt.load()
     train_ds, valid_ds = datasets
     peak = peak_tflops_per_gpu(device, model_cfg.params_dtype)
     logger = TrainingLogger(t.train_iters, t.tensorboard_dir, peak[1] if peak else None)
     flops = num_floating_point_operations(model_cfg, t.global_batch_size)
     print_rank_0(f"> training for {t.train_iters} iterations ({len(train_ds)} samples per epoch)")
-    consumed, history = 0, []
+    history = []
     forward_backward_func = get_forward_backward_func()
     model.train()
-    trace_iter = min(2, t.train_iters) if t.pipeline_trace else None  # 2: past first-call costs
-    for iteration in range(1, t.train_iters + 1):
+    trace_iter = min(iteration + 2, t.train_iters) if t.pipeline_trace else None  # +2: past first-call costs
+    for iteration in range(iteration + 1, t.train_iters + 1):
         batches = microbatches(train_ds, consumed, t.global_batch_size, t.micro_batch_size,
                                groups.dp_rank, groups.dp_size, device)
         trace = [] if iteration == trace_iter else None
@@ -153,9 +156,12 @@ def pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step,
         if t.eval_iters > 0 and (iteration % t.eval_interval == 0 or iteration == t.train_iters):
             logger.log_validation(iteration, evaluate(model, valid_ds, forward_step, groups, t, device))
             logger.reset_timer()  # evaluation time is not training time
+        if ckpt.after_iteration(iteration, consumed):
+            break
         if t.exit_interval and iteration % t.exit_interval == 0:
             print_rank_0(f"> exiting at iteration {iteration} (--exit-interval {t.exit_interval})")
             break
     ddp.finish_param_sync()
+    ckpt.finish(iteration, consumed)
     logger.close()
     return model, history

@@ -16,8 +16,8 @@ def select(enabled, device, dtype):
     return "csrc" if enabled and csrc_ok(device, dtype) else "torch"
 
 
-def torch_bias_gelu(x, bias=None):
-    return F.gelu(x if bias is None else x + bias)
+def torch_bias_gelu(x, bias=None, approximate="none"):
+    return F.gelu(x if bias is None else x + bias, approximate=approximate)
 
 
 def torch_bias_swiglu(x, bias=None):
@@ -48,11 +48,12 @@ def _csrc_fits(x, bias):
     return csrc_ok_for(x, bias) and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous()))
 
 
-def bias_gelu(x, bias=None, impl="torch"):
-    """gelu(x + bias); x [..., f], bias [f] or None."""
-    if impl == "csrc" and _csrc_fits(x, bias):
+def bias_gelu(x, bias=None, impl="torch", approximate="none"):
+    """gelu(x + bias); x [..., f], bias [f] or None. approximate="tanh" (--openai-gelu, GPT-2's)
+    always takes the torch path: the kernel computes the exact (erf) GeLU."""
+    if impl == "csrc" and approximate == "none" and _csrc_fits(x, bias):
         return _CsrcBiasAct.apply(x, bias, False)
-    return torch_bias_gelu(x, bias)
+    return torch_bias_gelu(x, bias, approximate)
 
 
 def bias_swiglu(x, bias=None, impl="torch"):

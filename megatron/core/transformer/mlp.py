@@ -22,6 +22,7 @@ class MLP(nn.Module):
         self.swiglu = c.swiglu
         fused = c.bias_swiglu_fusion if c.swiglu else c.bias_gelu_fusion
         self.activation_impl = activations.select(fused, device or "cpu", c.params_dtype)
+        self.gelu_approximate = "tanh" if c.openai_gelu else "none"
         fc1_out = c.ffn_hidden_size * (2 if c.swiglu else 1)
         self.linear_fc1 = ColumnParallelLinear(
             c.hidden_size, fc1_out, group=tp_group, bias=c.add_bias_linear, init_std=c.init_method_std,
@@ -35,5 +36,8 @@ class MLP(nn.Module):
 
     def forward(self, x):
         h, bias = self.linear_fc1(x)  # bias is None unless the activation adds it
-        activation = activations.bias_swiglu if self.swiglu else activations.bias_gelu
-        return self.linear_fc2(activation(h, bias, self.activation_impl))[0]
+        if self.swiglu:
+            h = activations.bias_swiglu(h, bias, self.activation_impl)
+        else:
+            h = activations.bias_gelu(h, bias, self.activation_impl, self.gelu_approximate)
+        return self.linear_fc2(h)[0]

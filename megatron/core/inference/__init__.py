@@ -1,0 +1,1 @@
+"""Text generation from checkpoints (KV cache, greedy and sampled decoding)."""

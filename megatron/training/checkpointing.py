@@ -1,0 +1,216 @@
+"""Save and load training state (--save/--load/--save-interval/--finetune/--no-load-optim/
+--no-load-rng/--exit-signal-handler) in the layout-free format of megatron/core/checkpointing.
+
+What is saved: every parameter as its fp32 master value ("param"), Adam's exp_avg and
+exp_avg_sq per parameter, Adam's step count and the loss scaler's state, the RNG states of
+every rank, the iteration and consumed samples (data resumes at the next sample), and the
+arguments. The LR schedule is a function of the iteration, so it needs no state.
+
+Who writes what (no piece is written twice): the optimizer's pieces (whole parameters, or
+DP-sharded flat ranges with the distributed optimizer) are written by their owner; with
+the plain optimizer only DP rank 0 writes; TP-replicated tensors (norms, row-parallel
+biases) only TP rank 0; the last pipeline stage's tied copy of word_embeddings.weight
+(same init_key as the first stage's) is never written.
+"""
+import dataclasses
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
+from ..core.checkpointing import (CheckpointError, CheckpointReader, begin_save, commit, find_checkpoint,
+                                  local_shard, make_piece, rank_file, write_rank_file)
+from ..core.tensor_parallel.random import get_rng_tracker
+from .log import print_rank_0
+
+
+def _tied_copies(model):
+    """ids of parameters that duplicate another stage's (the last stage's word embeddings)."""
+    return {id(m.word_embeddings.weight) for m in model.modules()
+            if getattr(m, "pre_process", True) is False and hasattr(m, "word_embeddings")}
+
+
+def _writes(piece, groups, sharded, skip):
+    p = piece.param
+    if id(p) in skip or (not sharded and groups.dp_rank != 0):
+        return False
+    return getattr(p, "tensor_model_parallel", False) or groups.tp_rank == 0
+
+
+def _config_dict(cfg):
+    return {k: (str(v) if isinstance(v, torch.dtype) else v) for k, v in dataclasses.asdict(cfg).items()}
+
+
+def _layout(groups, train_cfg):
+    return {"tp": groups.tp_size, "pp": groups.pp_size, "dp": groups.dp_size, "vpp": groups.vpp_size,
+            "distributed_optimizer": bool(train_cfg.use_distributed_optimizer)}
+
+
+def _rng_state(device):
+    state = {"torch": torch.get_rng_state(), "tracker": get_rng_tracker().get_states()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def save_checkpoint(root, iteration, consumed, model, optimizer, groups, model_cfg, train_cfg, device):
+    """Every rank calls this (collective: barriers on the default group).
+
+    Writes root/iter_XXXXXXX/rank_RRRRR.pt from each rank, then rank 0 commits atomically.
+    """
+    start = time.perf_counter()
+    tp_rank, tp = groups.tp_rank, groups.tp_size
+    skip = _tied_copies(model)
+    pieces = []
+    for pc in optimizer.pieces:
+        if not _writes(pc, groups, optimizer.sharded, skip):
+            continue
+        state = optimizer.optimizer.state[pc.main]
+        for name, value in (("param", pc.main), ("exp_avg", state["exp_avg"]), ("exp_avg_sq", state["exp_avg_sq"])):
+            pieces.append(make_piece(pc.param.init_key, name, pc.param, tp_rank, tp, pc.lo, pc.hi, value))
+    if groups.rank == 0:
+        begin_save(root, iteration)
+    dist.barrier()
+    write_rank_file(root, iteration, groups.rank, {"pieces": pieces, "rng": _rng_state(device)})
+    dist.barrier()
+    if groups.rank == 0:
+        steps = [optimizer.optimizer.state[pc.main]["step"] for pc in optimizer.pieces]
+        scaler = optimizer.grad_scaler
+        commit(root, iteration, {
+            "consumed_samples": consumed,
+            "args": {"model": _config_dict(model_cfg), "training": _config_dict(train_cfg)},
+            "layout": _layout(groups, train_cfg),
+            "optimizer": {"step": float(steps[0]) if steps else 0.0,
+                          "grad_scaler": scaler.state_dict() if hasattr(scaler, "state_dict") else None},
+        }, groups.world_size)
+    dist.barrier()
+    print_rank_0(f"> saved checkpoint at iteration {iteration} to {root} ({time.perf_counter() - start:.1f} s)")
+
+
+def _check_keys(reader, model):
+    """Every model tensor is in the checkpoint, and every checkpoint tensor in the model
+    (the union over all ranks: a pipeline stage holds only its layers)."""
+    mine = {p.init_key for p in model.parameters()}
+    for key in sorted(mine):
+        if not reader.has(key):
+            raise CheckpointError(f"checkpoint {reader.path} has no tensor {key!r} "
+                                  "(was it saved with other model flags?)")
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, sorted(mine))
+    extra = set(reader.keys()) - set().union(*map(set, every))
+    if extra:
+        raise CheckpointError(f"checkpoint tensor {sorted(extra)[0]!r} is not in the model "
+                              f"({len(extra)} such; was it saved with other model flags?)")
+
+
+@torch.no_grad()
+def load_checkpoint(path, model, optimizer, groups, train_cfg, device):
+    """Load a validated checkpoint directory into this rank's shards (any layout).
+
+    Returns (iteration, consumed samples), both 0 with --finetune.
+    """
+    t = train_cfg
+    reader = CheckpointReader(path)
+    meta = reader.metadata
+    _check_keys(reader, model)
+    load_optim = not (t.finetune or t.no_load_optim) and meta.get("optimizer") is not None \
+        and all(reader.has(k, "exp_avg") for k in reader.keys())
+    pieces_of = {}
+    for pc in optimizer.pieces:
+        pieces_of.setdefault(id(pc.param), []).append(pc)
+    tp_rank, tp = groups.tp_rank, groups.tp_size
+    for p in model.parameters():  # shapes are checked (local_shard) before anything changes
+        local_shard(torch.empty(reader.shape(p.init_key), device="meta"), p, tp_rank, tp)
+    for p in model.parameters():
+        value = local_shard(reader.global_tensor(p.init_key), p, tp_rank, tp)
+        p.data.copy_(value)
+        states = {"param": value}
+        if load_optim:
+            for s in ("exp_avg", "exp_avg_sq"):
+                states[s] = local_shard(reader.global_tensor(p.init_key, s), p, tp_rank, tp)
+        for pc in pieces_of.get(id(p), []):
+            pc.main.data.copy_(states["param"].reshape(-1)[pc.lo:pc.hi])
+            if load_optim:
+                st = optimizer.optimizer.state[pc.main]
+                st["exp_avg"].copy_(states["exp_avg"].reshape(-1)[pc.lo:pc.hi])
+                st["exp_avg_sq"].copy_(states["exp_avg_sq"].reshape(-1)[pc.lo:pc.hi])
+                st["step"].fill_(meta["optimizer"]["step"])
+    scaler_state = (meta.get("optimizer") or {}).get("grad_scaler")
+    if load_optim and scaler_state and hasattr(optimizer.grad_scaler, "load_state_dict"):
+        optimizer.grad_scaler.load_state_dict(scaler_state)
+    _maybe_load_rng(reader, meta, groups, t, device)
+    iteration, consumed = (0, 0) if t.finetune else (meta["iteration"], meta["consumed_samples"])
+    print_rank_0(f"> loaded checkpoint {path} (saved at {meta['layout']}) at iteration {iteration}, "
+                 f"{consumed} consumed samples; optimizer state {'loaded' if load_optim else 'NOT loaded'}")
+    return iteration, consumed
+
+
+def _maybe_load_rng(reader, meta, groups, t, device):
+    if t.finetune or t.no_load_rng:
+        return
+    saved = meta["layout"]
+    same = (saved["tp"], saved["pp"], saved["dp"]) == (groups.tp_size, groups.pp_size, groups.dp_size)
+    rng = reader.rank_payloads.get(rank_file(groups.rank), {}).get("rng") if same else None
+    if rng is None:
+        # per-rank dropout streams do not map onto another layout; the seeds restart them
+        print_rank_0("> RNG states not restored (the layout differs from the checkpoint's)")
+        return
+    torch.set_rng_state(rng["torch"])
+    get_rng_tracker().set_states(rng["tracker"])
+    if device.type == "cuda" and "cuda" in rng:
+        torch.cuda.set_rng_state(rng["cuda"], device)
+
+
+class Checkpointer:
+    """The few calls pretrain() makes: load() once, after_iteration() each iteration,
+    finish() at the end. Holds the SIGTERM flag of --exit-signal-handler."""
+
+    def __init__(self, model_cfg, train_cfg, model, optimizer, groups, device):
+        self.model_cfg, self.t, self.model, self.optimizer = model_cfg, train_cfg, model, optimizer
+        self.groups, self.device = groups, device
+        self.last_saved = None
+        self._signalled = False
+        if train_cfg.exit_signal_handler:
+            signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, signum, frame):
+        self._signalled = True  # acted on after the current iteration, on every rank at once
+
+    def load(self):
+        """(iteration, consumed samples) to start from: (0, 0) without --load or checkpoint."""
+        t = self.t
+        if not t.load:
+            return 0, 0
+        path = find_checkpoint(t.load, allow_empty=(t.load == t.save))
+        if path is None:
+            print_rank_0(f"> no checkpoint in {t.load}: training from scratch")
+            return 0, 0
+        it, consumed = load_checkpoint(path, self.model, self.optimizer, self.groups, t, self.device)
+        self.last_saved = it
+        return it, consumed
+
+    def save(self, iteration, consumed):
+        save_checkpoint(self.t.save, iteration, consumed, self.model, self.optimizer, self.groups,
+                        self.model_cfg, self.t, self.device)
+        self.last_saved = iteration
+
+    def after_iteration(self, iteration, consumed):
+        """Save on --save-interval; True when a SIGTERM arrived (saved, stop training)."""
+        t = self.t
+        if t.save and t.save_interval and iteration % t.save_interval == 0:
+            self.save(iteration, consumed)
+        if t.exit_signal_handler:
+            flag = torch.tensor([float(self._signalled)], device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same iteration
+            if flag.item() > 0:
+                if t.save and self.last_saved != iteration:
+                    self.save(iteration, consumed)
+                print_rank_0(f"> exiting at iteration {iteration} on SIGTERM (--exit-signal-handler)")
+                return True
+        return False
+
+    def finish(self, iteration, consumed):
+        """Save the final state unless it was just saved."""
+        if self.t.save and iteration > 0 and self.last_saved != iteration:
+            self.save(iteration, consumed)
