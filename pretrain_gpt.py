@@ -9,7 +9,7 @@
 import os
 import sys
 
-from megatron.core.checkpointing import CheckpointError, find_checkpoint
+from megatron.core.checkpointing import CheckpointError, find_checkpoint, same_dir
 from megatron.core.config import ConfigError
 from megatron.core.datasets import DatasetError
 from megatron.core.models.gpt import GPTModel
@@ -52,7 +52,7 @@ def main(argv=None):
         tokenizer = build_tokenizer(train_cfg)
         validate_config(model_cfg, train_cfg, tokenizer.vocab_size)
         if train_cfg.load:  # a missing, truncated or foreign checkpoint fails before any process group
-            find_checkpoint(train_cfg.load, allow_empty=train_cfg.load == train_cfg.save)
+            find_checkpoint(train_cfg.load, allow_empty=same_dir(train_cfg.load, train_cfg.save))
         groups, device = initialize_distributed(model_cfg, train_cfg)
         datasets = build_datasets(train_cfg, model_cfg, tokenizer)
         for line in describe_datasets(datasets):

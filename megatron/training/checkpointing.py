@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.checkpointing import (CheckpointError, CheckpointReader, begin_save, commit, find_checkpoint,
-                                  local_shard, make_piece, rank_file, write_rank_file)
+                                  local_shard, make_piece, rank_file, same_dir, write_rank_file)
 from ..core.tensor_parallel.random import get_rng_tracker
 from .log import print_rank_0
 
@@ -182,7 +182,7 @@ class Checkpointer:
         t = self.t
         if not t.load:
             return 0, 0
-        path = find_checkpoint(t.load, allow_empty=(t.load == t.save))
+        path = find_checkpoint(t.load, allow_empty=same_dir(t.load, t.save))
         if path is None:
             print_rank_0(f"> no checkpoint in {t.load}: training from scratch")
             return 0, 0

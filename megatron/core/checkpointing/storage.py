@@ -83,6 +83,11 @@ def commit(root, iteration, metadata, world_size):
     _fsync_dir(root)
 
 
+def same_dir(a, b):
+    """--load and --save name the same directory (the resume-or-start pattern)."""
+    return bool(a and b) and os.path.realpath(a) == os.path.realpath(b)
+
+
 def find_checkpoint(root, allow_empty=False):
     """The directory of the checkpoint the tracker names, fully validated, or None when
     `allow_empty` and `root` holds no checkpoint at all. Raises CheckpointError with a
