@@ -56,7 +56,7 @@ class TrainingConfig:
     distributed_backend: Optional[str] = opt(None, "Collective backend (default nccl with CUDA, else gloo).",
                                              choices=["nccl", "gloo"])
     embedded_corpus_bytes: int = opt(4_000_000, "Bytes of Python standard-library source used by the embedded default corpus.")
-    embedded_vocab_size: int = opt(2048, "Pieces of the SentencePiece model trained for the embedded corpus.")
+    embedded_vocab_size: int = opt(1024, "Pieces of the SentencePiece model trained for the embedded corpus.")
 
     def validate(self, dp_size: int) -> None:
         f = lambda n: flag_of(TrainingConfig, n)  # noqa: E731

@@ -32,6 +32,7 @@ CASES = {
     "bad integer": (["--num-layers", "two"], "argument --num-layers: invalid int value: 'two'"),
     "unknown flag": (["--num-layer", "2"], "unrecognized arguments: --num-layer"),
     "null tokenizer without vocab": (["--mock-data"], "--tokenizer-type NullTokenizer needs --vocab-size"),
+    "unwritable cache": (["--data-cache-path", "/proc/megatron-3d-cache"], "cannot write the embedded corpus under"),
 }
 
 
