@@ -1,6 +1,6 @@
 """Data pipeline benchmark: C++ index helpers against their numpy references, preprocess throughput.
 
-    PYTHONPATH=. python bench/data.py [--docs 100000 --tokens 50000000] [--text-mb 8] [--append]
+    PYTHONPATH=. python bench/data.py [--docs 100000 --tokens 50000000] [--text-mb 12] [--append]
 
 1. Sample index for D documents / T tokens (1 epoch, seq 2048 and 128): C++ vs the numpy reference (ratio),
    and the blending index (3 datasets, 200k samples): C++ vs the Python reference.
@@ -55,7 +55,7 @@ def bench_indices(num_docs, num_tokens, rows):
     rows.append(("blending index", "3 datasets, 200,000 samples", run["cpp"][0], run["numpy"][0]))
 
 
-def bench_preprocess(text_mb, folder, rows):
+def bench_preprocess(text_mb, folder, rows, repeats=3):
     from megatron.core.datasets.text_corpus import stdlib_documents
     from tests.data_utils import make_gpt2_files, make_sentencepiece, write_jsonl
     texts = [d.decode("utf-8", errors="replace") for d in stdlib_documents(int(text_mb * 1e6))]
@@ -71,19 +71,23 @@ def bench_preprocess(text_mb, folder, rows):
             cmd = [sys.executable, os.path.join(REPO, "tools", "preprocess_data.py"), "--input", jsonl,
                    "--output-prefix", os.path.join(folder, f"out-{workers}"), "--tokenizer-type", name, *flags,
                    "--append-eod", "--workers", str(workers), "--log-interval", "0"]
-            t = time.perf_counter()
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-            wall = time.perf_counter() - t
-            m = re.search(r"processed (\d+) documents, (\d+) tokens \(.*?, ([0-9.]+) MB/s, (\d+) tokens/s\)",
-                          proc.stderr)
-            rows.append((name, workers, int(m.group(2)), mb, float(m.group(4)), float(m.group(3)), wall))
+            best = None
+            for _ in range(repeats):  # the best of a few runs: the least disturbed by other load
+                t = time.perf_counter()
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+                wall = time.perf_counter() - t
+                m = re.search(r"processed (\d+) documents, (\d+) tokens \(.*?, ([0-9.]+) MB/s, (\d+) tokens/s\)",
+                              proc.stderr)
+                row = (name, workers, int(m.group(2)), mb, float(m.group(4)), float(m.group(3)), wall)
+                best = row if best is None or row[4] > best[4] else best
+            rows.append(best)
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--docs", type=int, default=100_000)
     p.add_argument("--tokens", type=int, default=50_000_000)
-    p.add_argument("--text-mb", type=float, default=8.0)
+    p.add_argument("--text-mb", type=float, default=12.0, help="stdlib source to use (all of it is about 12 MB)")
     p.add_argument("--append", action="store_true", help="append to the results file")
     args = p.parse_args()
     if helpers.helpers_cpp is None:
@@ -98,7 +102,7 @@ def main():
         f"- command: `PYTHONPATH=. python bench/data.py {' '.join(sys.argv[1:])}`".replace(" `", " `"),
         f"- machine: {platform.machine()}, {os.cpu_count()} CPUs (shared; load average at the end "
         f"{os.getloadavg()[0]:.1f}), python {platform.python_version()}, numpy {np.__version__}",
-        "- timing: best of 7 (sample index) / 3 (blending) runs; preprocess: one run each, the tool's own rate",
+        "- timing: best of 7 (sample index) / 3 (blending) runs; preprocess: best of 3 runs, the tool's own rate",
         "", "| index | size | C++ s | numpy s | numpy / C++ |", "|---|---|---:|---:|---:|"]
     lines += [f"| {n} | {s} | {c:.4f} | {r:.4f} | {r / c:.1f}x |" for n, s, c, r in idx_rows]
     lines += ["", "| tokenizer | workers | tokens | input MB | tokens/s | MB/s | wall s |", "|---|---:|---:|---:|---:|---:|---:|"]

@@ -13,6 +13,7 @@ skipped and counted.
 """
 import argparse
 import multiprocessing
+import multiprocessing.connection
 import os
 import sys
 
@@ -57,9 +58,11 @@ def _run_partition(args, i, start, stop, conn):
 
 
 def _remove_dataset(prefix):
+    """The dataset and whatever a stopped writer left (its .partial files)."""
     for path in (data_file_path(prefix), index_file_path(prefix)):
-        if os.path.exists(path):
-            os.remove(path)
+        for suffix in ("", ".partial", ".sizes.partial", ".docs.partial"):
+            if os.path.exists(path + suffix):
+                os.remove(path + suffix)
 
 
 def run_partitions(args, dtype):
@@ -69,29 +72,38 @@ def run_partitions(args, dtype):
         recv, send = multiprocessing.Pipe(duplex=False)
         proc = multiprocessing.Process(target=_run_partition, args=(args, i, start, stop, send))
         proc.start()
+        send.close()  # the child holds the sending end; EOF here means it died
         procs.append(proc)
         conns.append(recv)
-    results = []
-    for proc, conn in zip(procs, conns):
-        try:
-            results.append(conn.recv())
-        except EOFError:
-            results.append((False, f"a partition process died (exit code {proc.exitcode})"))
-        if not results[-1][0]:  # stop the others: the run has failed
-            for other in procs:
-                other.terminate()
-            break
+    results, waiting = [None] * len(procs), dict(zip(conns, range(len(procs))))
+    while waiting:  # results as they come: the first failure stops the others at once
+        for conn in multiprocessing.connection.wait(list(waiting)):
+            i = waiting.pop(conn)
+            try:
+                results[i] = conn.recv()
+            except EOFError:
+                procs[i].join()
+                results[i] = (False, f"partition {i + 1} died (exit code {procs[i].exitcode})")
+            if not results[i][0]:
+                for proc in procs:
+                    proc.terminate()
+                waiting = {}
+                break
     for proc in procs:
         proc.join()
     parts = [output_prefix_for(f"{args.output_prefix}.part{i}", k) for i in range(len(bounds)) for k in args.json_keys]
     try:
-        for ok, payload in results:
-            if not ok:
-                raise RuntimeError(payload)
+        for result in results:
+            if result is not None and not result[0]:
+                raise RuntimeError(result[1])
         for key in args.json_keys:  # join the parts in input order
             builder = IndexedDatasetBuilder(output_prefix_for(args.output_prefix, key), dtype)
-            for i in range(len(bounds)):
-                builder.add_index(output_prefix_for(f"{args.output_prefix}.part{i}", key))
+            try:
+                for i in range(len(bounds)):
+                    builder.add_index(output_prefix_for(f"{args.output_prefix}.part{i}", key))
+            except BaseException:
+                builder.abort()
+                raise
             builder.finalize()
     finally:
         for prefix in parts:

@@ -78,7 +78,7 @@ class TrainingConfig:
     finetune: bool = opt(False, "Load only the model weights; start at iteration 0 with fresh optimizer and data.")
     exit_signal_handler: bool = opt(False, "On SIGTERM, save a checkpoint after the current iteration and exit.")
     embedded_corpus_bytes: int = opt(4_000_000, "Bytes of Python standard-library source used by the embedded default corpus.")
-    embedded_vocab_size: int = opt(2048, "Pieces of the SentencePiece model trained for the embedded corpus.")
+    embedded_vocab_size: int = opt(1024, "Pieces of the SentencePiece model trained for the embedded corpus.")
 
     def validate(self, dp_size: int) -> None:
         f = lambda n: flag_of(TrainingConfig, n)  # noqa: E731

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..core.datasets.index_cache import default_cache_root, file_lock
 from ..core.datasets.indexed_builder import IndexedDatasetBuilder
-from ..core.datasets.indexed_dataset import data_file_path, index_file_path, optimal_dtype
+from ..core.datasets.indexed_dataset import DatasetError, data_file_path, index_file_path, optimal_dtype
 from ..core.datasets.text_corpus import stdlib_documents
 from .tokenizer import build_tokenizer, train_sentencepiece
 
@@ -65,7 +65,15 @@ def prepare_embedded_data(cfg, log=print):
     root = cfg.data_cache_path or default_cache_root()
     key = _md5(CORPUS_FORMAT, sys.version_info[:3], sysconfig.get_paths()["stdlib"], cfg.embedded_corpus_bytes)
     folder = os.path.join(root, "embedded", key[:16])
-    os.makedirs(folder, exist_ok=True)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        return _prepare(cfg, folder, log)
+    except OSError as e:
+        raise DatasetError(f"cannot write the embedded corpus under {root} ({e.strerror or e}); point "
+                           "--data-cache-path at a writable directory") from None
+
+
+def _prepare(cfg, folder, log):
     start, built, docs = time.perf_counter(), [], None
     with file_lock(os.path.join(folder, ".lock")):  # one process per machine builds; the others wait
         if cfg.tokenizer_type in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer") and not cfg.tokenizer_model:

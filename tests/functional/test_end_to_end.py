@@ -1,6 +1,7 @@
 """The README's main job and the CPU recipe, run as a user would."""
 import glob
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -13,10 +14,9 @@ from .cli import REPO, losses, run_cli
 @pytest.mark.slow
 def test_default_run_builds_its_data_and_trains_within_three_minutes(tmp_path):
     # an empty cache: the one-time build (corpus, SentencePiece model, .bin/.idx, indices) is timed too
-    busy = os.getloadavg()[0] > os.cpu_count()  # other jobs on the cores: time is not ours
-    start = time.time()
-    proc = run_cli([], timeout=400, env={"XDG_CACHE_HOME": str(tmp_path)})
-    elapsed = time.time() - start
+    start, cpu_start = time.time(), _children_cpu()
+    proc = run_cli([], timeout=600, env={"XDG_CACHE_HOME": str(tmp_path)})
+    elapsed, cpu = time.time() - start, _children_cpu() - cpu_start
     got = losses(proc.stdout)
     assert max(got) == 200
     assert got[200] < got[10] - 1.0, got  # the loss visibly falls
@@ -25,7 +25,17 @@ def test_default_run_builds_its_data_and_trains_within_three_minutes(tmp_path):
     assert "index built" in proc.stdout
     assert "SentencePieceTokenizer" in proc.stdout and "parameters per rank" in proc.stdout
     assert glob.glob(str(tmp_path / "megatron-3d" / "embedded" / "*" / "*_text_document.idx"))
-    assert busy or elapsed < 180, f"took {elapsed:.0f} s"
+    # The budget is 3 minutes on 2 cores. When other work crowds the cores (load average well above
+    # the CPU count) wall time says little about this run; its CPU time (one thread) then stands in.
+    load, cores = os.getloadavg()[0], os.cpu_count()
+    crowded = load > 1.5 * cores
+    assert elapsed < 180 or (crowded and cpu < 180), \
+        f"took {elapsed:.0f} s wall, {cpu:.0f} s CPU (load average {load:.1f} on {cores} CPUs)"
+
+
+def _children_cpu():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 @pytest.mark.slow

@@ -52,6 +52,7 @@ CASES = {
                                       "--recompute-granularity full"),
     "too many recomputed layers": (["--recompute-granularity", "full", "--recompute-num-layers", "9"],
                                    "--recompute-num-layers (9) must be between 1 and --num-layers (4)"),
+    "unwritable cache": (["--data-cache-path", "/proc/megatron-3d-cache"], "cannot write the embedded corpus under"),
 }
 
 

@@ -12,6 +12,7 @@ Epochs are added until num_samples samples fit. If the last epoch would be used 
 80% of its samples, it is shuffled separately (so the partial epoch is a uniform subset).
 Nothing depends on the rank or the data-parallel size.
 """
+import hashlib
 from dataclasses import dataclass
 from typing import Optional
 
@@ -53,7 +54,8 @@ class GPTDataset:
                                f"holds {self.tokens_per_epoch} tokens, too few for one sample")
         self.description = {
             "class": "GPTDataset", "format": INDEX_FORMAT, "data": fingerprint(indexed), "split": split,
-            "documents": [int(self.documents[0]), int(self.documents[-1]) + 1, len(self.documents)],
+            "documents": [int(self.documents[0]), int(self.documents[-1]) + 1, len(self.documents),
+                          hashlib.md5(self.documents.tobytes()).hexdigest()],
             "num_samples": self.num_samples, "seq_length": config.seq_length, "seed": config.seed,
             "add_extra_token": config.add_extra_token}
         arrays, self.cache_key, self.built = build_or_load(

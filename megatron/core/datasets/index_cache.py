@@ -28,7 +28,9 @@ def default_cache_root():
 
 def fingerprint(indexed):
     """What identifies an indexed dataset's content, cheaply: header values, file sizes and an md5
-    of its .idx (the whole file up to 64 MiB, else its first and last 8 MiB)."""
+    of its .idx (the whole file up to 64 MiB, else its first and last 8 MiB). Computed once per object."""
+    if getattr(indexed, "_fingerprint", None) is not None:
+        return indexed._fingerprint
     idx = indexed.path_prefix + ".idx"
     size = os.path.getsize(idx)
     md5 = hashlib.md5()
@@ -39,8 +41,9 @@ def fingerprint(indexed):
             md5.update(fh.read(8 << 20))
             fh.seek(size - (8 << 20))
             md5.update(fh.read())
-    return {"idx_bytes": size, "bin_bytes": os.path.getsize(indexed.bin_path), "idx_md5": md5.hexdigest(),
-            "dtype": indexed.dtype.name, "sequences": len(indexed)}
+    indexed._fingerprint = {"idx_bytes": size, "bin_bytes": os.path.getsize(indexed.bin_path),
+                            "idx_md5": md5.hexdigest(), "dtype": indexed.dtype.name, "sequences": len(indexed)}
+    return indexed._fingerprint
 
 
 def description_hash(description):
