@@ -114,7 +114,8 @@ DATA_CASES = {
 @pytest.mark.parametrize("case", list(DATA_CASES))
 def test_bad_data_is_one_clear_line(data, case):
     make_args, expected = DATA_CASES[case]
-    proc = run_cli(make_args(*data), check=False, timeout=120)
+    # index caches go to the test's folder, not the user's ~/.cache
+    proc = run_cli(make_args(*data), check=False, timeout=120, env={"XDG_CACHE_HOME": str(data[0] / "cache")})
     assert_one_line_error(proc, expected)
     assert "iteration" not in proc.stdout
 
