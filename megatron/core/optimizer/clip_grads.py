@@ -37,10 +37,14 @@ def get_grad_norm(params, groups):
     return global_norm(grads, [groups.mp], next(iter(params)).device)
 
 
-def clip_grads_(params, max_norm, total_norm):
-    """Scale grads by min(1, max_norm / norm) without a host sync."""
-    grads = [p.grad for p in params if p.grad is not None]
+def clip_by_norm_(grads, max_norm, total_norm):
+    """Scale the tensors in `grads` by min(1, max_norm / total_norm) without a host sync."""
     if max_norm <= 0 or not grads:
         return
     coeff = (max_norm / (total_norm + 1e-6)).clamp(max=1.0)
     torch._foreach_mul_(grads, coeff.to(grads[0].dtype))
+
+
+def clip_grads_(params, max_norm, total_norm):
+    """clip_by_norm_ on the `.grad`s of `params`."""
+    clip_by_norm_([p.grad for p in params if p.grad is not None], max_norm, total_norm)

@@ -10,7 +10,7 @@ copied back into the parameters and, when sharded, each bucket is all-gathered o
 import torch
 import torch.distributed as dist
 
-from .clip_grads import counted_once, global_norm
+from .clip_grads import clip_by_norm_, counted_once, global_norm
 
 
 class _Piece:
@@ -100,9 +100,7 @@ class MegatronOptimizer:
             if overflow:
                 return False, None
         norm = global_norm([g for g, c in zip(grads, self._counted) if c], self._norm_groups(), self.device)
-        if self.clip_grad > 0 and grads:
-            coeff = (self.clip_grad / (norm + 1e-6)).clamp(max=1.0)
-            torch._foreach_mul_(grads, coeff)
+        clip_by_norm_(grads, self.clip_grad, norm)
         self.optimizer.step()
         for pc in self.pieces:
             if pc.param.dtype != torch.float32:
