@@ -66,6 +66,9 @@ class TransformerConfig(ModelParallelConfig):
     rotary_base: int = opt(10000, "Base of the rotary embedding frequencies.")
     normalization: str = opt("LayerNorm", "Normalization layer.", choices=["LayerNorm", "RMSNorm"])
     norm_epsilon: float = opt(1e-5, "Epsilon of the normalization layers.")
+    post_norm: bool = opt(False, "Post-norm layers, x = norm(x + sublayer(x)), as the original Transformer and "
+                          "BERT (and Hugging Face's BertModel): no final norm; BERT also normalises its embeddings. "
+                          "Default pre-norm.")
     swiglu: bool = opt(False, "Use SwiGLU instead of GeLU in the MLP.")
     openai_gelu: bool = opt(False, "Use the tanh approximation of GeLU (GPT-2's gelu_new).")
     add_bias_linear: bool = opt(True, "Disable biases in the linear layers.", flag="--disable-bias-linear")

@@ -41,10 +41,13 @@ def _add_fields(group, cls):
                                nargs=meta.get("nargs"), help=meta["help"] + (f" (default {f.default})" if f.default is not None else ""))
 
 
-def build_parser(description="Pretrain a GPT model.") -> argparse.ArgumentParser:
+def build_parser(description="Pretrain a GPT model.", extra=()) -> argparse.ArgumentParser:
+    """extra: (group title, dataclass) pairs of model-specific options (e.g. BERT's)."""
     parser = _Parser(description=description, allow_abbrev=False)
     _add_fields(parser.add_argument_group("model and parallelism"), TransformerConfig)
     _add_fields(parser.add_argument_group("training, data and logging"), TrainingConfig)
+    for title, cls in extra:
+        _add_fields(parser.add_argument_group(title), cls)
     return parser
 
 
@@ -53,7 +56,8 @@ def _take(cls, ns):
     return cls(**{n: getattr(ns, n) for n in names})
 
 
-def parse_args(argv=None):
-    """argv -> (TransformerConfig, TrainingConfig), not yet validated. Raises ConfigError."""
-    ns = build_parser().parse_args(argv)
-    return _take(TransformerConfig, ns), _take(TrainingConfig, ns)
+def parse_args(argv=None, description="Pretrain a GPT model.", extra=()):
+    """argv -> (TransformerConfig, TrainingConfig, one instance per extra dataclass), not yet
+    validated. extra: (group title, dataclass) pairs. Raises ConfigError."""
+    ns = build_parser(description, extra).parse_args(argv)
+    return (_take(TransformerConfig, ns), _take(TrainingConfig, ns), *(_take(cls, ns) for _, cls in extra))

@@ -63,16 +63,21 @@ def _describe(ds):
             f"{'built' if ds.built else 'loaded from cache'} ({ds.cache_key[:10]})")
 
 
-def microbatches(dataset, consumed, global_batch, micro, dp_rank, dp_size, device):
+def collate_gpt(samples, device):
+    """GPT samples (tokens [s + 1]) -> tokens [b, s], labels [b, s], loss_mask [b, s] (fp32)."""
+    t = torch.from_numpy(np.stack([x["tokens"] for x in samples])).to(device)
+    return {"tokens": t[:, :-1].contiguous(), "labels": t[:, 1:].contiguous(),
+            "loss_mask": torch.ones(t[:, 1:].shape, dtype=torch.float32, device=device)}
+
+
+def microbatches(dataset, consumed, global_batch, micro, dp_rank, dp_size, device, collate=None):
     """This DP rank's microbatches of the global batch starting at sample `consumed`.
 
-    Each is a dict of tokens [micro, s], labels [micro, s], loss_mask [micro, s] (fp32).
+    Each is collate(samples, device) (default collate_gpt: tokens, labels, loss_mask).
     """
+    collate = collate or collate_gpt
     out = []
     for start in range(consumed, consumed + global_batch, micro * dp_size):
         first = start + dp_rank * micro
-        tokens = np.stack([dataset[i % len(dataset)]["tokens"] for i in range(first, first + micro)])
-        t = torch.from_numpy(tokens).to(device)
-        out.append({"tokens": t[:, :-1].contiguous(), "labels": t[:, 1:].contiguous(),
-                    "loss_mask": torch.ones(t[:, 1:].shape, dtype=torch.float32, device=device)})
+        out.append(collate([dataset[i % len(dataset)] for i in range(first, first + micro)], device))
     return out

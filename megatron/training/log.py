@@ -61,28 +61,34 @@ class TrainingLogger:
             self.skipped += 1
 
     def log(self, iteration, consumed, lr, global_batch, flops_per_iter, world_size, loss_scale=None):
-        """Print one line averaging the interval's losses; returns the mean loss."""
+        """Print one line averaging the interval's losses; returns the mean loss (a dict
+        {name: mean} when the iterations' losses are dicts of several terms)."""
         now = time.perf_counter()
         n = self.iters_in_interval
         per_iter = (now - self.interval_start) / max(n, 1)
         self.iters_done += n
-        losses = [float(x) for x in self.losses]  # the host sync happens here only
-        finite = [x for x in losses if math.isfinite(x)]
+        named = [x if isinstance(x, dict) else {"lm loss": x} for x in self.losses]
+        names = list(named[0]) if named else ["lm loss"]
+        # the host sync happens here only; an iteration is finite when all its terms are
+        rows = [[float(x[k]) for k in names] for x in named]
+        finite = [r for r in rows if all(math.isfinite(v) for v in r)]
         self.nan_iters += n - len(finite)
-        loss = sum(finite) / max(len(finite), 1) if finite else float("nan")
+        means = {k: sum(r[i] for r in finite) / len(finite) if finite else float("nan")
+                 for i, k in enumerate(names)}
         tflops = flops_per_iter / per_iter / world_size / 1e12
         eta = (now - self.start) / self.iters_done * (self.train_iters - iteration)
         gn = float(self.grad_norm) if self.grad_norm is not None else float("nan")
         scale = f" loss scale: {loss_scale:.1f} |" if loss_scale is not None else ""
         mfu = f" MFU: {100 * tflops / self.peak_tflops:.1f}% |" if self.peak_tflops else ""
+        terms = "".join(f" {k}: {v:.6E} |" for k, v in means.items())
         print_rank_last(
             f" iteration {iteration:8d}/{self.train_iters:8d} | consumed samples: {consumed:12d} |"
             f" elapsed time per iteration (ms): {per_iter * 1000:.1f} |"
             f" throughput per GPU (TFLOP/s/GPU): {tflops:.2f} |{mfu} learning rate: {lr:.6E} |"
-            f" global batch size: {global_batch:5d} | lm loss: {loss:.6E} |{scale} grad norm: {gn:.3f} |"
+            f" global batch size: {global_batch:5d} |{terms}{scale} grad norm: {gn:.3f} |"
             f" number of skipped iterations: {self.skipped:3d} | number of nan iterations: {self.nan_iters:3d} |"
             f" ETA {_fmt_time(eta)} |")
-        for name, value in (("lm loss", loss), ("learning-rate", lr), ("grad-norm", gn),
+        for name, value in (*means.items(), ("learning-rate", lr), ("grad-norm", gn),
                             ("iteration-time", per_iter), ("throughput", tflops),
                             ("number of skipped iterations", self.skipped)):
             self.scalar(name, value, iteration)
@@ -91,17 +97,21 @@ class TrainingLogger:
         if self.peak_tflops:
             self.scalar("mfu", tflops / self.peak_tflops, iteration)
         self.losses, self.interval_start, self.iters_in_interval, self.skipped = [], time.perf_counter(), 0, 0
-        return loss
+        return means["lm loss"] if names == ["lm loss"] else means
 
     def reset_timer(self):
         self.interval_start = time.perf_counter()
 
     def log_validation(self, iteration, loss):
-        ppl = math.exp(min(20.0, loss))
-        line = f" validation loss at iteration {iteration} | lm loss value: {loss:.6E} | lm loss PPL: {ppl:.6E} |"
+        """loss: the mean validation loss, or {name: mean} for several terms."""
+        terms = loss if isinstance(loss, dict) else {"lm loss": loss}
+        line = f" validation loss at iteration {iteration} |"
+        for name, value in terms.items():
+            ppl = math.exp(min(20.0, value))
+            line += f" {name} value: {value:.6E} | {name} PPL: {ppl:.6E} |"
+            self.scalar(f"{name} validation", value, iteration)
+            self.scalar(f"{name} validation ppl", ppl, iteration)
         print_rank_last("-" * len(line) + "\n" + line + "\n" + "-" * len(line))
-        self.scalar("lm loss validation", loss, iteration)
-        self.scalar("lm loss validation ppl", ppl, iteration)
 
     def close(self):
         if self.writer is not None:

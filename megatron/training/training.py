@@ -10,7 +10,8 @@ from ..core.distributed import DistributedDataParallel, finalize_model_grads
 from ..core.optimizer import LRScheduler
 from ..core.optimizer.grad_scaler import ConstantGradScaler, DynamicGradScaler
 from ..core.optimizer.megatron_optimizer import MegatronOptimizer
-from ..core.pipeline_parallel import default_schedule, get_forward_backward_func, global_tokens
+from ..core.pipeline_parallel import default_schedule, get_forward_backward_func, global_counts
+from ..core.pipeline_parallel.executor import DEFAULT_TERMS
 from ..core.tensor_parallel.initialization import initialize_parameters
 from .checkpointing import Checkpointer
 from .data import microbatches
@@ -33,7 +34,7 @@ def build_model(model_provider, model_cfg, groups, device):
 
 
 def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, iteration,
-               forward_backward_func=None):
+               forward_backward_func=None, loss_terms=None):
     """One iteration. Returns (loss tensor, grad_norm tensor or None, lr, updated); updated
     is False when fp16 gradients overflowed and the step was skipped. No host sync but fp16's.
 
@@ -41,11 +42,13 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
     layout, pipeline_parallel.get_forward_backward_func()). Each contributes
     sum(loss x mask) / tokens(global batch), so the summed gradient over microbatches and
     DP ranks is that of the mean per-token loss of the global batch, whatever the layout.
-    The loss returned is that mean (DP-reduced) on the last pipeline stage, 0 elsewhere.
+    The loss returned is that mean (DP-reduced) on the last pipeline stage, 0 elsewhere;
+    with loss_terms ({name: mask key}, see forward_backward) a dict of such means.
     """
     ddp.start_step(len(batches))
     forward_backward_func = forward_backward_func or get_forward_backward_func()
-    loss = forward_backward_func(model, batches, forward_step, groups, loss_scale=optimizer.loss_scale)
+    kwargs = {"loss_terms": loss_terms} if loss_terms else {}
+    loss = forward_backward_func(model, batches, forward_step, groups, loss_scale=optimizer.loss_scale, **kwargs)
     finalize_model_grads(model, groups, ddp)
     lr = scheduler.step(iteration)
     updated, grad_norm = optimizer.step()
@@ -53,23 +56,27 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
 
 
 @torch.no_grad()
-def evaluate(model, dataset, forward_step, groups, train_cfg, device):
+def evaluate(model, dataset, forward_step, groups, train_cfg, device, loss_terms=None, collate=None):
     """Mean per-token loss over eval_iters global batches from the start of `dataset`
-    (forward-only schedule; the figure is valid on the last pipeline stage, 0 elsewhere)."""
+    (forward-only schedule; the figure is valid on the last pipeline stage, 0 elsewhere).
+    With loss_terms: {name: mean} instead, each term averaged over its own count."""
     model.eval()
-    total = torch.zeros((), device=device)
-    tokens = torch.zeros((), device=device)
+    terms = loss_terms or DEFAULT_TERMS
+    total = torch.zeros(len(terms), device=device)
+    counts = torch.zeros(len(terms), device=device)
     g, mb = train_cfg.global_batch_size, train_cfg.micro_batch_size
     forward_backward_func = get_forward_backward_func()
+    kwargs = {"loss_terms": loss_terms} if loss_terms else {}
     for k in range(train_cfg.eval_iters):
-        batches = microbatches(dataset, k * g, g, mb, groups.dp_rank, groups.dp_size, device)
-        loss = forward_backward_func(model, batches, forward_step, groups, forward_only=True)
+        batches = microbatches(dataset, k * g, g, mb, groups.dp_rank, groups.dp_size, device, collate)
+        loss = forward_backward_func(model, batches, forward_step, groups, forward_only=True, **kwargs)
         if groups.is_last_stage:
-            n = global_tokens(batches, groups)
-            total += loss * n
-            tokens += n
+            n = global_counts(batches, groups, terms)
+            total += torch.stack(list(loss.values())) * n if loss_terms else loss * n
+            counts += n
     model.train()
-    return (total / tokens).item() if groups.is_last_stage else 0.0
+    means = (total / counts).tolist() if groups.is_last_stage else [0.0] * len(terms)
+    return dict(zip(terms, means)) if loss_terms else means[0]
 
 
 def write_pipeline_trace(path, trace, groups, model_cfg, num_micro, iteration):
@@ -114,12 +121,16 @@ def setup_model_and_optimizer(model_cfg, t, groups, device, model_provider):
     return model, ddp, optimizer, build_scheduler(optimizer, t)
 
 
-def pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step, datasets, tokenizer_name):
+def pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step, datasets, tokenizer_name,
+             loss_terms=None, collate=None):
     """Train model_provider(config, groups, device, pre_process, post_process, vp_stage)
     on datasets = (train, valid); every pipeline stage loads the same batches.
 
     forward_step(model, batch) -> (per-token loss [b, s], loss mask [b, s]) on the last
-    pipeline stage, (hidden states, loss mask) on the others.
+    pipeline stage, (hidden states, loss mask) on the others. With loss_terms ({name: batch
+    key of its mask}, see pipeline_parallel.forward_backward) the last stage returns
+    ({name: loss}, {name: mask}) and each term is logged. collate(samples, device) -> batch
+    dict (default: GPT's tokens / labels / loss_mask, training/data.py).
     Returns the list of per-iteration losses (floats) seen by this rank.
     """
     t = train_cfg
@@ -139,11 +150,11 @@ def pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step,
     trace_iter = min(iteration + 2, t.train_iters) if t.pipeline_trace else None  # +2: past first-call costs
     for iteration in range(iteration + 1, t.train_iters + 1):
         batches = microbatches(train_ds, consumed, t.global_batch_size, t.micro_batch_size,
-                               groups.dp_rank, groups.dp_size, device)
+                               groups.dp_rank, groups.dp_size, device, collate)
         trace = [] if iteration == trace_iter else None
         fb = forward_backward_func if trace is None else functools.partial(forward_backward_func, trace=trace)
         loss, grad_norm, lr, updated = train_step(model, ddp, optimizer, scheduler, batches, forward_step,
-                                                  groups, iteration, fb)
+                                                  groups, iteration, fb, loss_terms)
         if trace is not None:
             write_pipeline_trace(t.pipeline_trace, trace, groups, model_cfg, len(batches), iteration)
         consumed += t.global_batch_size
@@ -154,7 +165,8 @@ def pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step,
             history.append(logger.log(iteration, consumed, lr, t.global_batch_size, flops, groups.world_size,
                                       optimizer.loss_scale if t.fp16 else None))
         if t.eval_iters > 0 and (iteration % t.eval_interval == 0 or iteration == t.train_iters):
-            logger.log_validation(iteration, evaluate(model, valid_ds, forward_step, groups, t, device))
+            logger.log_validation(iteration, evaluate(model, valid_ds, forward_step, groups, t, device,
+                                                      loss_terms, collate))
             logger.reset_timer()  # evaluation time is not training time
         if ckpt.after_iteration(iteration, consumed):
             break

@@ -132,7 +132,9 @@ class CoreAttention(nn.Module):
         if attn_mask is None:
             probs = softmax_front.scaled_upper_triang_masked_softmax(scores, self.scale, self.softmax_impl)
         elif attn_mask.dtype == torch.bool:
-            probs = softmax_front.scaled_masked_softmax(scores, ~attn_mask, self.scale, self.softmax_impl)
+            # kernels take [b, 1, sq, sk]; a padding mask comes as [b, 1, 1, sk]
+            masked = ~attn_mask.expand(attn_mask.shape[0], 1, s, sk)
+            probs = softmax_front.scaled_masked_softmax(scores, masked, self.scale, self.softmax_impl)
         else:
             probs = torch.softmax(scores * self.scale + attn_mask, dim=-1)
         if p > 0:

@@ -28,9 +28,24 @@ def _set_input_tensor(chunk, tensor):
         raise TypeError(f"{type(target).__name__} has no set_input_tensor(); it cannot be a later pipeline stage")
 
 
+DEFAULT_TERMS = {"lm loss": "loss_mask"}
+
+
 def global_tokens(batches, groups):
     """Loss-mask tokens of the whole global batch (this rank's microbatches summed over groups.dp)."""
-    n = torch.stack([b["loss_mask"].sum() for b in batches]).sum()
+    return global_counts(batches, groups, DEFAULT_TERMS)[0]
+
+
+def global_counts(batches, groups, loss_terms):
+    """Per loss term, the elements it averages over in the whole global batch: [terms] fp32.
+
+    loss_terms: {name: batch key of its mask [b, ...]}; key None counts one per sample.
+    This rank's microbatches are summed, then all-reduced over groups.dp (one call).
+    """
+    def count(b, key):
+        return b[key].float().sum() if key is not None else torch.tensor(
+            float(b["tokens"].shape[0]), device=b["tokens"].device)
+    n = torch.stack([torch.stack([count(b, key) for b in batches]).sum() for key in loss_terms.values()])
     if groups.dp_size > 1:
         dist.all_reduce(n, group=groups.dp)
     return n
@@ -40,14 +55,17 @@ class _Rank:
     """One rank's state while running a schedule. Per (chunk, mb) it holds the received
     input (a leaf whose .grad goes back), the output (its storage freed once sent; on the
     last virtual stage the scaled loss), the received output gradient and the input
-    gradient waiting to be sent; each entry is dropped as soon as it is used."""
+    gradient waiting to be sent; each entry is dropped as soon as it is used.
+    num_tokens: [terms] global counts, one per loss term (terms: their names, or None for
+    forward_step's single (per-token loss, mask) pair)."""
 
-    def __init__(self, chunks, batches, forward_step, groups, comm, num_tokens, forward_only, loss_scale=1.0):
+    def __init__(self, chunks, batches, forward_step, groups, comm, num_tokens, forward_only, loss_scale=1.0,
+                 terms=None):
         self.chunks, self.batches, self.forward_step = chunks, batches, forward_step
-        self.loss_scale = loss_scale
+        self.loss_scale, self.terms = loss_scale, terms
         self.groups, self.comm, self.num_tokens, self.forward_only = groups, comm, num_tokens, forward_only
         self.inputs, self.outputs, self.out_grads, self.in_grads = {}, {}, {}, {}
-        self.total = torch.zeros((), device=num_tokens.device)
+        self.total = torch.zeros(num_tokens.shape, device=num_tokens.device)
         self.last_chunk = len(chunks) - 1 if groups.is_last_stage else None  # the chunk with the loss
 
     def forward(self, v, mb):
@@ -57,9 +75,12 @@ class _Rank:
         _set_input_tensor(self.chunks[v], self.inputs.get(key))
         out, mask = self.forward_step(self.chunks[v], self.batches[mb])
         if v == self.last_chunk:
-            loss_sum = (out.float() * mask).sum()
-            self.total += loss_sum.detach()
-            out = None if self.forward_only else loss_sum * (self.loss_scale / self.num_tokens)
+            if self.terms is None:
+                sums = (out.float() * mask).sum().unsqueeze(0)
+            else:  # {name: per-element loss}, {name: its mask}
+                sums = torch.stack([(out[n].float() * mask[n]).sum() for n in self.terms])
+            self.total += sums.detach()
+            out = None if self.forward_only else (sums * (self.loss_scale / self.num_tokens)).sum()
         if out is not None:
             self.outputs[key] = out
         if self.forward_only:
@@ -109,16 +130,16 @@ class _Rank:
 
 def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P2PCommunicator],
                 num_tokens, forward_only=False, trace: Optional[list] = None, stats: Optional[Dict] = None,
-                loss_scale=1.0):
+                loss_scale=1.0, terms=None):
     """Execute `actions` on this rank. Returns sum(loss x mask) over this rank's microbatches
-    (fp32 tensor; zero unless this rank holds the last virtual stage).
+    per loss term ([terms] fp32; zero unless this rank holds the last virtual stage).
 
     Each microbatch's backward uses sum(loss x mask) / num_tokens (the global batch's token
     count), times loss_scale (fp16), as training without pipelining does. trace: gets (kind, chunk, mb, start, end)
     per action (time.perf_counter). stats: gets peak_in_flight (microbatch-chunks forwarded,
     not yet backwarded) and peak_kept_output_elems (elements of sent outputs still held).
     """
-    r = _Rank(chunks, batches, forward_step, groups, comm, num_tokens, forward_only, loss_scale)
+    r = _Rank(chunks, batches, forward_step, groups, comm, num_tokens, forward_only, loss_scale, terms)
     peak = peak_elems = 0
     sync = trace is not None and num_tokens.device.type == "cuda"
     for a in actions:
@@ -144,7 +165,8 @@ def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P
 
 
 def forward_backward(model, batches, forward_step, groups, forward_only=False, schedule=None,
-                     seq_length=None, micro_batch_size=None, trace=None, stats=None, loss_scale=1.0):
+                     seq_length=None, micro_batch_size=None, trace=None, stats=None, loss_scale=1.0,
+                     loss_terms=None):
     """Run one iteration's microbatches through this rank's model chunks with a schedule.
 
     model: a model or a list of chunks (virtual stages, in order); batches: this DP rank's
@@ -154,6 +176,12 @@ def forward_backward(model, batches, forward_step, groups, forward_only=False, s
     Returns the mean per-token loss of the global batch (fp32, summed over groups.dp) on
     the last pipeline stage, zero on the others. Gradients accumulate (DDP buffer or .grad);
     what is backpropagated is multiplied by loss_scale (fp16 loss scaling).
+
+    Several losses (BERT's masked LM and sentence-order losses): loss_terms maps each name
+    to the batch key of its mask (None: one per sample); forward_step then returns
+    ({name: loss}, {name: mask}) on the last stage, each term is averaged over its own
+    global count, the sum of the averages is backpropagated, and the result is
+    {name: mean loss} instead of one tensor.
     """
     chunks = as_chunks(model)
     P, V, M = groups.pp_size, len(chunks), len(batches)
@@ -162,7 +190,8 @@ def forward_backward(model, batches, forward_step, groups, forward_only=False, s
     last = groups.is_last_stage
     device = next(chunks[0].parameters()).device
     # only the last stage computes a loss; the others skip the token count's all-reduce
-    num_tokens = global_tokens(batches, groups) if last else torch.ones((), device=device)
+    terms = loss_terms or DEFAULT_TERMS
+    num_tokens = global_counts(batches, groups, terms) if last else torch.ones(len(terms), device=device)
     comm = None
     if P > 1:
         b, s = batches[0]["tokens"].shape
@@ -171,10 +200,11 @@ def forward_backward(model, batches, forward_step, groups, forward_only=False, s
         shape = (s // groups.tp_size if cfg.sequence_parallel else s, b, cfg.hidden_size)
         comm = _communicator(groups, shape, getattr(cfg, "pipeline_dtype", None) or cfg.params_dtype, device)
     total = run_actions(actions, chunks, batches, forward_step, groups, comm, num_tokens, forward_only, trace, stats,
-                        loss_scale)
+                        loss_scale, list(loss_terms) if loss_terms else None)
     if last and groups.dp_size > 1:
         dist.all_reduce(total, group=groups.dp)
-    return total / num_tokens
+    means = total / num_tokens
+    return dict(zip(loss_terms, means)) if loss_terms else means[0]
 
 
 _COMM = [None]  # the last communicator, reused while groups, shape, dtype and device stay

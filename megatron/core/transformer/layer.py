@@ -1,4 +1,5 @@
-"""Pre-norm transformer layer: x + drop(attn(norm(x))), then x + drop(mlp(norm(x)))."""
+"""Transformer layer. Pre-norm: x + drop(attn(norm(x))), then x + drop(mlp(norm(x))).
+Post-norm (--post-norm, BERT's): norm(x + drop(attn(x))), then norm(x + drop(mlp(x)))."""
 import contextlib
 
 import torch.nn.functional as F
@@ -29,15 +30,21 @@ class TransformerLayer(nn.Module):
     def __init__(self, config, tp_group, layer_number, device=None):
         super().__init__()
         self.config, self.layer_number = config, layer_number
-        self.input_layernorm = build_norm(config, device)
+        # the names say where each norm sits (checkpoints and HF conversion rely on them)
+        first, second = ("post_attention_layernorm", "post_mlp_layernorm") if config.post_norm \
+            else ("input_layernorm", "pre_mlp_layernorm")
+        setattr(self, first, build_norm(config, device))
         self.self_attention = SelfAttention(config, tp_group, device, layer_number)
-        self.pre_mlp_layernorm = build_norm(config, device)
+        setattr(self, second, build_norm(config, device))
         self.mlp = MLP(config, tp_group, device)
+        self.norms = (getattr(self, first), getattr(self, second))
 
     def forward(self, x, rope=None, attn_mask=None):
         c = self.config
-        x = x + hidden_dropout(self.self_attention(self.input_layernorm(x), rope, attn_mask),
-                               c.hidden_dropout, self.training, c.sequence_parallel)
-        x = x + hidden_dropout(self.mlp(self.pre_mlp_layernorm(x)),
-                               c.hidden_dropout, self.training, c.sequence_parallel)
-        return x
+        drop = lambda y: hidden_dropout(y, c.hidden_dropout, self.training, c.sequence_parallel)  # noqa: E731
+        norm1, norm2 = self.norms
+        if c.post_norm:
+            x = norm1(x + drop(self.self_attention(x, rope, attn_mask)))
+            return norm2(x + drop(self.mlp(x)))
+        x = x + drop(self.self_attention(norm1(x), rope, attn_mask))
+        return x + drop(self.mlp(norm2(x)))

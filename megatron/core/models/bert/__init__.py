@@ -1,0 +1,2 @@
+"""BERT model."""
+from .bert_model import BertModel

@@ -1,0 +1,138 @@
+"""BERT: embeddings (word + position + token type) -> bidirectional encoder -> LM head and
+binary (next-sentence / sentence-order) head on the pooled first token."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ...tensor_parallel import mappings
+from ...tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+from ...tensor_parallel.initialization import set_init, set_tp_attrs
+from ...transformer.layer import hidden_dropout
+from ...transformer.norm import build_norm
+from ..gpt.gpt_model import GPTModel
+
+NUM_TOKENTYPES = 2
+
+
+class ReplicatedLinear(nn.Module):
+    """y = x W^T + b with W [out, in] whole on every TP rank.
+
+    sequence_parallel: its input is a sequence shard, so its gradients are partial sums
+    that finalize_model_grads adds over the TP group (as the norms' are)."""
+
+    def __init__(self, in_features, out_features, init_std, sequence_parallel=False,
+                 params_dtype=torch.float32, device=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=params_dtype, device=device))
+        self.bias = nn.Parameter(torch.empty(out_features, dtype=params_dtype, device=device))
+        set_init(self.weight, "normal", init_std)
+        set_init(self.bias, "zeros")
+        self.weight.sequence_parallel = self.bias.sequence_parallel = sequence_parallel
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+
+class BertLMHead(nn.Module):
+    """[s(/TP), b, h] -> [s, b, V_padded/TP] logits: dense, GeLU, norm, then the word
+    embedding table (tied) plus a vocabulary-parallel bias. Talks to the TP group."""
+
+    def __init__(self, config, tp_group, device=None):
+        super().__init__()
+        c = config
+        self.config, self.tp_group = c, tp_group
+        self.dense = ReplicatedLinear(c.hidden_size, c.hidden_size, c.init_method_std, c.sequence_parallel,
+                                      c.params_dtype, device)
+        self.layernorm = build_norm(c, device)
+        per_rank = c.padded_vocab_size // c.tensor_model_parallel_size
+        self.bias = nn.Parameter(torch.empty(per_rank, dtype=c.params_dtype, device=device))
+        set_init(self.bias, "zeros")
+        set_tp_attrs(self.bias, 0, unpadded_size=c.vocab_size)
+
+    def forward(self, hidden, word_embeddings):
+        x = self.layernorm(F.gelu(self.dense(hidden), approximate="tanh" if self.config.openai_gelu else "none"))
+        if self.config.sequence_parallel:
+            x = mappings.gather_from_sequence_parallel_region(x, self.tp_group)
+        else:
+            x = mappings.copy_to_tensor_model_parallel_region(x, self.tp_group)
+        return F.linear(x, word_embeddings, self.bias)
+
+
+class BertModel(GPTModel):
+    """Bidirectional encoder for one pipeline stage and one TP rank.
+
+    forward(input_ids [b, s], padding_mask [b, s] (True = real token), tokentype_ids [b, s],
+            lm_labels [b, s] or None, binary_labels [b] or None):
+      lm_labels given -> (per-token LM loss [b, s] fp32, per-sample binary loss [b] fp32 or None);
+      else -> (LM logits [b, s, V_padded/TP], binary logits [b, 2] or None).
+    Not post_process: hidden states [s(/TP), b, h] for the next stage. Pre-norm layers and a
+    final norm by default; --post-norm gives BERT's original post-norm layers and a norm on
+    the embeddings. The pooler and binary head (absent with add_binary_head=False) are
+    replicated over TP. Talks to `groups.tp`; the tied table's grads go over `groups.embd`.
+    """
+
+    def __init__(self, config, groups, pre_process=True, post_process=True, add_binary_head=True,
+                 device=None, vp_stage=None):
+        if config.untie_embeddings_and_output_weights:
+            raise ValueError("BERT's LM head is tied to the word embedding: drop --untie-embeddings-and-output-weights")
+        super().__init__(config, groups, pre_process=pre_process, post_process=post_process, device=device,
+                         vp_stage=vp_stage)
+        c = config
+        self.add_binary_head = add_binary_head
+        if pre_process:
+            self.tokentype_embeddings = nn.Parameter(torch.empty(
+                NUM_TOKENTYPES, c.hidden_size, dtype=c.params_dtype, device=device))
+            set_init(self.tokentype_embeddings, "normal", c.init_method_std)
+            if c.post_norm:
+                self.embedding_layernorm = build_norm(c, device)
+        if post_process:
+            self.lm_head = BertLMHead(c, groups.tp, device)
+            if add_binary_head:
+                self.pooler = ReplicatedLinear(c.hidden_size, c.hidden_size, c.init_method_std,
+                                               params_dtype=c.params_dtype, device=device)
+                self.binary_head = ReplicatedLinear(c.hidden_size, 2, c.init_method_std,
+                                                    params_dtype=c.params_dtype, device=device)
+        self._assign_init_keys()
+
+    def embed(self, input_ids, tokentype_ids=None):
+        """[b, s] ids and token types -> [s(/TP with SP), b, h]."""
+        c = self.config
+        x = self.word_embeddings(input_ids.t())
+        pos = self.position_embeddings[: input_ids.shape[1]].unsqueeze(1)
+        if tokentype_ids is not None:
+            pos = pos + F.embedding(tokentype_ids.t(), self.tokentype_embeddings)
+        if c.sequence_parallel:
+            pos = mappings.scatter_to_sequence_parallel_region(pos, self.groups.tp)
+        x = x + pos
+        if c.post_norm:
+            x = self.embedding_layernorm(x)
+        return hidden_dropout(x, c.hidden_dropout, self.training, c.sequence_parallel)
+
+    def pooled(self, hidden):
+        """[s(/TP), b, h] -> tanh(dense(first token)) [b, h], the same on every TP rank."""
+        if self.config.sequence_parallel:
+            # replicated consumer: its gradient is whole on every rank, so backward keeps a slice
+            hidden = mappings.gather_from_sequence_parallel_region(hidden, self.groups.tp,
+                                                                   tensor_parallel_output_grad=False)
+        return torch.tanh(self.pooler(hidden[0]))
+
+    def forward(self, input_ids, padding_mask, tokentype_ids=None, lm_labels=None, binary_labels=None,
+                hidden_states=None):
+        c = self.config
+        if self.pre_process:
+            x = self.embed(input_ids, tokentype_ids)
+        else:
+            x = hidden_states if hidden_states is not None else self.input_tensor
+        attn_mask = padding_mask.bool()[:, None, None, :]  # [b, 1, 1, s]: every query sees all real keys
+        x = self.decoder(x, None, attn_mask)
+        if not self.post_process:
+            return x
+        logits = self.lm_head(x, self.word_embeddings.weight)
+        binary = self.binary_head(self.pooled(x)) if self.add_binary_head else None
+        if lm_labels is None:
+            return logits.transpose(0, 1), binary
+        lm_loss = vocab_parallel_cross_entropy(logits, lm_labels.t(), c.vocab_size, self.groups.tp).t()
+        binary_loss = None
+        if binary is not None and binary_labels is not None:
+            binary_loss = F.cross_entropy(binary.float(), binary_labels, reduction="none")
+        return lm_loss, binary_loss

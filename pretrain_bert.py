@@ -1,0 +1,113 @@
+"""Pretrain a BERT model: masked LM plus a sentence-order (or next-sentence) binary head.
+
+    python pretrain_bert.py                      # embedded default: small BERT on stdlib source lines
+    python tools/preprocess_data.py --input corpus.jsonl --output-prefix data/my-corpus --split-sentences \
+        --tokenizer-type BertWordPieceLowerCase --vocab-file vocab.txt
+    python pretrain_bert.py --data-path data/my-corpus_text_sentence --tokenizer-type BertWordPieceLowerCase \
+        --vocab-file vocab.txt ...
+    torchrun --nproc-per-node 8 pretrain_bert.py --tensor-model-parallel-size 2 \
+        --pipeline-model-parallel-size 2 ...
+"""
+import functools
+import os
+import sys
+
+from megatron.core.checkpointing import CheckpointError, find_checkpoint, same_dir
+from megatron.core.config import ConfigError
+from megatron.core.datasets import DatasetError
+from megatron.core.datasets.bert_dataset import collate_bert
+from megatron.core.models.bert import BertModel
+from megatron.core.parallel_state import ParallelConfigError
+from megatron.training.arguments import parse_args
+from megatron.training.config import BertOptions
+from megatron.training.data import build_bert_datasets_from_config, describe_datasets
+from megatron.training.embedded import prepare_embedded_bert_data
+from megatron.training.initialize import initialize_distributed, shutdown, validate_config
+from megatron.training.log import print_rank_0
+from megatron.training.tokenizer import TokenizerError, build_tokenizer
+from megatron.training.training import pretrain
+
+USER_ERRORS = (ConfigError, ParallelConfigError, DatasetError, TokenizerError, CheckpointError)
+SPECIAL_TOKENS = ("cls", "sep", "mask", "pad")
+
+
+def model_provider(config, groups, device, pre_process=True, post_process=True, vp_stage=None,
+                   add_binary_head=True):
+    """One model chunk (see pretrain_gpt.model_provider); the pooler and binary head go
+    with the LM head on the last stage."""
+    return BertModel(config, groups, pre_process=pre_process, post_process=post_process,
+                     add_binary_head=add_binary_head, device=device, vp_stage=vp_stage)
+
+
+def forward_step(model, batch, binary_name=None):
+    """Last stage -> ({'lm loss': [b, s], binary_name: [b]}, their masks); earlier stages ->
+    (hidden states [s(/TP), b, h], None). binary_name None: no binary head."""
+    out = model(batch["tokens"], batch["padding_mask"], batch["types"], lm_labels=batch["labels"],
+                binary_labels=batch["is_random"])
+    if not isinstance(out, tuple):
+        return out, None
+    lm_loss, binary_loss = out
+    losses, masks = {"lm loss": lm_loss}, {"lm loss": batch["loss_mask"]}
+    if binary_name is not None:
+        losses[binary_name] = binary_loss
+        masks[binary_name] = binary_loss.new_ones(binary_loss.shape)
+    return losses, masks
+
+
+def _print_first_rank(msg):
+    if os.environ.get("RANK", "0") == "0":
+        print(msg, flush=True)
+
+
+def check_bert_config(model_cfg, train_cfg, bert, tokenizer):
+    """BERT-only checks, before any process group (raises ConfigError)."""
+    bert.validate()
+    if model_cfg.position_embedding_type != "learned_absolute":
+        raise ConfigError("BERT uses learned absolute positions: drop --position-embedding-type rope")
+    if model_cfg.untie_embeddings_and_output_weights:
+        raise ConfigError("BERT's LM head is tied to the word embedding: drop --untie-embeddings-and-output-weights")
+    missing = [name for name in SPECIAL_TOKENS if getattr(tokenizer, name, None) is None]
+    if missing and not train_cfg.mock_data:
+        raise ConfigError(f"--tokenizer-type {train_cfg.tokenizer_type} has no {', '.join(missing)} token(s); BERT "
+                          "needs a WordPiece vocabulary: use --tokenizer-type BertWordPieceLowerCase (or "
+                          "BertWordPieceCase) --vocab-file vocab.txt")
+
+
+def main(argv=None):
+    try:
+        model_cfg, train_cfg, bert = parse_args(argv, "Pretrain a BERT model.", [("BERT", BertOptions)])
+        if train_cfg.uses_embedded_corpus and train_cfg.tokenizer_type is None:
+            train_cfg.tokenizer_type = "BertWordPieceLowerCase"
+        train_cfg.validate(1)  # tokenizer choice; re-checked with the real DP size below
+        if train_cfg.uses_embedded_corpus:  # built once per machine, then cached
+            prepare_embedded_bert_data(train_cfg, log=_print_first_rank)
+        tokenizer = build_tokenizer(train_cfg)
+        check_bert_config(model_cfg, train_cfg, bert, tokenizer)
+        validate_config(model_cfg, train_cfg, tokenizer.vocab_size)
+        if train_cfg.load:
+            find_checkpoint(train_cfg.load, allow_empty=same_dir(train_cfg.load, train_cfg.save))
+        groups, device = initialize_distributed(model_cfg, train_cfg)
+        datasets = build_bert_datasets_from_config(train_cfg, model_cfg, tokenizer, bert.bert_binary_head,
+                                                   bert.binary_head_task, bert.mask_prob, bert.short_seq_prob)
+        for line in describe_datasets(datasets):
+            print_rank_0(line)
+    except USER_ERRORS as e:  # bad input: one line, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    terms = bert.loss_terms
+    binary_name = next((name for name in terms if name != "lm loss"), None)
+    provider = functools.partial(model_provider, add_binary_head=bert.bert_binary_head)
+    step = functools.partial(forward_step, binary_name=binary_name)
+    try:
+        pretrain(model_cfg, train_cfg, groups, device, provider, step, datasets, type(tokenizer).__name__,
+                 loss_terms=terms, collate=collate_bert)
+    except CheckpointError as e:
+        if groups.rank == 0:
+            print(f"error: {e}", file=sys.stderr)
+        return 2
+    shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
