@@ -31,10 +31,16 @@ def build_datasets(train_cfg, model_cfg, tokenizer):
                 MockGPTDataset(max(1, num_valid), s, tokenizer.vocab_size, t.seed + 1, tokenizer.eod))
     config = GPTDatasetConfig(seq_length=s, seed=t.seed, cache_dir=index_cache_dir(t),
                               vocab_size=tokenizer.vocab_size)
+    return _train_and_valid(build_gpt_datasets, config, t, num_train, num_valid)
+
+
+def _train_and_valid(build, config, t, num_train, num_valid):
+    """(train, valid) from files with build (build_gpt_datasets or build_bert_datasets), one sample of
+    each read now so that a tokenizer mismatch fails before training."""
     per_split = t.per_split_paths if any(t.per_split_paths) else None
-    train, valid, _ = build_gpt_datasets(config, (num_train, num_valid, 0), data_path=t.data_path,
-                                         split=t.split, per_split=per_split)
-    for ds in (train, valid):  # read a sample now: a tokenizer mismatch fails before training
+    train, valid, _ = build(config, (num_train, num_valid, 0), data_path=t.data_path, split=t.split,
+                            per_split=per_split)
+    for ds in (train, valid):
         if ds is not None:
             ds[0]
     return train, valid
@@ -59,13 +65,7 @@ def build_bert_datasets_from_config(train_cfg, model_cfg, tokenizer, binary_head
     config = BertDatasetConfig(seq_length=s, seed=t.seed, cache_dir=index_cache_dir(t),
                                vocab_size=tokenizer.vocab_size, cls_id=tokenizer.cls, sep_id=tokenizer.sep,
                                mask_id=tokenizer.mask, pad_id=tokenizer.pad, **options)
-    per_split = t.per_split_paths if any(t.per_split_paths) else None
-    train, valid, _ = build_bert_datasets(config, (num_train, num_valid, 0), data_path=t.data_path,
-                                          split=t.split, per_split=per_split)
-    for ds in (train, valid):  # read a sample now: a tokenizer mismatch fails before training
-        if ds is not None:
-            ds[0]
-    return train, valid
+    return _train_and_valid(build_bert_datasets, config, t, num_train, num_valid)
 
 
 def describe_datasets(datasets):
