@@ -7,8 +7,10 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 namespace py = pybind11;
@@ -122,11 +124,118 @@ void build_blending_indices(py::array_t<int16_t, py::array::c_style> &dataset_in
   }
 }
 
+// splitmix64 (Steele, Lea, Flood 2014): the one RNG of the BERT mapping, written again in helpers.py
+// so both implementations draw the same numbers. std:: engines and distributions are avoided
+// because their output is not specified across standard libraries.
+struct SplitMix64 {
+  uint64_t state;
+  explicit SplitMix64(uint64_t seed) : state(seed) {}
+  uint64_t next() {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+  }
+  // [0, n), by modulo: the bias is below n / 2^64, far under anything a test could see
+  uint64_t below(uint64_t n) { return next() % n; }
+  // [0, 1) from the top 53 bits: exactly representable, so Python computes the same double
+  double uniform() { return static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0); }
+};
+
+static int64_t bert_target(SplitMix64 &rng, double short_seq_prob, int64_t max_target) {
+  // Always two draws, so the stream does not depend on which branch was taken last
+  const double u = rng.uniform();
+  const int64_t short_len = 2 + static_cast<int64_t>(rng.below(static_cast<uint64_t>(max_target - 1)));
+  return u < short_seq_prob ? short_len : max_target;
+}
+
+// BERT samples as runs of whole sentences: rows (first sentence, end sentence, target length).
+//
+// For each epoch, each document [doc_start[d], doc_end[d]) of at least min_num_sent sentences and
+// with no sentence longer than max_target tokens is cut greedily: sentences are added until they
+// hold target tokens (target = max_target, or with probability short_seq_prob a length drawn in
+// [2, max_target]); the run is closed there if at least min_num_sent sentences are in it and at
+// least min_num_sent remain, else it grows; the document's last run takes what is left. Epochs are
+// added until max_num_samples rows exist (whole epochs only) or num_epochs is reached; an epoch
+// that yields no row stops the loop. The rows are then Fisher-Yates shuffled with the same RNG.
+template <typename T>
+py::array_t<T> build_mapping_impl(const py::array_t<int64_t, py::array::c_style | py::array::forcecast> &starts_,
+                                  const py::array_t<int64_t, py::array::c_style | py::array::forcecast> &ends_,
+                                  const py::array_t<int32_t, py::array::c_style | py::array::forcecast> &sizes_,
+                                  int64_t num_epochs, int64_t max_num_samples, int64_t max_target,
+                                  double short_seq_prob, uint64_t seed, int64_t min_num_sent) {
+  if (max_target < 2 || min_num_sent < 1 || num_epochs < 1)
+    throw std::invalid_argument("max_target must be >= 2, min_num_sent and num_epochs >= 1");
+  auto starts = starts_.unchecked<1>();
+  auto ends = ends_.unchecked<1>();
+  auto sizes = sizes_.unchecked<1>();
+  const int64_t num_docs = starts.shape(0), num_sizes = sizes.shape(0);
+  if (ends.shape(0) != num_docs) throw std::invalid_argument("doc_starts and doc_ends differ in length");
+  for (int64_t d = 0; d < num_docs; ++d)
+    if (starts(d) < 0 || ends(d) < starts(d) || ends(d) > num_sizes)
+      throw std::out_of_range("a document's sentence range lies outside sizes");
+  std::vector<T> rows;
+  {
+    py::gil_scoped_release release;
+    SplitMix64 rng(seed);
+    for (int64_t epoch = 0; epoch < num_epochs && static_cast<int64_t>(rows.size() / 3) < max_num_samples;
+         ++epoch) {
+      const size_t before = rows.size();
+      for (int64_t d = 0; d < num_docs; ++d) {
+        const int64_t first = starts(d), last = ends(d);
+        if (last - first < min_num_sent) continue;
+        bool too_long = false;
+        for (int64_t s = first; s < last; ++s) too_long = too_long || sizes(s) > max_target;
+        if (too_long) continue;
+        int64_t target = bert_target(rng, short_seq_prob, max_target);
+        int64_t run_start = first, run_tokens = 0;
+        for (int64_t s = first; s < last; ++s) {
+          run_tokens += sizes(s);
+          const int64_t in_run = s + 1 - run_start, remaining = last - s - 1;
+          if ((run_tokens >= target && in_run >= min_num_sent && remaining >= min_num_sent) || remaining == 0) {
+            rows.push_back(static_cast<T>(run_start));
+            rows.push_back(static_cast<T>(s + 1));
+            rows.push_back(static_cast<T>(target));
+            run_start = s + 1;
+            run_tokens = 0;
+            target = bert_target(rng, short_seq_prob, max_target);
+          }
+        }
+      }
+      if (rows.size() == before) break;
+    }
+    const int64_t n = static_cast<int64_t>(rows.size() / 3);
+    for (int64_t i = n - 1; i > 0; --i) {
+      const int64_t j = static_cast<int64_t>(rng.below(static_cast<uint64_t>(i + 1)));
+      for (int k = 0; k < 3; ++k) std::swap(rows[3 * i + k], rows[3 * j + k]);
+    }
+  }
+  const int64_t n = static_cast<int64_t>(rows.size() / 3);
+  py::array_t<T> out({n, static_cast<int64_t>(3)});
+  std::copy(rows.begin(), rows.end(), out.mutable_data());
+  return out;
+}
+
+py::array build_mapping(const py::array_t<int64_t, py::array::c_style | py::array::forcecast> &doc_starts,
+                        const py::array_t<int64_t, py::array::c_style | py::array::forcecast> &doc_ends,
+                        const py::array_t<int32_t, py::array::c_style | py::array::forcecast> &sizes,
+                        int64_t num_epochs, int64_t max_num_samples, int64_t max_target, double short_seq_prob,
+                        uint64_t seed, int64_t min_num_sent, bool use_int64) {
+  if (use_int64)
+    return build_mapping_impl<int64_t>(doc_starts, doc_ends, sizes, num_epochs, max_num_samples, max_target,
+                                       short_seq_prob, seed, min_num_sent);
+  return build_mapping_impl<int32_t>(doc_starts, doc_ends, sizes, num_epochs, max_num_samples, max_target,
+                                     short_seq_prob, seed, min_num_sent);
+}
+
 PYBIND11_MODULE(helpers_cpp, m) {
-  m.doc() = "Dataset index helpers (sample index, blending index); numpy references in helpers.py";
+  m.doc() = "Dataset index helpers (sample index, blending index, BERT mapping); numpy references in helpers.py";
   m.def("build_sample_idx", &build_sample_idx, py::arg("sizes"), py::arg("document_index"),
         py::arg("seq_length"), py::arg("num_epochs"), py::arg("tokens_per_epoch"),
         py::arg("add_extra_token"), py::arg("use_int64"));
   m.def("build_blending_indices", &build_blending_indices, py::arg("dataset_index"),
         py::arg("dataset_sample_index"), py::arg("weights"), py::arg("size"));
+  m.def("build_mapping", &build_mapping, py::arg("doc_starts"), py::arg("doc_ends"), py::arg("sizes"),
+        py::arg("num_epochs"), py::arg("max_num_samples"), py::arg("max_target"), py::arg("short_seq_prob"),
+        py::arg("seed"), py::arg("min_num_sent"), py::arg("use_int64"));
 }

@@ -10,7 +10,8 @@ import os
 import numpy as np
 import torch
 
-from ..core.datasets import GPTDatasetConfig, MockGPTDataset, build_gpt_datasets, default_cache_root
+from ..core.datasets import (BertDatasetConfig, GPTDatasetConfig, MockBertDataset, MockGPTDataset,
+                             build_bert_datasets, build_gpt_datasets, default_cache_root)
 
 
 def index_cache_dir(train_cfg):
@@ -30,13 +31,41 @@ def build_datasets(train_cfg, model_cfg, tokenizer):
                 MockGPTDataset(max(1, num_valid), s, tokenizer.vocab_size, t.seed + 1, tokenizer.eod))
     config = GPTDatasetConfig(seq_length=s, seed=t.seed, cache_dir=index_cache_dir(t),
                               vocab_size=tokenizer.vocab_size)
+    return _train_and_valid(build_gpt_datasets, config, t, num_train, num_valid)
+
+
+def _train_and_valid(build, config, t, num_train, num_valid):
+    """(train, valid) from files with build (build_gpt_datasets or build_bert_datasets), one sample of
+    each read now so that a tokenizer mismatch fails before training."""
     per_split = t.per_split_paths if any(t.per_split_paths) else None
-    train, valid, _ = build_gpt_datasets(config, (num_train, num_valid, 0), data_path=t.data_path,
-                                         split=t.split, per_split=per_split)
-    for ds in (train, valid):  # read a sample now: a tokenizer mismatch fails before training
+    train, valid, _ = build(config, (num_train, num_valid, 0), data_path=t.data_path, split=t.split,
+                            per_split=per_split)
+    for ds in (train, valid):
         if ds is not None:
             ds[0]
     return train, valid
+
+
+def build_bert_datasets_from_config(train_cfg, model_cfg, tokenizer, binary_head=True, binary_head_task="sop",
+                                    masked_lm_prob=0.15, short_seq_prob=0.1):
+    """(train, valid) BERT datasets, as build_datasets; valid is None with --eval-iters 0.
+
+    The special ids come from the tokenizer (cls, sep, mask, pad, vocab_size), except with
+    --mock-data, whose synthetic samples use their own at the top of the vocabulary
+    (mock_bert_special_ids), so a NullTokenizer works.
+    """
+    t, s = train_cfg, model_cfg.seq_length
+    num_train = t.train_iters * t.global_batch_size
+    num_valid = t.eval_iters * t.global_batch_size
+    options = {"masked_lm_prob": masked_lm_prob, "short_seq_prob": short_seq_prob, "binary_head": binary_head,
+               "binary_head_task": binary_head_task}
+    if t.mock_data:
+        return (MockBertDataset(num_train, s, tokenizer.vocab_size, t.seed, **options),
+                MockBertDataset(max(1, num_valid), s, tokenizer.vocab_size, t.seed + 1, **options))
+    config = BertDatasetConfig(seq_length=s, seed=t.seed, cache_dir=index_cache_dir(t),
+                               vocab_size=tokenizer.vocab_size, cls_id=tokenizer.cls, sep_id=tokenizer.sep,
+                               mask_id=tokenizer.mask, pad_id=tokenizer.pad, **options)
+    return _train_and_valid(build_bert_datasets, config, t, num_train, num_valid)
 
 
 def describe_datasets(datasets):
@@ -58,6 +87,10 @@ def describe_datasets(datasets):
 def _describe(ds):
     if not hasattr(ds, "indexed"):
         return f"{type(ds).__name__}, {len(ds)} samples"
+    if hasattr(ds, "mapping"):  # BertDataset: epochs are whole, so the rows are the story
+        return (f"{ds.indexed.path_prefix}: {len(ds.documents)} documents, {len(ds)} sentence-run samples "
+                f"({ds.num_samples} asked), mapping {'built' if ds.built else 'loaded from cache'} "
+                f"({ds.cache_key[:10]})")
     return (f"{ds.indexed.path_prefix}: {len(ds.documents)} documents, {ds.tokens_per_epoch} tokens per epoch, "
             f"{ds.num_epochs()} epoch(s), {ds.num_samples} samples asked, index "
             f"{'built' if ds.built else 'loaded from cache'} ({ds.cache_key[:10]})")

@@ -9,9 +9,11 @@
 boundary i is the rounded running sum of the normalised fractions times the document count.
 """
 import math
+from typing import Callable, NamedTuple
 
 import numpy as np
 
+from .bert_dataset import BertDataset
 from .blended_dataset import BlendedDataset, blending_indices
 from .gpt_dataset import GPTDataset
 from .indexed_dataset import DatasetError, IndexedDataset, normalize_prefix
@@ -67,12 +69,43 @@ def split_ranges(fractions, num_documents):
     return [(bounds[i], bounds[i + 1]) for i in range(3)]
 
 
+class _Kind(NamedTuple):
+    """What differs between GPT and BERT data for the builder."""
+    dataset: Callable   # (indexed, documents, num_samples, split, config) -> dataset
+    documents: Callable  # indexed -> how many documents --split divides
+    tokens: Callable    # (indexed, ascending document range) -> its token count (blend weights)
+
+
+_GPT = _Kind(GPTDataset, len, lambda ds, docs: ds.sequence_lengths[docs].sum(dtype=np.int64))
+# BERT documents are lists of sentences (sequences): the .idx document index, not the sequences
+def _sentence_tokens(ds, docs):
+    if len(docs) == 0:
+        return 0
+    first, end = ds.document_indices[docs[0]], ds.document_indices[docs[-1] + 1]
+    return ds.sequence_lengths[first:end].sum(dtype=np.int64)
+
+
+_BERT = _Kind(BertDataset, lambda ds: ds.num_documents, _sentence_tokens)
+
+
 def build_gpt_datasets(config, num_samples, data_path=None, split="969,30,1", per_split=None):
     """[train, valid, test] datasets (None where num_samples is 0).
 
     config: GPTDatasetConfig; num_samples: 3 sample counts; data_path: a --data-path list;
     per_split: 3 lists (--train/valid/test-data-path), used whole, instead of data_path.
     """
+    return _build_datasets(_GPT, config, num_samples, data_path, split, per_split)
+
+
+def build_bert_datasets(config, num_samples, data_path=None, split="969,30,1", per_split=None):
+    """[train, valid, test] BertDatasets (None where num_samples is 0), as build_gpt_datasets.
+
+    config: BertDatasetConfig. --split divides each dataset's documents (lists of sentences).
+    """
+    return _build_datasets(_BERT, config, num_samples, data_path, split, per_split)
+
+
+def _build_datasets(kind, config, num_samples, data_path, split, per_split):
     opened = {}
 
     def open_ds(prefix):
@@ -92,33 +125,34 @@ def build_gpt_datasets(config, num_samples, data_path=None, split="969,30,1", pe
                 raise DatasetError(f"{n} {name} samples are needed ({_ASKED_BY[name]}) but no "
                                    f"--{name}-data-path was given")
             weights = blend[1] or [None] * len(blend[0])
-            parts = [(p, w, np.arange(len(open_ds(p)))) for p, w in zip(blend[0], weights)]
+            parts = [(p, w, np.arange(kind.documents(open_ds(p)))) for p, w in zip(blend[0], weights)]
         else:
             prefixes, weights = parse_blend(data_path)
             fractions = parse_split(split)
             parts = []
             for k, p in enumerate(prefixes):
-                a, b = split_ranges(fractions, len(open_ds(p)))[i]
+                count = kind.documents(open_ds(p))
+                a, b = split_ranges(fractions, count)[i]
                 if a == b:
                     raise DatasetError(
                         f"--split {split} gives the {name} split of {p} no documents (it has "
-                        f"{len(open_ds(p))}), but {n} {name} samples are needed ({_ASKED_BY[name]}); give the "
+                        f"{count}), but {n} {name} samples are needed ({_ASKED_BY[name]}); give the "
                         f"{name} split a share of --split{' or set --eval-iters 0' if name != 'train' else ''}")
                 parts.append((p, weights[k] if weights else None, np.arange(a, b)))
-        out.append(_blend_or_single(config, name, n, [(open_ds(p), w, docs) for p, w, docs in parts]))
+        out.append(_blend_or_single(kind, config, name, n, [(open_ds(p), w, docs) for p, w, docs in parts]))
     return out
 
 
-def _blend_or_single(config, name, n, parts):
+def _blend_or_single(kind, config, name, n, parts):
     if len(parts) == 1:
         ds, _, docs = parts[0]
-        return GPTDataset(ds, docs, n, name, config)
+        return kind.dataset(ds, docs, n, name, config)
     weights = [w for _, w, _ in parts]
     if weights[0] is None:  # unweighted: in proportion to each dataset's tokens in this split
-        weights = [float(ds.sequence_lengths[docs].sum(dtype=np.int64)) for ds, _, docs in parts]
+        weights = [float(kind.tokens(ds, docs)) for ds, _, docs in parts]
     weights = np.array(weights, dtype=np.float64) / float(sum(weights))
     dataset_index, dataset_sample_index = blending_indices(weights, n, config.cache_dir)
     counts = np.bincount(dataset_index, minlength=len(parts))
-    datasets = [GPTDataset(ds, docs, int(c), name, config) if c else None
+    datasets = [kind.dataset(ds, docs, int(c), name, config) if c else None
                 for (ds, _, docs), c in zip(parts, counts)]
     return BlendedDataset(datasets, weights, dataset_index, dataset_sample_index)

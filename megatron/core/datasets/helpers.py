@@ -117,3 +117,93 @@ def build_blending_indices_numpy(weights, size):
         choice[i], nth[i] = best, taken[best]
         taken[best] += 1
     return np.array(choice, dtype=np.int16), np.array(nth, dtype=np.int64)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+class SplitMix64:
+    """splitmix64, exactly as csrc/helpers.cpp draws it (the BERT mapping's only RNG)."""
+
+    def __init__(self, seed):
+        self.state = int(seed) & _MASK64
+
+    def next(self):
+        self.state = (self.state + 0x9E3779B97F4A7C15) & _MASK64
+        z = self.state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        return z ^ (z >> 31)
+
+    def below(self, n):
+        return self.next() % n
+
+    def uniform(self):
+        return float(self.next() >> 11) * (1.0 / 9007199254740992.0)
+
+
+def _bert_target(rng, short_seq_prob, max_target):
+    u = rng.uniform()
+    short_len = 2 + rng.below(max_target - 1)
+    return short_len if u < short_seq_prob else max_target
+
+
+def build_bert_mapping(doc_starts, doc_ends, sizes, num_epochs, max_num_samples, max_target, short_seq_prob,
+                       seed, min_num_sent, impl=None):
+    """BERT samples as runs of whole sentences: [rows, 3] = (first sentence, end sentence, target tokens).
+
+    Document d is sentences [doc_starts[d], doc_ends[d]) with token counts sizes (int32, one per
+    sentence). Documents with fewer than min_num_sent sentences, or with a sentence longer than
+    max_target tokens, give no rows. The rest are cut greedily per epoch into runs of at least
+    min_num_sent sentences holding target tokens (max_target, or with probability short_seq_prob a
+    length in [2, max_target]); see csrc/helpers.cpp. Whole epochs are added until max_num_samples
+    rows exist (at most num_epochs; an epoch with no row stops it), then the rows are shuffled.
+    Random numbers: splitmix64 from `seed`. int32 rows, int64 when sentence ids pass int32.
+    """
+    doc_starts = np.ascontiguousarray(doc_starts, dtype=np.int64)
+    doc_ends = np.ascontiguousarray(doc_ends, dtype=np.int64)
+    sizes = np.ascontiguousarray(sizes, dtype=np.int32)
+    use_int64 = len(sizes) > INT32_MAX
+    args = (int(num_epochs), int(max_num_samples), int(max_target), float(short_seq_prob),
+            int(seed) & _MASK64, int(min_num_sent))
+    if _pick(impl) == "cpp":
+        return helpers_cpp.build_mapping(doc_starts, doc_ends, sizes, *args, use_int64)
+    return build_bert_mapping_numpy(doc_starts, doc_ends, sizes, *args,
+                                    dtype=np.int64 if use_int64 else np.int32)
+
+
+def build_bert_mapping_numpy(doc_starts, doc_ends, sizes, num_epochs, max_num_samples, max_target,
+                             short_seq_prob, seed, min_num_sent, dtype=np.int32):
+    """The reference: the C++ loop in Python (the document filter in numpy)."""
+    if max_target < 2 or min_num_sent < 1 or num_epochs < 1:
+        raise ValueError("max_target must be >= 2, min_num_sent and num_epochs >= 1")
+    if len(doc_starts) != len(doc_ends):
+        raise ValueError("doc_starts and doc_ends differ in length")
+    if len(doc_starts) and ((doc_starts < 0).any() or (doc_ends < doc_starts).any() or doc_ends.max() > len(sizes)):
+        raise IndexError("a document's sentence range lies outside sizes")
+    usable = [d for d in range(len(doc_starts)) if doc_ends[d] - doc_starts[d] >= min_num_sent
+              and sizes[doc_starts[d]:doc_ends[d]].max() <= max_target]
+    sizes = sizes.tolist()
+    rng, rows = SplitMix64(seed), []
+    for _ in range(num_epochs):
+        if len(rows) >= max_num_samples:
+            break
+        before = len(rows)
+        for d in usable:
+            first, last = int(doc_starts[d]), int(doc_ends[d])
+            target = _bert_target(rng, short_seq_prob, max_target)
+            run_start, run_tokens = first, 0
+            for s in range(first, last):
+                run_tokens += sizes[s]
+                remaining = last - s - 1
+                if (run_tokens >= target and s + 1 - run_start >= min_num_sent and remaining >= min_num_sent) \
+                        or remaining == 0:
+                    rows.append((run_start, s + 1, target))
+                    run_start, run_tokens = s + 1, 0
+                    target = _bert_target(rng, short_seq_prob, max_target)
+        if len(rows) == before:
+            break
+    for i in range(len(rows) - 1, 0, -1):
+        j = rng.below(i + 1)
+        rows[i], rows[j] = rows[j], rows[i]
+    return np.array(rows, dtype=dtype).reshape(-1, 3)

@@ -1,6 +1,9 @@
 """Deterministic synthetic tokens, for tests and benchmarks."""
 import numpy as np
 
+from .bert_dataset import BertDatasetConfig
+from .bert_sample import build_sample
+
 
 class MockGPTDataset:
     """Sample i: an arithmetic sequence mod (vocab_size - 1) from a start and step drawn
@@ -23,3 +26,48 @@ class MockGPTDataset:
         tokens = np.full(self.seq_length + 1, self.eod, dtype=np.int64)
         tokens[:length] = (start + step * np.arange(length)) % modulus
         return {"tokens": tokens}
+
+
+def mock_bert_special_ids(vocab_size):
+    """Special ids for synthetic BERT data: the top four of the vocabulary (a NullTokenizer has
+    none), so the text ids [0, vocab_size - 4) stay contiguous. -> dict of cls/sep/mask/pad ids."""
+    if vocab_size < 6:
+        raise ValueError(f"mock BERT data needs a vocabulary of at least 6 ids, got {vocab_size}")
+    return {"cls_id": vocab_size - 4, "sep_id": vocab_size - 3, "mask_id": vocab_size - 2, "pad_id": vocab_size - 1}
+
+
+class MockBertDataset:
+    """BertDataset's samples from synthetic documents: document i is an arithmetic sequence mod
+    (vocab_size - 4) from a start and step drawn with seed (seed, i), cut into sentences of random
+    length. The order of A and B is then visible in the ids, so SOP is learnable. Special ids:
+    mock_bert_special_ids (also on self.config).
+    """
+
+    def __init__(self, num_samples, seq_length, vocab_size, seed, masked_lm_prob=0.15, short_seq_prob=0.1,
+                 binary_head=True, binary_head_task="sop"):
+        self.num_samples = num_samples
+        self.config = BertDatasetConfig(seq_length=seq_length, seed=seed, vocab_size=vocab_size,
+                                        masked_lm_prob=masked_lm_prob, short_seq_prob=short_seq_prob,
+                                        binary_head=binary_head, binary_head_task=binary_head_task,
+                                        **mock_bert_special_ids(vocab_size))
+
+    def __len__(self):
+        return self.num_samples
+
+    def _document(self, rng, tokens):
+        """Sentences (at least two) of one synthetic document holding at least `tokens` ids."""
+        modulus = self.config.vocab_size - 4
+        start, step = rng.integers(0, modulus), rng.integers(1, max(modulus, 2))
+        longest = max(2, self.config.max_target // 4)
+        lengths = []
+        while sum(lengths) < tokens or len(lengths) < 2:
+            lengths.append(int(rng.integers(1, longest + 1)))
+        ids = (start + step * np.arange(sum(lengths))) % modulus
+        return np.split(ids.astype(np.int64), np.cumsum(lengths)[:-1])
+
+    def __getitem__(self, idx):
+        c = self.config
+        rng = np.random.default_rng([c.seed, idx])
+        target = int(rng.integers(2, c.max_target + 1)) if rng.random() < c.short_seq_prob else c.max_target
+        return build_sample(self._document(rng, target), target, rng, c,
+                            lambda r: self._document(r, 2 * c.max_target))
