@@ -21,7 +21,6 @@ from megatron.core.parallel_state import ParallelConfigError
 from megatron.training.arguments import parse_args
 from megatron.training.config import BertOptions
 from megatron.training.data import build_bert_datasets_from_config, describe_datasets
-from megatron.training.embedded import prepare_embedded_bert_data
 from megatron.training.initialize import initialize_distributed, shutdown, validate_config
 from megatron.training.log import print_rank_0
 from megatron.training.tokenizer import TokenizerError, build_tokenizer
@@ -80,6 +79,7 @@ def main(argv=None):
             train_cfg.tokenizer_type = "BertWordPieceLowerCase"
         train_cfg.validate(1)  # tokenizer choice; re-checked with the real DP size below
         if train_cfg.uses_embedded_corpus:  # built once per machine, then cached
+            from megatron.training.embedded import prepare_embedded_bert_data
             prepare_embedded_bert_data(train_cfg, log=_print_first_rank)
         tokenizer = build_tokenizer(train_cfg)
         check_bert_config(model_cfg, train_cfg, bert, tokenizer)

@@ -107,10 +107,12 @@ class TrainingLogger:
         terms = loss if isinstance(loss, dict) else {"lm loss": loss}
         line = f" validation loss at iteration {iteration} |"
         for name, value in terms.items():
-            ppl = math.exp(min(20.0, value))
-            line += f" {name} value: {value:.6E} | {name} PPL: {ppl:.6E} |"
+            line += f" {name} value: {value:.6E} |"
             self.scalar(f"{name} validation", value, iteration)
-            self.scalar(f"{name} validation ppl", ppl, iteration)
+            if name == "lm loss":  # a perplexity means something for the token loss only
+                ppl = math.exp(min(20.0, value))
+                line += f" {name} PPL: {ppl:.6E} |"
+                self.scalar(f"{name} validation ppl", ppl, iteration)
         print_rank_last("-" * len(line) + "\n" + line + "\n" + "-" * len(line))
 
     def close(self):

@@ -24,6 +24,12 @@ def run_cli(args, nproc=1, script="pretrain_gpt.py", timeout=600, check=True, en
     return proc
 
 
+def term_losses(stdout, name):
+    """{iteration: value} of the loss term `name` (e.g. 'sop loss') from the iteration lines."""
+    pattern = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?\| " + re.escape(name) + r": ([0-9.Ee+-]+|nan) \|")
+    return {int(m.group(1)): float(m.group(2)) for m in pattern.finditer(stdout)}
+
+
 def losses(stdout):
     """{iteration: lm loss} from the iteration lines."""
     return {int(m.group(1)): float(m.group(2)) for m in LOSS_RE.finditer(stdout)}

@@ -1,0 +1,55 @@
+"""BERT loss parity through pretrain_bert.py: both losses (masked LM and sentence order) of
+every layout equal one process's, iteration by iteration (fp32)."""
+import pytest
+
+from .cli import run_cli, term_losses
+from .test_parity import assert_parity
+
+ITERS = 12
+BASE = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000",
+        "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+        "--seq-length", "64", "--micro-batch-size", "2", "--global-batch-size", "8",
+        "--train-iters", str(ITERS), "--log-interval", "1", "--eval-iters", "0",
+        "--hidden-dropout", "0", "--attention-dropout", "0", "--lr", "2e-3",
+        "--lr-warmup-iters", "2", "--seed", "7"]
+TP2, PP2 = ["--tensor-model-parallel-size", "2"], ["--pipeline-model-parallel-size", "2"]
+
+# name: (processes, layout flags, model flags shared with the one-process reference)
+LAYOUTS = {
+    "tp2": (2, TP2, []),
+    "pp2": (2, PP2, []),
+    "tp2-pp2-dp2": (8, TP2 + PP2, []),
+    "tp2-sp-pp2-vpp2-post-norm": (4, TP2 + PP2 + ["--sequence-parallel", "--num-layers-per-virtual-pipeline-stage",
+                                                  "1"], ["--post-norm"]),
+    "dp2-distopt-nsp": (2, ["--use-distributed-optimizer"], ["--binary-head-task", "nsp"]),
+    "tp2-pp2-no-binary-head": (4, TP2 + PP2, ["--bert-no-binary-head"]),
+}
+
+_reference = {}
+
+
+def reference(model_flags):
+    key = tuple(model_flags)
+    if key not in _reference:
+        _reference[key] = run_cli(BASE + model_flags, script="pretrain_bert.py").stdout
+    return _reference[key]
+
+
+def loss_names(model_flags):
+    if "--bert-no-binary-head" in model_flags:
+        return ["lm loss"]
+    return ["lm loss", "nsp loss" if "nsp" in model_flags else "sop loss"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_bert_layout_matches_one_process(name):
+    nproc, flags, model = LAYOUTS[name]
+    ref = reference(model)
+    got = run_cli(BASE + model + flags, nproc=nproc, script="pretrain_bert.py").stdout
+    for term in loss_names(model):
+        want = term_losses(ref, term)
+        assert sorted(want) == list(range(1, ITERS + 1)), f"no {term} in the reference log"
+        assert_parity(want, term_losses(got, term))
+    if "--bert-no-binary-head" in model:
+        assert "sop loss" not in got and "nsp loss" not in got
