@@ -7,7 +7,7 @@ import pytest
 from megatron.training.tokenizer import (BertWordPieceTokenizer, TokenizerError, build_tokenizer,
                                          build_wordpiece_vocab, write_vocab)
 from megatron.training.tokenizer.bert_wordpiece import split_words
-from tests.data_utils import EDGE_CASES, sample_texts
+from tests.data_utils import EDGE_CASES, run_tool, sample_texts, write_jsonl
 
 TEXTS = EDGE_CASES + [
     "Hello World! HELLO world, hello WORLD.", "The U.S. economy grew 3.5% in Q2 (e.g. exports).",
@@ -116,3 +116,18 @@ def test_bad_vocab_files_are_clear_errors(tmp_path, content, problem):
     assert problem in str(e.value) and str(path) in str(e.value) and "train_tokenizer.py" in str(e.value)
     with pytest.raises(TokenizerError, match="need --vocab-file"):
         build_tokenizer(types.SimpleNamespace(tokenizer_type="BertWordPieceLowerCase", vocab_file=None))
+
+
+def test_train_tokenizer_tool_writes_a_vocab_file(tmp_path):
+    jsonl = write_jsonl(tmp_path / "c.jsonl", sample_texts(40_000) + TEXTS)
+    proc = run_tool("train_tokenizer.py", ["--tokenizer-type", "BertWordPieceCase", "--input", jsonl,
+                                           "--model-prefix", tmp_path / "tok" / "bert", "--vocab-size", 700])
+    assert proc.returncode == 0, proc.stderr
+    path = str(tmp_path / "tok" / "bert.vocab.txt")
+    assert f"--tokenizer-type BertWordPieceCase --vocab-file {path}" in proc.stdout
+    tok = BertWordPieceTokenizer(path, lower_case=False)
+    assert tok.vocab_size == 700 and tok.unk not in tok.tokenize(TEXTS[0] + " Café 中文")
+    proc = run_tool("train_tokenizer.py", ["--tokenizer-type", "BertWordPieceCase", "--input", jsonl,
+                                           "--model-prefix", tmp_path / "small", "--vocab-size", 20])
+    assert proc.returncode == 1 and "use a vocab size of at least" in proc.stderr
+    assert not (tmp_path / "small.vocab.txt").exists()
