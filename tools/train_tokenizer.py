@@ -48,7 +48,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--input", nargs="+", required=True, help="text or jsonl files")
     p.add_argument("--json-keys", nargs="+", default=["text"], help="fields read from jsonl (default text)")
-    p.add_argument("--tokenizer-type", default="SentencePieceTokenizer", choices=("SentencePieceTokenizer",) + BERT_TYPES,
+    p.add_argument("--tokenizer-type", default="SentencePieceTokenizer",
+                   choices=("SentencePieceTokenizer",) + BERT_TYPES,
                    help="SentencePieceTokenizer (default) writes PREFIX.model and PREFIX.vocab; "
                         "BertWordPiece* writes PREFIX.vocab.txt (for --vocab-file)")
     p.add_argument("--model-prefix", required=True, help="output path prefix (see --tokenizer-type)")

@@ -84,7 +84,8 @@ def test_special_ids_eod_and_lookups(vocab_files):
     assert tok.text_to_tokens("HELLO, naiveo Worlds") == ["hello", ",", "naive", "##o", "[UNK]"]
     assert tok.tokenize("x" * 100) == [tok.vocab["x"]] + [tok.vocab["##x"]] * 99
     assert tok.tokenize("x" * 101) == [tok.unk]
-    cased = build_tokenizer(types.SimpleNamespace(tokenizer_type="BertWordPieceCase", vocab_file=vocab_files["hand-cased"][0]))
+    cased = build_tokenizer(types.SimpleNamespace(tokenizer_type="BertWordPieceCase",
+                                                  vocab_file=vocab_files["hand-cased"][0]))
     assert cased.text_to_tokens("HELLO Hello hello café") == ["HELLO", "Hello", "hello", "café"]
     assert pickle.loads(pickle.dumps(cased)).tokenize("Hello café") == cased.tokenize("Hello café")
 
@@ -114,7 +115,7 @@ def test_bad_vocab_files_are_clear_errors(tmp_path, content, problem):
     with pytest.raises(TokenizerError) as e:
         BertWordPieceTokenizer(str(path))
     assert problem in str(e.value) and str(path) in str(e.value) and "train_tokenizer.py" in str(e.value)
-    with pytest.raises(TokenizerError, match="need --vocab-file"):
+    with pytest.raises(TokenizerError, match="needs --vocab-file"):
         build_tokenizer(types.SimpleNamespace(tokenizer_type="BertWordPieceLowerCase", vocab_file=None))
 
 

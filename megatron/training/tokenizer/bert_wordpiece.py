@@ -16,10 +16,9 @@ One deliberate difference: "[MASK]", "[SEP]", ... written in the text are ordina
 (split into "[", "mask", "]"), as in Google's BERT and Megatron-LM, so a document cannot forge the
 tokens the BERT dataset inserts. HF matches them as special tokens unless `split_special_tokens=True`.
 """
-import os
 import unicodedata
 
-from .base import TokenizerError
+from .base import TokenizerError, require_file
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 CONTINUATION = "##"
@@ -88,10 +87,7 @@ def read_vocab(vocab_file):
     """vocab.txt -> list of tokens (index = id), or TokenizerError naming the file and the fix."""
     fix = ("pass a BERT vocab.txt (one token per line), or make one from your text with "
            "tools/train_tokenizer.py --tokenizer-type BertWordPieceLowerCase")
-    if not vocab_file:
-        raise TokenizerError(f"BertWordPiece tokenizers need --vocab-file; {fix}")
-    if not os.path.isfile(vocab_file):
-        raise TokenizerError(f"--vocab-file {vocab_file}: no such file; {fix}")
+    require_file("--vocab-file", vocab_file, "--tokenizer-type BertWordPieceLowerCase/BertWordPieceCase", fix)
     try:
         with open(vocab_file, encoding="utf-8") as fh:
             tokens = [line.rstrip("\n") for line in fh]
