@@ -6,12 +6,15 @@
     # -> data/my-corpus_text_document.bin / .idx ; train with --data-path data/my-corpus_text_document
 
 One JSON object per line; every --json-keys field (default text) becomes its own dataset.
+--split-sentences (for BERT) writes PREFIX_KEY_sentence.bin/.idx instead: one sequence per
+sentence, documents grouping their sentences (megatron/training/sentence_splitter.py has the rules).
 --partitions N splits the input by bytes into N parts processed at once (workers shared
 among them), then joins them: the output is byte-identical to one partition and one worker.
 A malformed line stops with its line number (exit 1), or with --skip-malformed is reported,
 skipped and counted.
 """
 import argparse
+import functools
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -25,6 +28,7 @@ from megatron.core.datasets.indexed_dataset import DatasetError, data_file_path,
     optimal_dtype  # noqa: E402
 from megatron.training.preprocess import MalformedLine, output_prefix_for, partition_bounds, \
     preprocess_range  # noqa: E402
+from megatron.training.sentence_splitter import split_sentences  # noqa: E402
 from megatron.training.tokenizer import TokenizerError, add_tokenizer_args, build_tokenizer  # noqa: E402
 
 
@@ -33,8 +37,13 @@ def parse_args(argv=None):
     g = p.add_argument_group("input and output")
     g.add_argument("--input", required=True, help="jsonl file, one document per line")
     g.add_argument("--json-keys", nargs="+", default=["text"], help="fields to tokenize (default text)")
-    g.add_argument("--output-prefix", required=True, help="writes PREFIX_KEY_document.bin/.idx per key")
+    g.add_argument("--output-prefix", required=True,
+                   help="writes PREFIX_KEY_document.bin/.idx per key (PREFIX_KEY_sentence with --split-sentences)")
     g.add_argument("--append-eod", action="store_true", help="end every document with the tokenizer's eod id")
+    g.add_argument("--split-sentences", action="store_true",
+                   help="one sequence per sentence, grouped by document (BERT data); line breaks end sentences")
+    g.add_argument("--keep-newlines", action="store_true",
+                   help="with --split-sentences: line breaks do not end sentences and stay in their text")
     g.add_argument("--workers", type=int, default=1, help="tokenizing processes in all (default 1)")
     g.add_argument("--partitions", type=int, default=1, help="split the input into this many parts run at once")
     g.add_argument("--skip-malformed", action="store_true",
@@ -44,14 +53,26 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.workers < 1 or args.partitions < 1:
         p.error("--workers and --partitions must be at least 1")
+    if args.keep_newlines and not args.split_sentences:
+        p.error("--keep-newlines goes with --split-sentences")
     return args
+
+
+def _splitter(args):
+    """The sentence splitter preprocess_range sends to its workers, or None (whole documents)."""
+    return functools.partial(split_sentences, keep_newlines=args.keep_newlines) if args.split_sentences else None
+
+
+def _dataset(prefix, key, args):
+    return output_prefix_for(prefix, key, args.split_sentences)
 
 
 def _run_partition(args, i, start, stop, conn):
     try:
         prog = preprocess_range(args.input, f"{args.output_prefix}.part{i}", args, args.json_keys,
                                 args.append_eod, max(1, args.workers // args.partitions), args.skip_malformed,
-                                args.log_interval, start, stop, label=f"[partition {i + 1}/{args.partitions}] ")
+                                args.log_interval, start, stop, label=f"[partition {i + 1}/{args.partitions}] ",
+                                splitter=_splitter(args))
         conn.send((True, (prog.docs, prog.skipped, prog.tokens, prog.bytes)))
     except (MalformedLine, DatasetError, TokenizerError, OSError) as e:
         conn.send((False, str(e)))
@@ -91,16 +112,16 @@ def run_partitions(args, dtype):
                 break
     for proc in procs:
         proc.join()
-    parts = [output_prefix_for(f"{args.output_prefix}.part{i}", k) for i in range(len(bounds)) for k in args.json_keys]
+    parts = [_dataset(f"{args.output_prefix}.part{i}", k, args) for i in range(len(bounds)) for k in args.json_keys]
     try:
         for result in results:
             if result is not None and not result[0]:
                 raise RuntimeError(result[1])
         for key in args.json_keys:  # join the parts in input order
-            builder = IndexedDatasetBuilder(output_prefix_for(args.output_prefix, key), dtype)
+            builder = IndexedDatasetBuilder(_dataset(args.output_prefix, key, args), dtype)
             try:
                 for i in range(len(bounds)):
-                    builder.add_index(output_prefix_for(f"{args.output_prefix}.part{i}", key))
+                    builder.add_index(_dataset(f"{args.output_prefix}.part{i}", key, args))
             except BaseException:
                 builder.abort()
                 raise
@@ -122,7 +143,7 @@ def main(argv=None):
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # we parallelise by process
         if args.partitions == 1:
             prog = preprocess_range(args.input, args.output_prefix, args, args.json_keys, args.append_eod,
-                                    args.workers, args.skip_malformed, args.log_interval)
+                                    args.workers, args.skip_malformed, args.log_interval, splitter=_splitter(args))
             docs, skipped = prog.docs, prog.skipped
             prog.report(final=True)
         else:
@@ -133,8 +154,8 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 1
     for key in args.json_keys:
-        print(f"wrote {output_prefix_for(args.output_prefix, key)}.bin/.idx "
-              f"(train with --data-path {output_prefix_for(args.output_prefix, key)})")
+        print(f"wrote {_dataset(args.output_prefix, key, args)}.bin/.idx "
+              f"(train with --data-path {_dataset(args.output_prefix, key, args)})")
     return 0
 
 

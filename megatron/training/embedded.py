@@ -7,6 +7,11 @@
   3. tokenized into a Megatron .bin/.idx dataset,
 under <--data-cache-path or ~/.cache/megatron-3d>/embedded/<key>/. The key covers the Python
 version, the stdlib location and the byte budget; the dataset name covers the tokenizer.
+
+For BERT (prepare_embedded_bert_data) the same files give a WordPiece vocabulary (unless a vocab
+file is given) and a sentence dataset as preprocess_data.py --split-sentences writes it: a source
+line (stripped, non-empty) is a sentence, a file is a document, files of fewer than 2 lines are
+left out (a BERT sample needs two segments), and no eod is added.
 """
 import hashlib
 import os
@@ -20,9 +25,10 @@ from ..core.datasets.index_cache import default_cache_root, file_lock
 from ..core.datasets.indexed_builder import IndexedDatasetBuilder
 from ..core.datasets.indexed_dataset import DatasetError, data_file_path, index_file_path, optimal_dtype
 from ..core.datasets.text_corpus import stdlib_documents
-from .tokenizer import build_tokenizer, train_sentencepiece
+from .tokenizer import TokenizerError, build_tokenizer, build_wordpiece_vocab, train_sentencepiece, write_vocab
 
 CORPUS_FORMAT = 1
+BERT_TOKENIZERS = ("BertWordPieceLowerCase", "BertWordPieceCase")
 _DOC_ORDER_SEED = 1234  # the corpus's document order is data, not a training choice
 
 
@@ -62,42 +68,99 @@ def prepare_embedded_data(cfg, log=print):
     Sets cfg.data_path, and cfg.tokenizer_model when a SentencePiece model is trained here.
     Returns the dataset prefix.
     """
+    return _in_cache(cfg, _prepare, log)
+
+
+def prepare_embedded_bert_data(cfg, log=print):
+    """Point cfg at the embedded corpus as BERT sentence data, building it (once, cached) if needed.
+
+    Without a BertWordPiece --tokenizer-type and --vocab-file, a BertWordPieceLowerCase vocabulary of
+    cfg.embedded_vocab_size tokens is learned from the corpus (BertWordPieceCase keeps case).
+    Sets cfg.tokenizer_type, cfg.vocab_file and cfg.data_path; returns the dataset prefix.
+    """
+    return _in_cache(cfg, _prepare_bert, log)
+
+
+def _in_cache(cfg, prepare, log):
     root = cfg.data_cache_path or default_cache_root()
     key = _md5(CORPUS_FORMAT, sys.version_info[:3], sysconfig.get_paths()["stdlib"], cfg.embedded_corpus_bytes)
     folder = os.path.join(root, "embedded", key[:16])
+    start = time.perf_counter()
     try:
         os.makedirs(folder, exist_ok=True)
-        return _prepare(cfg, folder, log)
+        with file_lock(os.path.join(folder, ".lock")):  # one process per machine builds; the others wait
+            prefix, built = prepare(cfg, folder)
     except OSError as e:
         raise DatasetError(f"cannot write the embedded corpus under {root} ({e.strerror or e}); point "
                            "--data-cache-path at a writable directory") from None
-
-
-def _prepare(cfg, folder, log):
-    start, built, docs = time.perf_counter(), [], None
-    with file_lock(os.path.join(folder, ".lock")):  # one process per machine builds; the others wait
-        if cfg.tokenizer_type in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer") and not cfg.tokenizer_model:
-            model_prefix = os.path.join(folder, f"spm_bpe_{cfg.embedded_vocab_size}")
-            if not os.path.isfile(model_prefix + ".model"):
-                docs = docs or _documents(cfg.embedded_corpus_bytes)
-                tmp = model_prefix + f".tmp{os.getpid()}"
-                train_sentencepiece(docs, tmp, cfg.embedded_vocab_size, "bpe", num_threads=1)
-                os.replace(tmp + ".vocab", model_prefix + ".vocab")
-                os.replace(tmp + ".model", model_prefix + ".model")
-                built.append(f"SentencePiece BPE tokenizer ({cfg.embedded_vocab_size} pieces)")
-            cfg.tokenizer_model = model_prefix + ".model"
-        tokenizer = build_tokenizer(cfg)
-        prefix = os.path.join(folder, f"{cfg.tokenizer_type}-{_tokenizer_key(cfg, tokenizer)}_text_document")
-        if not (os.path.isfile(data_file_path(prefix)) and os.path.isfile(index_file_path(prefix))):
-            docs = docs or _documents(cfg.embedded_corpus_bytes)
-            builder = IndexedDatasetBuilder(prefix, optimal_dtype(tokenizer.vocab_size))
-            for doc in docs:
-                ids = tokenizer.tokenize(doc) + [tokenizer.eod]
-                builder.add_document(ids, [len(ids)])
-            builder.finalize()
-            built.append(f"{len(docs)} documents tokenized")
     what = f"built ({', '.join(built)}) in {time.perf_counter() - start:.1f} s" if built else "reused from cache"
     log(f"> embedded corpus: Python {sys.version_info[0]}.{sys.version_info[1]} standard-library source, "
         f"{cfg.embedded_corpus_bytes / 1e6:.1f} MB, {what}: {prefix}")
     cfg.data_path = [prefix]
     return prefix
+
+
+def _prepare(cfg, folder):
+    built, docs = [], None
+    if cfg.tokenizer_type in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer") and not cfg.tokenizer_model:
+        model_prefix = os.path.join(folder, f"spm_bpe_{cfg.embedded_vocab_size}")
+        if not os.path.isfile(model_prefix + ".model"):
+            docs = docs or _documents(cfg.embedded_corpus_bytes)
+            tmp = model_prefix + f".tmp{os.getpid()}"
+            train_sentencepiece(docs, tmp, cfg.embedded_vocab_size, "bpe", num_threads=1)
+            os.replace(tmp + ".vocab", model_prefix + ".vocab")
+            os.replace(tmp + ".model", model_prefix + ".model")
+            built.append(f"SentencePiece BPE tokenizer ({cfg.embedded_vocab_size} pieces)")
+        cfg.tokenizer_model = model_prefix + ".model"
+    tokenizer = build_tokenizer(cfg)
+    prefix = os.path.join(folder, f"{cfg.tokenizer_type}-{_tokenizer_key(cfg, tokenizer)}_text_document")
+    if not (os.path.isfile(data_file_path(prefix)) and os.path.isfile(index_file_path(prefix))):
+        docs = docs or _documents(cfg.embedded_corpus_bytes)
+        builder = IndexedDatasetBuilder(prefix, optimal_dtype(tokenizer.vocab_size))
+        for doc in docs:
+            ids = tokenizer.tokenize(doc) + [tokenizer.eod]
+            builder.add_document(ids, [len(ids)])
+        builder.finalize()
+        built.append(f"{len(docs)} documents tokenized")
+    return prefix, built
+
+
+def code_sentences(doc):
+    """A source file's "sentences": its non-empty lines, stripped."""
+    return [line.strip() for line in doc.splitlines() if line.strip()]
+
+
+def _prepare_bert(cfg, folder):
+    built, docs = [], None
+    if cfg.tokenizer_type not in BERT_TOKENIZERS or not cfg.vocab_file:
+        if cfg.tokenizer_type not in BERT_TOKENIZERS:
+            cfg.tokenizer_type = "BertWordPieceLowerCase"
+        lower = cfg.tokenizer_type == "BertWordPieceLowerCase"
+        vocab_file = os.path.join(folder, f"bert_wordpiece_{'lower' if lower else 'cased'}_{cfg.embedded_vocab_size}"
+                                          ".vocab.txt")
+        if not os.path.isfile(vocab_file):
+            docs = _documents(cfg.embedded_corpus_bytes)
+            try:
+                vocab = build_wordpiece_vocab(docs, cfg.embedded_vocab_size, lower_case=lower)
+            except TokenizerError as e:
+                raise DatasetError(f"--embedded-vocab-size {cfg.embedded_vocab_size} is too small for the embedded "
+                                   f"corpus: {e}") from None
+            os.replace(write_vocab(vocab, vocab_file + f".tmp{os.getpid()}"), vocab_file)
+            built.append(f"WordPiece vocabulary ({len(vocab)} tokens)")
+        cfg.vocab_file = vocab_file
+    tokenizer = build_tokenizer(cfg)
+    prefix = os.path.join(folder, f"{cfg.tokenizer_type}-{_tokenizer_key(cfg, tokenizer)}_text_sentence")
+    if not (os.path.isfile(data_file_path(prefix)) and os.path.isfile(index_file_path(prefix))):
+        docs = docs or _documents(cfg.embedded_corpus_bytes)
+        builder, kept = IndexedDatasetBuilder(prefix, optimal_dtype(tokenizer.vocab_size)), 0
+        for doc in docs:
+            sentences = [ids for ids in map(tokenizer.tokenize, code_sentences(doc)) if ids]
+            if len(sentences) < 2:
+                continue
+            for ids in sentences:
+                builder.add_item(ids)
+            builder.end_document()
+            kept += 1
+        builder.finalize()
+        built.append(f"{kept} documents split into lines and tokenized")
+    return prefix, built

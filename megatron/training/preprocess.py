@@ -1,6 +1,10 @@
 """Streaming jsonl -> Megatron indexed datasets, for tools/preprocess_data.py and the embedded corpus.
 
-One document per line; each --json-keys field becomes {output_prefix}_{key}_document.bin/.idx.
+One document per line; each --json-keys field becomes {output_prefix}_{key}_document.bin/.idx,
+one sequence per document. With a sentence splitter (--split-sentences) it becomes
+{output_prefix}_{key}_sentence.bin/.idx instead: each sentence is one sequence and the document
+index groups a document's sentences, as Megatron-LM writes BERT data (empty sentences, and
+documents left with none, are dropped; eod goes at the end of the last sentence).
 Memory stays flat: lines are read lazily, at most `4 x workers` batches are in flight, and the
 writer spills its index to disk (indexed_builder.py). Output order is input order, so any
 number of workers (and partitions) writes the same bytes.
@@ -28,8 +32,9 @@ class MalformedLine(ValueError):
         self.lineno, self.problem = lineno, problem
 
 
-def output_prefix_for(output_prefix, key):
-    return f"{output_prefix}_{key}_document"
+def output_prefix_for(output_prefix, key, sentences=False):
+    """The dataset written for one json key: PREFIX_KEY_document, or PREFIX_KEY_sentence when split."""
+    return f"{output_prefix}_{key}_{'sentence' if sentences else 'document'}"
 
 
 def read_lines(path, start=0, stop=None):
@@ -71,8 +76,12 @@ def _init_worker(tokenizer_args):
     _worker_tokenizer = build_tokenizer(tokenizer_args)
 
 
-def encode_document(tokenizer, line, json_keys, append_eod):
-    """A jsonl line -> {key: int array} (eod appended if asked), or a str saying what is wrong."""
+def encode_document(tokenizer, line, json_keys, append_eod, splitter=None):
+    """A jsonl line -> {key: (int array, sequence lengths)}, or a str saying what is wrong.
+
+    Without a splitter the document is one sequence; with one (text -> list of sentences), each
+    non-empty sentence is one. eod, if asked, ends the last sequence.
+    """
     try:
         doc = json.loads(line.decode("utf-8"))
     except UnicodeDecodeError:
@@ -88,18 +97,23 @@ def encode_document(tokenizer, line, json_keys, append_eod):
         if not isinstance(doc[key], str):
             return f"{key!r} is of type {type(doc[key]).__name__}, not a string"
         try:
-            ids = tokenizer.tokenize(doc[key])
+            if splitter is None:
+                seqs = [list(tokenizer.tokenize(doc[key]))]
+            else:
+                seqs = [ids for ids in map(tokenizer.tokenize, splitter(doc[key])) if len(ids)]
         except (ValueError, TypeError) as e:
             return f"{key!r} cannot be tokenized ({e})"
-        if append_eod:
-            ids = list(ids) + [tokenizer.eod]
-        out[key] = np.asarray(ids, dtype=np.int32)  # half the bytes of int64 between processes
+        if append_eod and seqs:
+            seqs[-1] = list(seqs[-1]) + [tokenizer.eod]
+        ids = np.asarray([i for seq in seqs for i in seq], dtype=np.int32)  # half of int64's bytes between processes
+        out[key] = (ids, [len(seq) for seq in seqs])
     return out
 
 
-def _encode_batch(batch, json_keys, append_eod, tokenizer=None):
+def _encode_batch(batch, json_keys, append_eod, splitter, tokenizer=None):
     tok = tokenizer or _worker_tokenizer
-    return [(lineno, len(line), None if not line.strip() else encode_document(tok, line, json_keys, append_eod))
+    return [(lineno, len(line), None if not line.strip() else encode_document(tok, line, json_keys, append_eod,
+                                                                              splitter))
             for lineno, line in batch]
 
 
@@ -125,24 +139,26 @@ class Progress:
 
 
 def preprocess_range(input_path, output_prefix, tokenizer_args, json_keys, append_eod=False, workers=1,
-                     skip_malformed=False, log_interval=10000, start=0, stop=None, label=""):
+                     skip_malformed=False, log_interval=10000, start=0, stop=None, label="", splitter=None):
     """Encode the lines of input_path that begin in bytes [start, stop); returns a Progress.
 
     Raises MalformedLine on a bad line unless skip_malformed (then each is reported and counted).
+    splitter (a picklable text -> sentences function) writes one sequence per sentence.
     """
     tokenizer = build_tokenizer(tokenizer_args)
     dtype = optimal_dtype(tokenizer.vocab_size)
-    builders = {k: IndexedDatasetBuilder(output_prefix_for(output_prefix, k), dtype) for k in json_keys}
+    builders = {k: IndexedDatasetBuilder(output_prefix_for(output_prefix, k, splitter is not None), dtype)
+                for k in json_keys}
     progress = Progress(log_interval, label)
     pool = multiprocessing.Pool(workers, _init_worker, (tokenizer_args,)) if workers > 1 else None
     try:
         pending = deque()
         for batch in _batches(read_lines(input_path, start, stop)):
             if pool is None:
-                _write(_encode_batch(batch, json_keys, append_eod, tokenizer), builders, progress,
+                _write(_encode_batch(batch, json_keys, append_eod, splitter, tokenizer), builders, progress,
                        input_path, skip_malformed)
                 continue
-            pending.append(pool.apply_async(_encode_batch, (batch, json_keys, append_eod)))
+            pending.append(pool.apply_async(_encode_batch, (batch, json_keys, append_eod, splitter)))
             while len(pending) >= 4 * workers:  # bounded: the reader never runs far ahead
                 _write(pending.popleft().get(), builders, progress, input_path, skip_malformed)
         while pending:
@@ -171,9 +187,10 @@ def _write(results, builders, progress, input_path, skip_malformed):
             progress.skipped += 1
             print(f"warning: {input_path} line {lineno}: {encoded}; skipped", file=sys.stderr)
             continue
-        for key, ids in encoded.items():
-            builders[key].add_document(ids, [len(ids)])
-        progress.add(nbytes, sum(len(ids) for ids in encoded.values()))
+        for key, (ids, lengths) in encoded.items():
+            if lengths:  # a split document with no sentence left is dropped
+                builders[key].add_document(ids, lengths)
+        progress.add(nbytes, sum(len(ids) for ids, _ in encoded.values()))
 
 
 def partition_bounds(path, partitions):

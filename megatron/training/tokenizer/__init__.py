@@ -1,6 +1,8 @@
 """Tokenizers, picked by --tokenizer-type (Megatron-LM names).
 
     GPT2BPETokenizer        --vocab-file vocab.json --merge-file merges.txt (byte-level BPE)
+    BertWordPieceLowerCase  --vocab-file vocab.txt (BERT WordPiece, lower-cased, accents stripped)
+    BertWordPieceCase       --vocab-file vocab.txt (BERT WordPiece, case kept)
     SentencePieceTokenizer  --tokenizer-model x.model (GPTSentencePieceTokenizer is an alias)
     HuggingFaceTokenizer    --tokenizer-model tokenizer.json or a folder (needs `tokenizers`)
     NullTokenizer           --vocab-size N (ids written as integers in the text; eod = N)
@@ -9,13 +11,15 @@
 No module here imports torch, so tools/ start fast.
 """
 from .base import TokenizerError
+from .bert_wordpiece import BertWordPieceTokenizer
 from .gpt2_bpe import GPT2BPETokenizer
 from .huggingface import HuggingFaceTokenizer
 from .sentencepiece_tokenizer import SentencePieceTokenizer, train_sentencepiece
 from .simple import ByteTokenizer, NullTokenizer
+from .wordpiece_trainer import build_wordpiece_vocab, write_vocab
 
-TOKENIZER_TYPES = ["GPT2BPETokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
-                   "HuggingFaceTokenizer", "NullTokenizer", "ByteTokenizer"]
+TOKENIZER_TYPES = ["GPT2BPETokenizer", "BertWordPieceLowerCase", "BertWordPieceCase", "SentencePieceTokenizer",
+                   "GPTSentencePieceTokenizer", "HuggingFaceTokenizer", "NullTokenizer", "ByteTokenizer"]
 
 
 def build_tokenizer(cfg):
@@ -24,6 +28,8 @@ def build_tokenizer(cfg):
     kind = cfg.tokenizer_type
     if kind == "GPT2BPETokenizer":
         return GPT2BPETokenizer(cfg.vocab_file, cfg.merge_file)
+    if kind in ("BertWordPieceLowerCase", "BertWordPieceCase"):
+        return BertWordPieceTokenizer(cfg.vocab_file, lower_case=kind == "BertWordPieceLowerCase")
     if kind in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer"):
         return SentencePieceTokenizer(cfg.tokenizer_model)
     if kind == "HuggingFaceTokenizer":
@@ -41,7 +47,7 @@ def add_tokenizer_args(parser):
     """The tokenizer flags, for the tools (the trainer generates its own from TrainingConfig)."""
     g = parser.add_argument_group("tokenizer")
     g.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPES)
-    g.add_argument("--vocab-file", help="GPT2BPETokenizer: vocab.json")
+    g.add_argument("--vocab-file", help="GPT2BPETokenizer: vocab.json; BertWordPiece*: vocab.txt")
     g.add_argument("--merge-file", help="GPT2BPETokenizer: merges.txt")
     g.add_argument("--tokenizer-model", help="SentencePiece .model, or HF tokenizer.json / folder")
     g.add_argument("--vocab-size", type=int, help="NullTokenizer: ids are 0..N-1, eod is N")

@@ -5,10 +5,9 @@ UTF-8 bytes as printable unicode symbols (bytes_to_unicode) -> merges applied by
 ids from vocab.json. The end-of-document id is that of "<|endoftext|>".
 """
 import json
-import os
 from functools import lru_cache
 
-from .base import TokenizerError
+from .base import TokenizerError, require_file
 
 try:  # the `regex` module has \p{L} / \p{N}, as GPT-2's pattern needs
     import regex as _re
@@ -67,10 +66,7 @@ class GPT2BPETokenizer:
 
     def __init__(self, vocab_file, merge_file):
         for flag, path in (("--vocab-file", vocab_file), ("--merge-file", merge_file)):
-            if not path:
-                raise TokenizerError(f"--tokenizer-type GPT2BPETokenizer needs {flag}")
-            if not os.path.isfile(path):
-                raise TokenizerError(f"{flag} {path}: no such file")
+            require_file(flag, path, "--tokenizer-type GPT2BPETokenizer")
         try:
             with open(vocab_file, encoding="utf-8") as fh:
                 self.encoder = json.load(fh)
