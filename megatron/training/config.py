@@ -52,7 +52,7 @@ class TrainingConfig:
     tokenizer_type: Optional[str] = opt(
         None, "Tokenizer (default: NullTokenizer with --mock-data; a SentencePiece model trained on the "
         "embedded corpus without data flags; required with --data-path).", choices=TOKENIZER_TYPES)
-    vocab_file: Optional[str] = opt(None, "GPT2BPETokenizer vocab.json.")
+    vocab_file: Optional[str] = opt(None, "GPT2BPETokenizer vocab.json, or BertWordPiece* vocab.txt (one token per line).")
     merge_file: Optional[str] = opt(None, "GPT2BPETokenizer merges.txt.")
     tokenizer_model: Optional[str] = opt(None, "SentencePiece .model, or a Hugging Face tokenizer.json or folder.")
     vocab_size: Optional[int] = opt(None, "NullTokenizer: ids 0..N-1, end-of-document N.")
