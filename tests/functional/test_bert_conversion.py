@@ -90,3 +90,23 @@ def test_pre_norm_bert_does_not_convert_to_hf(tmp_path):
     from megatron.core.checkpointing.hf_bert import ours_to_bert
     with pytest.raises(CheckpointError, match="--post-norm"):
         ours_to_bert({"post_norm": False, "hidden_size": 8, "num_attention_heads": 2}, {})
+
+
+@pytest.mark.slow
+def test_trained_post_norm_checkpoint_converts_to_hf_with_the_same_logits(tmp_path):
+    from .cli import run_cli
+    ckpt, hf_dir = str(tmp_path / "ckpt"), str(tmp_path / "hf")
+    run_cli(["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB - 1), "--num-layers", "2",
+             "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32", "--train-iters", "3",
+             "--eval-iters", "0", "--post-norm", "--tensor-model-parallel-size", "2", "--save", ckpt],
+            nproc=2, script="pretrain_bert.py")
+    assert _convert()(["--model-type", "BERT", "--loader", "megatron", "--saver", "hf", "--load-dir", ckpt,
+                       "--save-dir", hf_dir]) == 0
+    model = transformers.BertForPreTraining.from_pretrained(hf_dir, local_files_only=True).eval()
+    ids, types, mask = _inputs()
+    with torch.no_grad():
+        out = model(input_ids=ids, token_type_ids=types, attention_mask=mask)
+    real = mask.bool()
+    (logits, binary), = spawn(1, _our_logits, ckpt)
+    torch.testing.assert_close(logits[real], out.prediction_logits[real], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(binary, out.seq_relationship_logits, rtol=1e-5, atol=1e-5)
