@@ -9,24 +9,17 @@
         --pipeline-model-parallel-size 2 ...
 """
 import functools
-import os
 import sys
 
-from megatron.core.checkpointing import CheckpointError, find_checkpoint, same_dir
 from megatron.core.config import ConfigError
-from megatron.core.datasets import DatasetError
 from megatron.core.datasets.bert_dataset import collate_bert
 from megatron.core.models.bert import BertModel
-from megatron.core.parallel_state import ParallelConfigError
 from megatron.training.arguments import parse_args
 from megatron.training.config import BertOptions
-from megatron.training.data import build_bert_datasets_from_config, describe_datasets
-from megatron.training.initialize import initialize_distributed, shutdown, validate_config
-from megatron.training.log import print_rank_0
-from megatron.training.tokenizer import TokenizerError, build_tokenizer
-from megatron.training.training import pretrain
+from megatron.training.data import build_bert_datasets_from_config
+from megatron.training.launch import USER_ERRORS, print_first_rank, run_pretrain, start, user_error
+from megatron.training.tokenizer import build_tokenizer
 
-USER_ERRORS = (ConfigError, ParallelConfigError, DatasetError, TokenizerError, CheckpointError)
 SPECIAL_TOKENS = ("cls", "sep", "mask", "pad")
 
 
@@ -53,11 +46,6 @@ def forward_step(model, batch, binary_name=None):
     return losses, masks
 
 
-def _print_first_rank(msg):
-    if os.environ.get("RANK", "0") == "0":
-        print(msg, flush=True)
-
-
 def check_bert_config(model_cfg, train_cfg, bert, tokenizer):
     """BERT-only checks, before any process group (raises ConfigError)."""
     bert.validate()
@@ -80,33 +68,21 @@ def main(argv=None):
         train_cfg.validate(1)  # tokenizer choice; re-checked with the real DP size below
         if train_cfg.uses_embedded_corpus:  # built once per machine, then cached
             from megatron.training.embedded import prepare_embedded_bert_data
-            prepare_embedded_bert_data(train_cfg, log=_print_first_rank)
+            prepare_embedded_bert_data(train_cfg, log=print_first_rank)
         tokenizer = build_tokenizer(train_cfg)
         check_bert_config(model_cfg, train_cfg, bert, tokenizer)
-        validate_config(model_cfg, train_cfg, tokenizer.vocab_size)
-        if train_cfg.load:
-            find_checkpoint(train_cfg.load, allow_empty=same_dir(train_cfg.load, train_cfg.save))
-        groups, device = initialize_distributed(model_cfg, train_cfg)
-        datasets = build_bert_datasets_from_config(train_cfg, model_cfg, tokenizer, bert.bert_binary_head,
-                                                   bert.binary_head_task, bert.mask_prob, bert.short_seq_prob)
-        for line in describe_datasets(datasets):
-            print_rank_0(line)
-    except USER_ERRORS as e:  # bad input: one line, no traceback
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        build = functools.partial(build_bert_datasets_from_config, binary_head=bert.bert_binary_head,
+                                  binary_head_task=bert.binary_head_task, masked_lm_prob=bert.mask_prob,
+                                  short_seq_prob=bert.short_seq_prob)
+        groups, device, datasets = start(model_cfg, train_cfg, tokenizer, build)
+    except USER_ERRORS as e:
+        return user_error(e)
     terms = bert.loss_terms
     binary_name = next((name for name in terms if name != "lm loss"), None)
-    provider = functools.partial(model_provider, add_binary_head=bert.bert_binary_head)
-    step = functools.partial(forward_step, binary_name=binary_name)
-    try:
-        pretrain(model_cfg, train_cfg, groups, device, provider, step, datasets, type(tokenizer).__name__,
-                 loss_terms=terms, collate=collate_bert)
-    except CheckpointError as e:
-        if groups.rank == 0:
-            print(f"error: {e}", file=sys.stderr)
-        return 2
-    shutdown()
-    return 0
+    return run_pretrain(model_cfg, train_cfg, groups, device,
+                        functools.partial(model_provider, add_binary_head=bert.bert_binary_head),
+                        functools.partial(forward_step, binary_name=binary_name), datasets,
+                        type(tokenizer).__name__, loss_terms=terms, collate=collate_bert)
 
 
 if __name__ == "__main__":

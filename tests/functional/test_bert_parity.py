@@ -3,15 +3,9 @@ every layout equal one process's, iteration by iteration (fp32)."""
 import pytest
 
 from .cli import run_cli, term_losses
-from .test_parity import assert_parity
+from .test_parity import BASE as GPT_BASE, ITERS, assert_parity
 
-ITERS = 12
-BASE = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000",
-        "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
-        "--seq-length", "64", "--micro-batch-size", "2", "--global-batch-size", "8",
-        "--train-iters", str(ITERS), "--log-interval", "1", "--eval-iters", "0",
-        "--hidden-dropout", "0", "--attention-dropout", "0", "--lr", "2e-3",
-        "--lr-warmup-iters", "2", "--seed", "7"]
+BASE = GPT_BASE + ["--num-layers", "4"]  # enough layers for 2 stages x 2 chunks; the last flag wins
 TP2, PP2 = ["--tensor-model-parallel-size", "2"], ["--pipeline-model-parallel-size", "2"]
 
 # name: (processes, layout flags, model flags shared with the one-process reference)
