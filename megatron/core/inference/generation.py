@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..checkpointing import CheckpointReader, find_checkpoint, local_shard
+from ..checkpointing import CheckpointError, CheckpointReader, find_checkpoint, local_shard
 from ..config import TransformerConfig
 from ..models.gpt import GPTModel
 from ..tensor_parallel.mappings import gather_from_tensor_model_parallel_region
@@ -38,6 +38,9 @@ def load_model(load_dir, groups, device, dtype=None):
     checkpoint's weights. dtype overrides the saved parameter dtype (e.g. torch.float32)."""
     reader = CheckpointReader(find_checkpoint(load_dir))
     config = config_from_checkpoint(reader.metadata["args"]["model"], groups.tp_size)
+    if config.post_norm or "tokentype_embeddings" in reader.keys():
+        raise CheckpointError(f"{load_dir} is not a pre-norm GPT checkpoint (post-norm layers or BERT); "
+                              "generation runs GPT models trained without --post-norm")
     if dtype is not None:
         config.params_dtype = dtype
     model = GPTModel(config, groups, device=device)
