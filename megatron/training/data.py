@@ -24,14 +24,18 @@ def build_datasets(train_cfg, model_cfg, tokenizer):
     Raises DatasetError (one line) for missing, corrupt or too small data.
     """
     t, s = train_cfg, model_cfg.seq_length
-    num_train = t.train_iters * t.global_batch_size
-    num_valid = t.eval_iters * t.global_batch_size  # evaluation re-reads the first eval_iters batches
+    num_train, num_valid = _sample_counts(t)
     if t.mock_data:
         return (MockGPTDataset(num_train, s, tokenizer.vocab_size, t.seed, tokenizer.eod),
                 MockGPTDataset(max(1, num_valid), s, tokenizer.vocab_size, t.seed + 1, tokenizer.eod))
     config = GPTDatasetConfig(seq_length=s, seed=t.seed, cache_dir=index_cache_dir(t),
                               vocab_size=tokenizer.vocab_size)
     return _train_and_valid(build_gpt_datasets, config, t, num_train, num_valid)
+
+
+def _sample_counts(t):
+    """(train, valid) samples the run reads; evaluation re-reads the first eval_iters batches."""
+    return t.train_iters * t.global_batch_size, t.eval_iters * t.global_batch_size
 
 
 def _train_and_valid(build, config, t, num_train, num_valid):
@@ -55,8 +59,7 @@ def build_bert_datasets_from_config(train_cfg, model_cfg, tokenizer, binary_head
     (mock_bert_special_ids), so a NullTokenizer works.
     """
     t, s = train_cfg, model_cfg.seq_length
-    num_train = t.train_iters * t.global_batch_size
-    num_valid = t.eval_iters * t.global_batch_size
+    num_train, num_valid = _sample_counts(t)
     options = {"masked_lm_prob": masked_lm_prob, "short_seq_prob": short_seq_prob, "binary_head": binary_head,
                "binary_head_task": binary_head_task}
     if t.mock_data:

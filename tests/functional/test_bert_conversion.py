@@ -110,3 +110,12 @@ def test_trained_post_norm_checkpoint_converts_to_hf_with_the_same_logits(tmp_pa
     (logits, binary), = spawn(1, _our_logits, ckpt)
     torch.testing.assert_close(logits[real], out.prediction_logits[real], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(binary, out.seq_relationship_logits, rtol=1e-5, atol=1e-5)
+
+
+def test_a_non_bert_hf_model_is_refused_for_model_type_bert(tmp_path):
+    from .test_conversion import tiny_hf
+    tiny_hf("gpt2", str(tmp_path / "hf"))
+    code = _convert()(["--model-type", "BERT", "--loader", "hf", "--saver", "megatron",
+                       "--load-dir", str(tmp_path / "hf"), "--save-dir", str(tmp_path / "ours")])
+    assert code == 2
+    assert not (tmp_path / "ours").exists()

@@ -76,15 +76,16 @@ class _Kind(NamedTuple):
     tokens: Callable    # (indexed, ascending document range) -> its token count (blend weights)
 
 
-_GPT = _Kind(GPTDataset, len, lambda ds, docs: ds.sequence_lengths[docs].sum(dtype=np.int64))
-# BERT documents are lists of sentences (sequences): the .idx document index, not the sequences
 def _sentence_tokens(ds, docs):
+    """Tokens of an ascending range of BERT documents: lists of sentences (the .idx document
+    index), not sequences as GPT's."""
     if len(docs) == 0:
         return 0
     first, end = ds.document_indices[docs[0]], ds.document_indices[docs[-1] + 1]
     return ds.sequence_lengths[first:end].sum(dtype=np.int64)
 
 
+_GPT = _Kind(GPTDataset, len, lambda ds, docs: ds.sequence_lengths[docs].sum(dtype=np.int64))
 _BERT = _Kind(BertDataset, lambda ds: ds.num_documents, _sentence_tokens)
 
 
