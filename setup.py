@@ -81,5 +81,5 @@ setup(
     install_requires=["torch>=2.4", "numpy", "sentencepiece", "tensorboard"],
     # hf: HuggingFace tokenizers (--tokenizer-type HuggingFaceTokenizer) and checkpoint conversion
     # (tools/checkpoint/convert.py); the tests that need them skip without them
-    extras_require={"test": ["pytest", "pytest-timeout", "transformers"], "hf": ["tokenizers", "transformers"]},
+    extras_require={"test": ["pytest", "pytest-timeout", "transformers", "ruff"], "hf": ["tokenizers", "transformers"]},
 )

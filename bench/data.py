@@ -43,7 +43,7 @@ def bench_indices(num_docs, num_tokens, rows):
     doc_index = _document_index(np.arange(num_docs, dtype=np.int32), 1, np.random.RandomState(0))
     tokens = int(sizes.sum())
     for seq in (2048, 128):
-        run = {impl: best_of(lambda i=impl: helpers.build_sample_idx(sizes, doc_index, seq, 1, tokens, impl=i), 7)
+        run = {impl: best_of(lambda i=impl, q=seq: helpers.build_sample_idx(sizes, doc_index, q, 1, tokens, impl=i), 7)
                for impl in ("cpp", "numpy")}
         assert np.array_equal(run["cpp"][2], run["numpy"][2])
         rows.append(("sample index", f"{num_docs:,} docs / {tokens:,} tokens, seq {seq} "
@@ -105,7 +105,9 @@ def main():
         "- timing: best of 7 (sample index) / 3 (blending) runs; preprocess: best of 3 runs, the tool's own rate",
         "", "| index | size | C++ s | numpy s | numpy / C++ |", "|---|---|---:|---:|---:|"]
     lines += [f"| {n} | {s} | {c:.4f} | {r:.4f} | {r / c:.1f}x |" for n, s, c, r in idx_rows]
-    lines += ["", "| tokenizer | workers | tokens | input MB | tokens/s | MB/s | wall s |", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += ["",
+              "| tokenizer | workers | tokens | input MB | tokens/s | MB/s | wall s |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {n} | {w} | {t:,} | {mb:.1f} | {tps:,.0f} | {mbs:.2f} | {wall:.1f} |"
               for n, w, t, mb, tps, mbs, wall in pre_rows]
     for name in dict.fromkeys(r[0] for r in pre_rows):

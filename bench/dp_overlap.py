@@ -52,7 +52,8 @@ def _worker(rank, a, port, out):
                            ddp_bucket_size=a.bucket_size, bf16=a.bf16)
         t.validate(a.dp)
         model_parallel_seed(1, 0, 0, device)
-        runs[name] = setup_model_and_optimizer(cfg, t, groups, device, lambda c, g, d, **kw: GPTModel(c, g, device=d, **kw))
+        runs[name] = setup_model_and_optimizer(cfg, t, groups, device,
+                                               lambda c, g, d, **kw: GPTModel(c, g, device=d, **kw))
     gen = torch.Generator().manual_seed(rank)
     batches = []
     for _ in range(a.accum):
@@ -73,7 +74,7 @@ def _worker(rank, a, port, out):
             if r >= a.warmup:
                 times[name].append(time.perf_counter() - t0)
     if rank == 0:
-        out.put({k: v for k, v in times.items()})
+        out.put(dict(times.items()))
     dist.destroy_process_group()
 
 
@@ -121,7 +122,8 @@ def main():
             f.write(f"\n## {datetime.date.today()} DP={a.dp} on {a.device}\n\n"
                     f"- command: `python {' '.join(sys.argv)}`\n- torch {torch.__version__}, python "
                     f"{platform.python_version()}, {os.cpu_count()} CPU cores\n"
-                    f"- model: {a.layers} layers, hidden {a.hidden}, seq {a.seq}, vocab {a.vocab} (~{params / 1e6:.1f}M "
+                    f"- model: {a.layers} layers, hidden {a.hidden}, seq {a.seq}, vocab {a.vocab} "
+                    f"(~{params / 1e6:.1f}M "
                     f"params), micro batch {a.micro_batch} x {a.accum}, buckets of {a.bucket_size:,} elements, "
                     f"{'bf16' if a.bf16 else 'fp32'}; {a.rounds} timed rounds after {a.warmup} warm-up\n\n"
                     f"{table}\n\n**{summary}**\n")

@@ -23,7 +23,6 @@ bench/results/overhead_<device>[_<dtype>].md.
 """
 import argparse
 import datetime
-import math
 import os
 import platform
 import socket
@@ -37,8 +36,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from megatron.core.config import TransformerConfig
-from megatron.core.models.gpt import GPTModel
 from megatron.core.distributed import DistributedDataParallel
+from megatron.core.models.gpt import GPTModel
 from megatron.core.optimizer import LRScheduler, MegatronOptimizer
 from megatron.core.parallel_state import initialize_model_parallel
 from megatron.core.tensor_parallel.initialization import initialize_parameters
@@ -211,7 +210,8 @@ def main(argv=None):
                    help="after timing, print a torch.profiler op table for a few steps")
     p.add_argument("--profile-steps", type=int, default=3)
     p.add_argument("--no-write", action="store_true", help="do not write bench/results/*.md")
-    p.add_argument("--append", action="store_true", help="append this run to the results file instead of overwriting it")
+    p.add_argument("--append", action="store_true",
+                   help="append this run to the results file instead of overwriting it")
     p.add_argument("--out", default=None, help="results file (default bench/results/overhead_<device>[_<dtype>].md)")
     a = p.parse_args(argv)
     a.ffn = a.ffn or 4 * a.hidden
@@ -333,7 +333,8 @@ def main(argv=None):
     print(table)
     print(summary)
 
-    cmd = "PYTHONPATH=. python " + " ".join([os.path.relpath(sys.argv[0])] + (argv if argv is not None else sys.argv[1:]))
+    cmd = "PYTHONPATH=. python " + " ".join(
+        [os.path.relpath(sys.argv[0])] + (argv if argv is not None else sys.argv[1:]))
     dev_name = torch.cuda.get_device_name(0) if device.type == "cuda" else \
         f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
     md = "\n".join([

@@ -23,7 +23,6 @@ import datetime
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from types import SimpleNamespace
@@ -110,8 +109,9 @@ def _body(groups, configs, stage_s, kind, repeats):
 
 def main():
     from pipeline_timeline import bubble, write
-    from tests.harness import spawn
+
     from megatron.core.pipeline_parallel.simulator import predicted_bubble
+    from tests.harness import spawn
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pp", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--microbatches", type=int, nargs="+", default=[4, 8, 16])

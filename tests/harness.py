@@ -13,6 +13,7 @@ hangs: after `timeout` seconds every rank still running is killed and spawn rais
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import queue as queue_mod
@@ -57,10 +58,8 @@ def _worker(rank, world_size, port, tp, pp, timeout, fn, args, results):
         # report before tearing down: the teardown makes the peers fail too, and the
         # parent should hear about the root cause first
         results.put((rank, False, traceback.format_exc()))
-        try:
+        with contextlib.suppress(BaseException):
             cleanup()
-        except BaseException:  # noqa: BLE001
-            pass
         return
     results.put((rank, True, value))
 

@@ -19,8 +19,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron.core.comm import PlanGroup  # noqa: E402
 from megatron.core.config import ConfigError  # noqa: E402
-from megatron.core.distributed.param_and_grad_buffer import bucket_layout  # noqa: E402
 from megatron.core.distributed.ddp import DEFAULT_BUCKET_SIZE  # noqa: E402
+from megatron.core.distributed.param_and_grad_buffer import bucket_layout  # noqa: E402
 from megatron.core.models.gpt import GPTModel  # noqa: E402
 from megatron.core.parallel_state import ParallelConfigError, validate_parallel_sizes  # noqa: E402
 from megatron.training.arguments import parse_args  # noqa: E402
@@ -114,7 +114,8 @@ def main(argv=None):
     for r, est in enumerate(stages):
         act = est["activations"] * est["in_flight"]
         total = est["params"] + est["grads"] + est["optimizer"] + act
-        print(f"stage {r} ({est['layers']} layers), per rank (world {known.world_size}): bytes: params {est['params']:,}"
+        print(f"stage {r} ({est['layers']} layers), per rank (world {known.world_size}): "
+              f"bytes: params {est['params']:,}"
               f" grads {est['grads']:,} optimizer {est['optimizer']:,} | activations {est['activations']:,} per"
               f" microbatch x {est['in_flight']} in flight | total {total / 2**30:.2f} GiB")
     return 0

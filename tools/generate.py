@@ -60,7 +60,8 @@ def main(argv=None):
             raise ParallelConfigError(f"launch exactly --tensor-model-parallel-size "
                                       f"({a.tensor_model_parallel_size}) processes, got {dist.get_world_size()}")
         groups = initialize_model_parallel(a.tensor_model_parallel_size, 1)
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
+            if torch.cuda.is_available() else torch.device("cpu")
         model, config, _ = load_model(a.load, groups, device)
     except (CheckpointError, ConfigError, ParallelConfigError) as e:
         print(f"error: {e}", file=sys.stderr)

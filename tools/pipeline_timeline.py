@@ -73,7 +73,7 @@ def render_svg(spans, title, width=1100, row=30):
     y = top + len(ranks) * (row + gap) + 14
     chunks = sorted({c for ss in spans.values() for k, c, *_ in ss if k in ("F", "B")})
     x = left
-    for kind, colors, name in (("F", F_COLORS, "forward"), ("B", B_COLORS, "backward")):
+    for _kind, colors, name in (("F", F_COLORS, "forward"), ("B", B_COLORS, "backward")):
         for c in chunks:
             out.append(f'<rect x="{x}" y="{y}" width="12" height="12" fill="{colors[c % 4]}"/>')
             label = f"{name}" + (f" chunk {c}" if len(chunks) > 1 else "")
@@ -91,7 +91,7 @@ def _pyplot():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SystemExit("error: PNG output needs matplotlib, which is not installed; write an .svg instead")
+        raise SystemExit("error: PNG output needs matplotlib, which is not installed; write an .svg instead") from None
     return plt
 
 
@@ -103,7 +103,7 @@ def write(spans, title, path):
         ranks = sorted(spans, key=int)
         fig, ax = plt.subplots(figsize=(12, 0.5 * len(ranks) + 1))
         for i, r in enumerate(ranks):
-            for kind, chunk, mb, s, e in spans[r]:
+            for kind, chunk, _mb, s, e in spans[r]:
                 if kind != "comm":
                     ax.broken_barh([(s - t0, e - s)], (i - 0.4, 0.8),
                                    color=(F_COLORS if kind == "F" else B_COLORS)[chunk % 4])
@@ -144,14 +144,15 @@ def main(argv=None):
         try:
             actions = build_schedule(a.pp, a.microbatches, a.vpp, a.schedule)
         except ScheduleError as e:
-            raise SystemExit(f"error: {e}")
+            raise SystemExit(f"error: {e}") from None
         timeline = simulate(actions, uniform_costs(a.forward_cost, a.backward_cost, a.comm_cost, a.vpp))
         spans = spans_from_simulation(timeline)
         print("peak microbatches in flight per rank (forwarded, backward not yet run; counted per chunk): "
               + ", ".join(f"{r}: {n}" for r, n in sorted(timeline.peak_in_flight.items())))
         title = f"{a.schedule} simulated: P={a.pp} M={a.microbatches} V={a.vpp}"
         if a.schedule != "gpipe" or a.vpp == 1:
-            print(f"theory (P-1)/(V M+P-1): {100 * predicted_bubble(a.pp, a.microbatches, a.vpp if a.schedule != 'gpipe' else 1):.2f}%")
+            v = a.vpp if a.schedule != 'gpipe' else 1
+            print(f"theory (P-1)/(V M+P-1): {100 * predicted_bubble(a.pp, a.microbatches, v):.2f}%")
     write(spans, title, a.output)
     idle, makespan = bubble(spans)
     for r in sorted(idle):

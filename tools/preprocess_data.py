@@ -24,10 +24,18 @@ if __package__ in (None, ""):  # run from a checkout: make `megatron` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron.core.datasets.indexed_builder import IndexedDatasetBuilder  # noqa: E402
-from megatron.core.datasets.indexed_dataset import DatasetError, data_file_path, index_file_path, \
-    optimal_dtype  # noqa: E402
-from megatron.training.preprocess import MalformedLine, output_prefix_for, partition_bounds, \
-    preprocess_range  # noqa: E402
+from megatron.core.datasets.indexed_dataset import (
+    DatasetError,
+    data_file_path,
+    index_file_path,
+    optimal_dtype,  # noqa: E402
+)
+from megatron.training.preprocess import (
+    MalformedLine,
+    output_prefix_for,
+    partition_bounds,
+    preprocess_range,  # noqa: E402
+)
 from megatron.training.sentence_splitter import split_sentences  # noqa: E402
 from megatron.training.tokenizer import TokenizerError, add_tokenizer_args, build_tokenizer  # noqa: E402
 

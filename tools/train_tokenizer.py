@@ -22,8 +22,14 @@ import sys
 if __package__ in (None, ""):  # run from a checkout: make `megatron` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron.training.tokenizer import (BertWordPieceTokenizer, SentencePieceTokenizer, TokenizerError,  # noqa: E402
-                                         build_wordpiece_vocab, train_sentencepiece, write_vocab)
+from megatron.training.tokenizer import (  # noqa: E402
+    BertWordPieceTokenizer,
+    SentencePieceTokenizer,
+    TokenizerError,
+    build_wordpiece_vocab,
+    train_sentencepiece,
+    write_vocab,
+)
 
 BERT_TYPES = ("BertWordPieceLowerCase", "BertWordPieceCase")
 

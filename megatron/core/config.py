@@ -56,7 +56,8 @@ class TransformerConfig(ModelParallelConfig):
         None, "Layers on the last pipeline stage (uneven split; the other stages share the rest evenly).")
     hidden_size: int = opt(256, "Transformer hidden size.")
     num_attention_heads: int = opt(4, "Number of attention heads.")
-    ffn_hidden_size: Optional[int] = opt(None, "MLP hidden size (default 4 x hidden, or about 8/3 x hidden with --swiglu).")
+    ffn_hidden_size: Optional[int] = opt(
+        None, "MLP hidden size (default 4 x hidden, or about 8/3 x hidden with --swiglu).")
     kv_channels: Optional[int] = opt(None, "Per-head size (default hidden / heads).")
     group_query_attention: bool = opt(False, "Use grouped-query attention (with --num-query-groups).")
     num_query_groups: Optional[int] = opt(None, "Key/value head groups for grouped-query attention.")
@@ -132,7 +133,8 @@ class TransformerConfig(ModelParallelConfig):
                 raise ConfigError(f"{f(name)} must be a positive integer, got {getattr(self, name)}")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"{f('hidden_size')} ({self.hidden_size}) is not divisible by "
-                              f"{f('num_attention_heads')} ({self.num_attention_heads}); pick a head count that divides it")
+                              f"{f('num_attention_heads')} ({self.num_attention_heads}); pick a head count "
+                              "that divides it")
         if self.num_attention_heads % tp:
             raise ConfigError(f"{f('num_attention_heads')} ({self.num_attention_heads}) is not divisible by "
                               f"{f('tensor_model_parallel_size')} ({tp}); each TP rank needs whole heads")

@@ -16,7 +16,6 @@ divides the GPUs per node. Example, 8 ranks with TP=2, PP=2 (so DP=2):
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional
 
 import torch
 import torch.distributed as dist
@@ -28,7 +27,7 @@ class ParallelConfigError(ValueError):
 
 def validate_parallel_sizes(world_size: int, tensor_model_parallel_size: int,
                             pipeline_model_parallel_size: int,
-                            virtual_pipeline_model_parallel_size: Optional[int] = None) -> int:
+                            virtual_pipeline_model_parallel_size: int | None = None) -> int:
     """Check the sizes before any group exists; returns the data-parallel size."""
     tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
     if tp < 1 or pp < 1:
@@ -43,7 +42,8 @@ def validate_parallel_sizes(world_size: int, tensor_model_parallel_size: int,
     vpp = virtual_pipeline_model_parallel_size
     if vpp is not None and vpp > 1 and pp < 2:
         raise ParallelConfigError(
-            "--num-virtual-stages-per-pipeline-rank (virtual pipeline stages) needs --pipeline-model-parallel-size of at least 2")
+            "--num-virtual-stages-per-pipeline-rank (virtual pipeline stages) needs "
+            "--pipeline-model-parallel-size of at least 2")
     return world_size // (tp * pp)
 
 
@@ -68,9 +68,9 @@ class ProcessGroups:
     pp_rank: int
     rank: int
     world_size: int
-    pp_ranks: List[int]
-    vpp_size: Optional[int] = None
-    vpp_rank: Optional[int] = None  # the model chunk currently running (interleaved schedules)
+    pp_ranks: list[int]
+    vpp_size: int | None = None
+    vpp_rank: int | None = None  # the model chunk currently running (interleaved schedules)
 
     @property
     def is_first_stage(self) -> bool:
@@ -86,7 +86,7 @@ class ProcessGroups:
                 + "; rank order tp-dp-pp (TP ranks adjacent)")
 
 
-_GROUPS: Optional[ProcessGroups] = None
+_GROUPS: ProcessGroups | None = None
 
 
 def grid_rank(tp_rank: int, dp_rank: int, pp_rank: int, tp: int, dp: int) -> int:
@@ -96,7 +96,7 @@ def grid_rank(tp_rank: int, dp_rank: int, pp_rank: int, tp: int, dp: int) -> int
 
 def initialize_model_parallel(tensor_model_parallel_size: int = 1,
                               pipeline_model_parallel_size: int = 1,
-                              virtual_pipeline_model_parallel_size: Optional[int] = None
+                              virtual_pipeline_model_parallel_size: int | None = None
                               ) -> ProcessGroups:
     """Build all groups over the default (world) group; every rank must call this.
 

@@ -21,7 +21,7 @@ class _Parser(argparse.ArgumentParser):
 def _base_type(tp):
     if typing.get_origin(tp) is typing.Union:
         tp = next(a for a in typing.get_args(tp) if a is not type(None))
-    if typing.get_origin(tp) in (list, typing.List):
+    if typing.get_origin(tp) in (list, list):
         tp = typing.get_args(tp)[0]
     return tp
 
@@ -38,7 +38,8 @@ def _add_fields(group, cls):
             group.add_argument(flag, dest=f.name, action=action, help=meta["help"])
         else:
             group.add_argument(flag, dest=f.name, type=tp, default=f.default, choices=meta.get("choices"),
-                               nargs=meta.get("nargs"), help=meta["help"] + (f" (default {f.default})" if f.default is not None else ""))
+                               nargs=meta.get("nargs"),
+                               help=meta["help"] + (f" (default {f.default})" if f.default is not None else ""))
 
 
 def build_parser(description="Pretrain a GPT model.", extra=()) -> argparse.ArgumentParser:

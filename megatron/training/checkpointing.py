@@ -19,8 +19,18 @@ import time
 import torch
 import torch.distributed as dist
 
-from ..core.checkpointing import (CheckpointError, CheckpointReader, begin_save, commit, find_checkpoint,
-                                  local_shard, make_piece, rank_file, same_dir, write_rank_file)
+from ..core.checkpointing import (
+    CheckpointError,
+    CheckpointReader,
+    begin_save,
+    commit,
+    find_checkpoint,
+    local_shard,
+    make_piece,
+    rank_file,
+    same_dir,
+    write_rank_file,
+)
 from ..core.tensor_parallel.random import get_rng_tracker
 from .log import print_rank_0
 
@@ -115,7 +125,7 @@ def load_checkpoint(path, model, optimizer, groups, train_cfg, device):
     meta = reader.metadata
     _check_keys(reader, model)
     load_optim = not (t.finetune or t.no_load_optim) and meta.get("optimizer") is not None \
-        and all(reader.has(k, "exp_avg") for k in reader.keys())
+        and all(reader.has(k, "exp_avg") for k in reader)
     pieces_of = {}
     for pc in optimizer.pieces:
         pieces_of.setdefault(id(pc.param), []).append(pc)

@@ -1,8 +1,8 @@
 """Training, data and logging options (the model's live in megatron/core/config.py)."""
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Optional
 
-from ..core.config import ConfigError, opt, flag_of
+from ..core.config import ConfigError, flag_of, opt
 from ..core.datasets import DatasetError, parse_blend, parse_split
 from .tokenizer import TOKENIZER_TYPES
 
@@ -20,10 +20,12 @@ class TrainingConfig:
                               choices=["constant", "linear", "cosine", "WSD"])
     lr_decay_iters: Optional[int] = opt(None, "Iterations over which to decay (default --train-iters).")
     lr_warmup_iters: int = opt(20, "Linear warm-up iterations.")
-    lr_warmup_fraction: Optional[float] = opt(None, "Warm-up as a fraction of --lr-decay-iters (overrides --lr-warmup-iters).")
+    lr_warmup_fraction: Optional[float] = opt(
+        None, "Warm-up as a fraction of --lr-decay-iters (overrides --lr-warmup-iters).")
     lr_wsd_decay_style: str = opt("linear", "Shape of the final decay with --lr-decay-style WSD.",
                                   choices=["linear", "cosine", "exponential", "minus_sqrt"])
-    lr_wsd_decay_iters: Optional[int] = opt(None, "Length of the final decay with WSD (default 10%% of decay iterations).")
+    lr_wsd_decay_iters: Optional[int] = opt(
+        None, "Length of the final decay with WSD (default 10%% of decay iterations).")
     weight_decay: float = opt(0.1, "AdamW weight decay (not applied to biases and norms).")
     clip_grad: float = opt(1.0, "Clip gradients to this global L2 norm (0 disables).")
     adam_beta1: float = opt(0.9, "Adam beta1.")
@@ -38,21 +40,24 @@ class TrainingConfig:
     pipeline_trace: Optional[str] = opt(
         None, "Write the start and end time of every schedule action of iteration 2 on each pipeline rank "
         "to this JSON file (draw it with tools/pipeline_timeline.py --trace; one machine's clock).")
-    mock_data: bool = opt(False, "Train on deterministic synthetic tokens (with --tokenizer-type NullTokenizer --vocab-size N).")
-    data_path: Optional[List[str]] = opt(
+    mock_data: bool = opt(
+        False, "Train on deterministic synthetic tokens (with --tokenizer-type NullTokenizer --vocab-size N).")
+    data_path: Optional[list[str]] = opt(
         None, "Indexed dataset prefix(es) from tools/preprocess_data.py, split by --split: 'PREFIX', "
         "or a blend 'W1 PREFIX1 W2 PREFIX2 ...' (default: the embedded standard-library corpus).", nargs="+")
-    train_data_path: Optional[List[str]] = opt(None, "Training data (prefix or weighted blend), used whole; "
+    train_data_path: Optional[list[str]] = opt(None, "Training data (prefix or weighted blend), used whole; "
                                                "instead of --data-path and --split.", nargs="+")
-    valid_data_path: Optional[List[str]] = opt(None, "Validation data (prefix or weighted blend), used whole.", nargs="+")
-    test_data_path: Optional[List[str]] = opt(None, "Test data (prefix or weighted blend), used whole.", nargs="+")
+    valid_data_path: Optional[list[str]] = opt(
+        None, "Validation data (prefix or weighted blend), used whole.", nargs="+")
+    test_data_path: Optional[list[str]] = opt(None, "Test data (prefix or weighted blend), used whole.", nargs="+")
     split: str = opt("969,30,1", "Train,valid,test shares of the documents of each --data-path dataset.")
     data_cache_path: Optional[str] = opt(None, "Where built dataset indices (and the embedded corpus) are cached "
                                          "(default $XDG_CACHE_HOME/megatron-3d or ~/.cache/megatron-3d).")
     tokenizer_type: Optional[str] = opt(
         None, "Tokenizer (default: NullTokenizer with --mock-data; a SentencePiece model trained on the "
         "embedded corpus without data flags; required with --data-path).", choices=TOKENIZER_TYPES)
-    vocab_file: Optional[str] = opt(None, "GPT2BPETokenizer vocab.json, or BertWordPiece* vocab.txt (one token per line).")
+    vocab_file: Optional[str] = opt(
+        None, "GPT2BPETokenizer vocab.json, or BertWordPiece* vocab.txt (one token per line).")
     merge_file: Optional[str] = opt(None, "GPT2BPETokenizer merges.txt.")
     tokenizer_model: Optional[str] = opt(None, "SentencePiece .model, or a Hugging Face tokenizer.json or folder.")
     vocab_size: Optional[int] = opt(None, "NullTokenizer: ids 0..N-1, end-of-document N.")
@@ -69,7 +74,8 @@ class TrainingConfig:
     ddp_bucket_size: Optional[int] = opt(None, "Elements per gradient bucket (default max(40M, 1M x DP)).")
     overlap_grad_reduce: bool = opt(False, "Reduce each gradient bucket asynchronously as soon as it is complete.")
     use_distributed_optimizer: bool = opt(False, "Shard fp32 main parameters and Adam states over data-parallel ranks.")
-    overlap_param_gather: bool = opt(False, "With the distributed optimizer, gather parameters during the next forward.")
+    overlap_param_gather: bool = opt(
+        False, "With the distributed optimizer, gather parameters during the next forward.")
     save: Optional[str] = opt(None, "Directory to save checkpoints to.")
     load: Optional[str] = opt(None, "Directory to load a checkpoint from (any parallel layout).")
     save_interval: Optional[int] = opt(None, "Save a checkpoint every this many iterations (and at the end).")
@@ -77,7 +83,8 @@ class TrainingConfig:
     no_load_rng: bool = opt(False, "Do not load the RNG states.")
     finetune: bool = opt(False, "Load only the model weights; start at iteration 0 with fresh optimizer and data.")
     exit_signal_handler: bool = opt(False, "On SIGTERM, save a checkpoint after the current iteration and exit.")
-    embedded_corpus_bytes: int = opt(4_000_000, "Bytes of Python standard-library source used by the embedded default corpus.")
+    embedded_corpus_bytes: int = opt(
+        4_000_000, "Bytes of Python standard-library source used by the embedded default corpus.")
     embedded_vocab_size: int = opt(1024, "Pieces of the SentencePiece model trained for the embedded corpus.")
 
     def validate(self, dp_size: int) -> None:

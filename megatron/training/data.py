@@ -10,8 +10,15 @@ import os
 import numpy as np
 import torch
 
-from ..core.datasets import (BertDatasetConfig, GPTDatasetConfig, MockBertDataset, MockGPTDataset,
-                             build_bert_datasets, build_gpt_datasets, default_cache_root)
+from ..core.datasets import (
+    BertDatasetConfig,
+    GPTDatasetConfig,
+    MockBertDataset,
+    MockGPTDataset,
+    build_bert_datasets,
+    build_gpt_datasets,
+    default_cache_root,
+)
 
 
 def index_cache_dir(train_cfg):

@@ -6,8 +6,8 @@ import time
 import torch.distributed as dist
 
 from ..core import fusions
-from .flops import peak_tflops_per_gpu
 from ..core.pipeline_parallel import default_schedule, layer_split
+from .flops import peak_tflops_per_gpu
 
 
 def is_logging_rank():
@@ -131,6 +131,10 @@ def pipeline_summary(model_cfg, pp):
             " (embedding on stage 0, output layer and loss on the last)")
 
 
+def _no_peak_reason(device):
+    return "CPU" if device.type != "cuda" else "GPU not in the peak table"
+
+
 def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name, memory):
     """Layout, parameters and bytes per rank, and which implementation each op uses (rank 0
     prints). memory: this rank's (parameter, gradient, optimizer-state) bytes."""
@@ -151,7 +155,7 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
         + " | cross entropy=vocab-parallel (torch) | optimizer=torch.optim.AdamW (fused)",
         f"> fused kernels (csrc): {fusions.kernels_status()}",
         f"> activation recompute: {_recompute(c)}",
-        f"> MFU: {peak[0] if peak else 'n/a (' + ('CPU' if device.type != 'cuda' else 'GPU not in the peak table') + ')'}",
+        f"> MFU: {peak[0] if peak else 'n/a (' + _no_peak_reason(device) + ')'}",
         f"> batch: micro {train_cfg.micro_batch_size} x DP {groups.dp_size} x accumulation "
         f"{train_cfg.global_batch_size // (train_cfg.micro_batch_size * groups.dp_size)}"
         f" = global {train_cfg.global_batch_size}",

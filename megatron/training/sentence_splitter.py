@@ -12,9 +12,11 @@ it, so joining the sentences gives the text back. Sentences of only whitespace a
 """
 import re
 
-ABBREVIATIONS = frozenset(
-    "mr mrs ms dr prof sr jr st mt ft vs cf al fig figs eq eqs no nos vol vols ch sec pp approx dept est "
-    "inc ltd co corp gov gen col lt sgt capt rev hon jan feb mar apr jun jul aug sep sept oct nov dec".split())
+ABBREVIATIONS = frozenset((
+    "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "mt", "ft", "vs", "cf", "al", "fig", "figs", "eq",
+    "eqs", "no", "nos", "vol", "vols", "ch", "sec", "pp", "approx", "dept", "est", "inc", "ltd", "co",
+    "corp", "gov", "gen", "col", "lt", "sgt", "capt", "rev", "hon", "jan", "feb", "mar", "apr", "jun", "jul",
+    "aug", "sep", "sept", "oct", "nov", "dec"))
 
 _END = re.compile(r"""[.!?]+['"’”»)\]]*\s+|[。！？]+\s*""")
 _OPENERS = "\"'“‘«(["

@@ -148,7 +148,8 @@ def pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step,
     forward_backward_func = get_forward_backward_func()
     model.train()
     trace_iter = min(iteration + 2, t.train_iters) if t.pipeline_trace else None  # +2: past first-call costs
-    for iteration in range(iteration + 1, t.train_iters + 1):
+    start = iteration
+    for iteration in range(start + 1, t.train_iters + 1):
         batches = microbatches(train_ds, consumed, t.global_batch_size, t.micro_batch_size,
                                groups.dp_rank, groups.dp_size, device, collate)
         trace = [] if iteration == trace_iter else None

@@ -3,7 +3,8 @@ every layout equal one process's, iteration by iteration (fp32)."""
 import pytest
 
 from .cli import run_cli, term_losses
-from .test_parity import BASE as GPT_BASE, ITERS, assert_parity
+from .test_parity import BASE as GPT_BASE
+from .test_parity import ITERS, assert_parity
 
 BASE = GPT_BASE + ["--num-layers", "4"]  # enough layers for 2 stages x 2 chunks; the last flag wins
 TP2, PP2 = ["--tensor-model-parallel-size", "2"], ["--pipeline-model-parallel-size", "2"]

@@ -115,7 +115,7 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path):
     import signal
     import subprocess
     import sys
-    import time
+
     from .cli import REPO
     d = str(tmp_path / "ck")
     args = list(BASE)

@@ -77,8 +77,10 @@ def test_pipeline_trace_of_a_real_run_draws(tmp_path):
                     "--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
                     "--pipeline-trace", str(trace)], nproc=2)
     assert sorted(losses(proc.stdout)) == [1, 2] and "validation loss at iteration 2" in proc.stdout
-    assert "pipeline: interleaved_1f1b, 2 stages x 2 model chunk(s); layers stage 0: 1, 3 | stage 1: 2, 4" in proc.stdout
-    drawn = subprocess.run([sys.executable, "tools/pipeline_timeline.py", "--trace", str(trace), "-o", str(tmp_path / "t.svg")],
+    assert ("pipeline: interleaved_1f1b, 2 stages x 2 model chunk(s); "
+            "layers stage 0: 1, 3 | stage 1: 2, 4") in proc.stdout
+    drawn = subprocess.run([sys.executable, "tools/pipeline_timeline.py", "--trace", str(trace),
+                           "-o", str(tmp_path / "t.svg")],
                            cwd=REPO, capture_output=True, text=True, timeout=60)
     assert drawn.returncode == 0, drawn.stderr
     assert "rank 1: idle" in drawn.stdout and (tmp_path / "t.svg").exists()

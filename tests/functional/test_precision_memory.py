@@ -8,7 +8,8 @@ import pytest
 from .cli import REPO, losses, run_cli
 from .test_parity import BASE
 
-BYTES_RE = re.compile(r"rank +0 \(tp 0, dp 0, pp 0\): ([\d,]+) \| bytes: params ([\d,]+) grads ([\d,]+) optimizer ([\d,]+)")
+BYTES_RE = re.compile(r"rank +0 \(tp 0, dp 0, pp 0\): ([\d,]+)"
+                      r" \| bytes: params ([\d,]+) grads ([\d,]+) optimizer ([\d,]+)")
 
 
 def _bytes(stdout):

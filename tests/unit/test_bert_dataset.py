@@ -11,9 +11,18 @@ import numpy as np
 import pytest
 import torch
 
-from megatron.core.datasets import (BertDataset, BertDatasetConfig, DatasetError, IndexedDataset,
-                                    IndexedDatasetBuilder, MockBertDataset, build_bert_datasets, collate_bert,
-                                    helpers, mock_bert_special_ids)
+from megatron.core.datasets import (
+    BertDataset,
+    BertDatasetConfig,
+    DatasetError,
+    IndexedDataset,
+    IndexedDatasetBuilder,
+    MockBertDataset,
+    build_bert_datasets,
+    collate_bert,
+    helpers,
+    mock_bert_special_ids,
+)
 from megatron.training.data import build_bert_datasets_from_config
 
 needs_cpp = pytest.mark.skipif(helpers.helpers_cpp is None,

@@ -4,8 +4,13 @@ import types
 
 import pytest
 
-from megatron.training.tokenizer import (BertWordPieceTokenizer, TokenizerError, build_tokenizer,
-                                         build_wordpiece_vocab, write_vocab)
+from megatron.training.tokenizer import (
+    BertWordPieceTokenizer,
+    TokenizerError,
+    build_tokenizer,
+    build_wordpiece_vocab,
+    write_vocab,
+)
 from megatron.training.tokenizer.bert_wordpiece import split_words
 from tests.data_utils import EDGE_CASES, run_tool, sample_texts, write_jsonl
 

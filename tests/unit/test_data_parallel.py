@@ -4,9 +4,9 @@ import torch
 from megatron.core import comm
 from megatron.core.config import TransformerConfig
 from megatron.core.models.gpt import GPTModel
+from megatron.core.pipeline_parallel import forward_backward
 from megatron.core.tensor_parallel.random import model_parallel_seed
 from megatron.training.config import TrainingConfig
-from megatron.core.pipeline_parallel import forward_backward
 from megatron.training.training import setup_model_and_optimizer, train_step
 from tests.harness import spawn
 

@@ -40,6 +40,7 @@ def test_gqa_swiglu_and_untied_heads():
 
 def _counted(groups, cfg):
     from torch.utils.flop_counter import FlopCounterMode
+
     from megatron.core.models.gpt import GPTModel
     from megatron.core.tensor_parallel.initialization import initialize_parameters
     model = GPTModel(cfg, groups)

@@ -6,8 +6,15 @@ import numpy as np
 import pytest
 import torch.distributed as dist
 
-from megatron.core.datasets import (DatasetError, GPTDataset, GPTDatasetConfig, IndexedDataset,
-                                    IndexedDatasetBuilder, build_gpt_datasets, split_ranges)
+from megatron.core.datasets import (
+    DatasetError,
+    GPTDataset,
+    GPTDatasetConfig,
+    IndexedDataset,
+    IndexedDatasetBuilder,
+    build_gpt_datasets,
+    split_ranges,
+)
 from megatron.training.data import microbatches
 from tests.harness import spawn
 

@@ -5,8 +5,7 @@ import struct
 import numpy as np
 import pytest
 
-from megatron.core.datasets import DatasetError, IndexedDataset, IndexedDatasetBuilder, optimal_dtype
-from megatron.core.datasets import indexed_builder
+from megatron.core.datasets import DatasetError, IndexedDataset, IndexedDatasetBuilder, indexed_builder, optimal_dtype
 
 CODES = {1: "u1", 2: "i1", 3: "i2", 4: "i4", 5: "i8", 6: "f8", 7: "f4", 8: "u2"}
 

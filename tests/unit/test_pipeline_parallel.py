@@ -14,9 +14,8 @@ import torch
 import torch.distributed as dist
 
 from megatron.core.config import TransformerConfig
-from megatron.core.distributed import finalize_model_grads
+from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
 from megatron.core.models.gpt import GPTModel
-from megatron.core.distributed import DistributedDataParallel
 from megatron.core.optimizer import LRScheduler, MegatronOptimizer
 from megatron.core.pipeline_parallel import as_chunks, build_schedule, forward_backward, get_forward_backward_func
 from megatron.core.pipeline_parallel.simulator import simulate
@@ -89,7 +88,8 @@ def _check_schedule(groups, fails, name, layers, V, M, untie):
         fails.append(f"{tag} rank {groups.rank}: {stats['peak_in_flight']} microbatches in flight, "
                      f"simulator says {plan.peak_in_flight[groups.pp_rank]}")
     if not groups.is_last_stage and stats["peak_kept_output_elems"] > stats["peak_in_flight"]:
-        fails.append(f"{tag} rank {groups.rank}: sent outputs not freed ({stats['peak_kept_output_elems']} elements kept)")
+        fails.append(f"{tag} rank {groups.rank}: sent outputs not freed "
+                     f"({stats['peak_kept_output_elems']} elements kept)")
     with torch.no_grad():
         model.eval()
         eval_loss = forward_backward(model, batches, _forward_step, groups, schedule=name, forward_only=True)
@@ -126,7 +126,8 @@ def _uneven_split_places_layers_by_global_number(groups, fails):
     cfg = dataclasses.replace(_config(2, 4), decoder_first_pipeline_num_layers=1)
     cfg.validate()
     model = build_model(_provider, cfg, groups, "cpu")
-    keys = sorted({int(p.init_key.split(".")[2]) for p in model.parameters() if p.init_key.startswith("decoder.layers.")})
+    keys = sorted({int(p.init_key.split(".")[2])
+            for p in model.parameters() if p.init_key.startswith("decoder.layers.")})
     if (len(model.decoder.layers), keys) != [(1, [0]), (3, [1, 2, 3])][groups.pp_rank]:
         fails.append(f"uneven 1 + 3 split, rank {groups.rank}: {len(model.decoder.layers)} layers, keys {keys}")
 

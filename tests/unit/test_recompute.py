@@ -86,7 +86,8 @@ def _run_modes(groups, sp, cases):
         results[f"{model_name}-{backend}-dropout-is-on"] = (
             [] if not torch.equal(ref[0], dropout_matters[0]) else ["another dropout seed gives the same loss"])
         for mode, kw in MODES.items():
-            results[f"{model_name}-{backend}-{mode}"] = _compare(ref, _step(groups, _config(tp, sp, model, backend, **kw)))
+            results[f"{model_name}-{backend}-{mode}"] = _compare(
+                ref, _step(groups, _config(tp, sp, model, backend, **kw)))
     # negative control: without the RNG restore, recompute must be caught
     model_name, backend = cases[0]
     model = GPT if model_name == "gpt" else LLAMA

@@ -3,10 +3,22 @@ deadlock-free and in order; bubbles match theory; the layer split is exact or an
 import pytest
 
 from megatron.core.config import ConfigError, TransformerConfig
-from megatron.core.pipeline_parallel.schedules import (SCHEDULES, Action, Op, ScheduleError, build_schedule,
-                                                       default_schedule)
-from megatron.core.pipeline_parallel.simulator import (ScheduleDeadlock, ScheduleMismatch, check_complete,
-                                                       predicted_bubble, simulate, uniform_costs)
+from megatron.core.pipeline_parallel.schedules import (
+    SCHEDULES,
+    Action,
+    Op,
+    ScheduleError,
+    build_schedule,
+    default_schedule,
+)
+from megatron.core.pipeline_parallel.simulator import (
+    ScheduleDeadlock,
+    ScheduleMismatch,
+    check_complete,
+    predicted_bubble,
+    simulate,
+    uniform_costs,
+)
 from megatron.core.pipeline_parallel.split import layer_split
 
 
@@ -23,7 +35,7 @@ def _grid():
 
 
 def test_every_schedule_is_complete_deadlock_free_and_in_order():
-    checked = {name: 0 for name in SCHEDULES}
+    checked = dict.fromkeys(SCHEDULES, 0)
     for name, P, M, V in _grid():
         for forward_only in (False, True):
             actions = build_schedule(P, M, V, name, forward_only)
@@ -104,7 +116,8 @@ def test_layer_split_even_uneven_and_interleaved():
 
 
 @pytest.mark.parametrize("kw,message", [
-    (dict(num_layers=3, pipeline_model_parallel_size=2), "--num-layers (3) is not divisible by --pipeline-model-parallel-size (2)"),
+    (dict(num_layers=3, pipeline_model_parallel_size=2),
+     "--num-layers (3) is not divisible by --pipeline-model-parallel-size (2)"),
     (dict(num_layers=4, pipeline_model_parallel_size=3, decoder_first_pipeline_num_layers=1),
      "leaves 3 layers, which do not divide evenly over the other 2"),
     (dict(num_layers=4, pipeline_model_parallel_size=2, num_layers_per_virtual_pipeline_stage=3),
@@ -145,7 +158,8 @@ def test_timeline_tool_draws_svg_and_prints_bubble(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "bubble (mean idle fraction): 15.79%" in printed and "rank 3: idle 15.79%" in printed
     svg = ET.parse(out).getroot()  # well-formed
-    boxes = [e for e in svg.iter("{http://www.w3.org/2000/svg}rect") if e.find("{http://www.w3.org/2000/svg}title") is not None]
+    boxes = [e for e in svg.iter("{http://www.w3.org/2000/svg}rect")
+             if e.find("{http://www.w3.org/2000/svg}title") is not None]
     assert len(boxes) == 4 * 2 * 8 * 2  # ranks x chunks x microbatches x (F, B)
     # a recorded trace goes through the same drawing
     trace = {"schedule": "1f1b", "P": 2, "M": 1, "V": 1,

@@ -22,17 +22,22 @@ import torch.nn.functional as F
 
 from megatron.core.config import TransformerConfig
 from megatron.core.models.gpt import GPTModel
-from megatron.core.tensor_parallel import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
-                                           copy_to_tensor_model_parallel_region,
-                                           gather_from_sequence_parallel_region,
-                                           gather_from_tensor_model_parallel_region, get_rng_tracker,
-                                           model_parallel_seed, reduce_from_tensor_model_parallel_region,
-                                           reduce_scatter_to_sequence_parallel_region,
-                                           scatter_to_sequence_parallel_region,
-                                           scatter_to_tensor_model_parallel_region,
-                                           vocab_parallel_cross_entropy)
-from megatron.core.tensor_parallel.initialization import (full_shape, init_full_tensor, initialize_parameters,
-                                                          take_shard)
+from megatron.core.tensor_parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    copy_to_tensor_model_parallel_region,
+    gather_from_sequence_parallel_region,
+    gather_from_tensor_model_parallel_region,
+    get_rng_tracker,
+    model_parallel_seed,
+    reduce_from_tensor_model_parallel_region,
+    reduce_scatter_to_sequence_parallel_region,
+    scatter_to_sequence_parallel_region,
+    scatter_to_tensor_model_parallel_region,
+    vocab_parallel_cross_entropy,
+)
+from megatron.core.tensor_parallel.initialization import full_shape, init_full_tensor, initialize_parameters, take_shard
 from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.layer import hidden_dropout
 from tests.harness import spawn
@@ -566,7 +571,8 @@ def _(ck, c):
     for name, p in stage.named_parameters():
         if name.startswith("decoder.layers.0."):
             ref = dense[name.replace("decoder.layers.0.", "decoder.layers.1.")]
-            ck.equal(f"stage layer {name}: shard of TP=1 layer 2", p.detach(), _expected_shard(ref.detach(), p, c, vocab))
+            ck.equal(f"stage layer {name}: shard of TP=1 layer 2", p.detach(),
+                     _expected_shard(ref.detach(), p, c, vocab))
 
 
 MODEL_CONFIGS = {

@@ -7,8 +7,15 @@ import pytest
 
 from megatron.core.datasets import IndexedDataset
 from megatron.training.tokenizer import TokenizerError, build_tokenizer
-from tests.data_utils import (EDGE_CASES, make_gpt2_files, make_hf_tokenizer, make_sentencepiece, preprocess,
-                              sample_texts, write_jsonl)
+from tests.data_utils import (
+    EDGE_CASES,
+    make_gpt2_files,
+    make_hf_tokenizer,
+    make_sentencepiece,
+    preprocess,
+    sample_texts,
+    write_jsonl,
+)
 
 try:
     import tokenizers  # noqa: F401

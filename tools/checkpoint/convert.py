@@ -16,9 +16,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from megatron.core.checkpointing import (CheckpointError, CheckpointReader, find_checkpoint,  # noqa: E402
-                                         save_global_checkpoint, whole_piece)
-from megatron.core.checkpointing import hf_bert  # noqa: E402
+from megatron.core.checkpointing import (  # noqa: E402
+    CheckpointError,
+    CheckpointReader,
+    find_checkpoint,
+    hf_bert,  # noqa: E402
+    save_global_checkpoint,
+    whole_piece,
+)
 from megatron.core.checkpointing import hf_conversion as hc  # noqa: E402
 
 HF_TYPES = {"GPT": ("gpt2", "llama"), "BERT": ("bert",)}
@@ -91,7 +96,7 @@ def main(argv=None):
         else:
             reader = CheckpointReader(find_checkpoint(a.load_dir))
             args, training = reader.metadata["args"]["model"], reader.metadata["args"].get("training", {})
-            tensors = {k: reader.global_tensor(k) for k in reader.keys()}
+            tensors = {k: reader.global_tensor(k) for k in reader}
         if a.saver == "hf":
             save_hf(a.save_dir, args, tensors, a.model_type)
         else:

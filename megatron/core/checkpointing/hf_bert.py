@@ -96,6 +96,7 @@ def ours_to_bert(a, t):
         for ours, hf in _pairs(_LAYER, o, s):
             sd[hf] = t[ours]
         for x in ("weight", "bias"):
-            for p, w in zip(("query", "key", "value"), qkv_from_ours(t[f"{o}self_attention.linear_qkv.{x}"], n, n, h // n)):
+            for p, w in zip(("query", "key", "value"),
+                            qkv_from_ours(t[f"{o}self_attention.linear_qkv.{x}"], n, n, h // n)):
                 sd[f"{s}attention.self.{p}.{x}"] = w
     return cfg, {k: v.contiguous() for k, v in sd.items()}, binary

@@ -80,7 +80,8 @@ def ours_to_gpt2(a, t):
         s, o = f"h.{i}.", L.format(i)
         for ours, hf in (("input_layernorm", "ln_1"), ("pre_mlp_layernorm", "ln_2")):
             sd[s + hf + ".weight"], sd[s + hf + ".bias"] = t[o + ours + ".weight"], t[o + ours + ".bias"]
-        sd[s + "attn.c_attn.weight"] = torch.cat(qkv_from_ours(t[o + "self_attention.linear_qkv.weight"], n, n, h // n)).t()
+        sd[s + "attn.c_attn.weight"] = torch.cat(
+            qkv_from_ours(t[o + "self_attention.linear_qkv.weight"], n, n, h // n)).t()
         sd[s + "attn.c_attn.bias"] = torch.cat(qkv_from_ours(t[o + "self_attention.linear_qkv.bias"], n, n, h // n))
         for ours, hf in (("self_attention.linear_proj", "attn.c_proj"), ("mlp.linear_fc1", "mlp.c_fc"),
                          ("mlp.linear_fc2", "mlp.c_proj")):
@@ -125,7 +126,8 @@ def llama_to_ours(config, sd):
     """LlamaForCausalLM config and state dict -> (model args, {init_key: tensor})."""
     a = _llama_args(config)
     n, g, d = a["num_attention_heads"], a["num_query_groups"], a["kv_channels"]
-    out = {"word_embeddings.weight": sd["model.embed_tokens.weight"], "decoder.final_layernorm.weight": sd["model.norm.weight"]}
+    out = {"word_embeddings.weight": sd["model.embed_tokens.weight"],
+           "decoder.final_layernorm.weight": sd["model.norm.weight"]}
     if a["untie_embeddings_and_output_weights"]:
         out["output_layer.weight"] = sd["lm_head.weight"]
     for i in range(a["num_layers"]):
@@ -153,7 +155,8 @@ def ours_to_llama(a, t):
                rope_theta=float(a["rotary_base"]), attention_bias=bias, mlp_bias=bias, hidden_act="silu",
                attention_dropout=a["attention_dropout"],
                tie_word_embeddings=not a["untie_embeddings_and_output_weights"])
-    sd = {"model.embed_tokens.weight": t["word_embeddings.weight"], "model.norm.weight": t["decoder.final_layernorm.weight"],
+    sd = {"model.embed_tokens.weight": t["word_embeddings.weight"],
+          "model.norm.weight": t["decoder.final_layernorm.weight"],
           "lm_head.weight": t.get("output_layer.weight", t["word_embeddings.weight"])}
     for i in range(a["num_layers"]):
         s, o = f"model.layers.{i}.", L.format(i)

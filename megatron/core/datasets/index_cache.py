@@ -58,10 +58,8 @@ def file_lock(path):
         yield
         return
     with open(path, "a") as fh:
-        try:
+        with contextlib.suppress(OSError):  # a filesystem without locks: same fallback
             fcntl.flock(fh, fcntl.LOCK_EX)
-        except OSError:  # a filesystem without locks: same fallback
-            pass
         yield
 
 

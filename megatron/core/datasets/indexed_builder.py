@@ -13,8 +13,16 @@ from array import array
 
 import numpy as np
 
-from .indexed_dataset import (HEADER_BYTES, MAGIC, VERSION, DatasetError, IndexedDataset, data_file_path,
-                              dtype_code, index_file_path)
+from .indexed_dataset import (
+    HEADER_BYTES,
+    MAGIC,
+    VERSION,
+    DatasetError,
+    IndexedDataset,
+    data_file_path,
+    dtype_code,
+    index_file_path,
+)
 
 _SPILL = 1 << 20  # entries buffered before a side-file write
 _COPY = 1 << 24   # bytes per chunk when copying another dataset's .bin

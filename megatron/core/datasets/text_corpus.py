@@ -13,7 +13,8 @@ def stdlib_documents(max_bytes):
     root = sysconfig.get_paths()["stdlib"]
     paths = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "test", "tests", "idlelib", "__pycache__"))
+        dirnames[:] = sorted(d for d in dirnames
+                            if d not in ("site-packages", "test", "tests", "idlelib", "__pycache__"))
         paths += [os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py")]
     docs, total = [], 0
     for path in paths:

@@ -5,7 +5,6 @@ every .grad is summed over the DP group in coalesced chunks. Losses are already
 normalised by the token count of the whole global batch, so a sum (not a mean) gives
 the full-batch gradient.
 """
-import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 

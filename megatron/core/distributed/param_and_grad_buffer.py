@@ -8,7 +8,6 @@ bucket (its shard), which is where reduce-scatter leaves the summed gradients an
 where all-gather spreads the updated parameters.
 """
 from dataclasses import dataclass
-from typing import List
 
 import torch
 
@@ -19,7 +18,7 @@ from .. import comm
 class BucketLayout:
     start: int          # buffer offset of the first element
     end: int            # one past the last element, padding included
-    params: List[int]   # indices (into the layout's parameter order) of its parameters
+    params: list[int]   # indices (into the layout's parameter order) of its parameters
 
 
 def bucket_layout(numels, bucket_size, dp_size, pad_for_shards):

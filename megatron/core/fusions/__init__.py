@@ -40,7 +40,7 @@ def kernels_status():
 
 def check_config(config):
     """Raise ConfigError when an explicitly requested backend cannot run here (before any process group)."""
-    from ..config import ConfigError, flag_of, TransformerConfig
+    from ..config import ConfigError, TransformerConfig, flag_of
     backend = config.attention_backend
     if backend in ("flash", "te"):
         device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -10,7 +10,7 @@ KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def importable(module):
     """True when `module` imports (cached; an optional package that is broken counts as absent)."""
     try:

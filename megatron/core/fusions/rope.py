@@ -5,9 +5,9 @@ and TE's layout options differ by version; our kernel covers the same need.
 """
 import torch
 
+from ..transformer.rope import apply_rope as torch_apply_rope
 from . import _ext
 from ._common import csrc_ok, csrc_ok_for
-from ..transformer.rope import apply_rope as torch_apply_rope
 
 
 def select(enabled, device, dtype):

@@ -5,7 +5,7 @@ whose .grad is sent back) and the output's autograd graph (its storage is freed 
 sent, p2p.free_output). On the last virtual stage the output is the scaled loss.
 """
 import time
-from typing import Dict, List, Optional
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -15,7 +15,7 @@ from .p2p import P2PCommunicator, backward_through, free_output
 from .schedules import SCHEDULES, default_schedule
 
 
-def as_chunks(model) -> List[nn.Module]:
+def as_chunks(model) -> list[nn.Module]:
     """A model, or a list / nn.ModuleList of model chunks (one per virtual stage), as a list."""
     return list(model) if isinstance(model, (list, tuple, nn.ModuleList)) else [model]
 
@@ -129,7 +129,7 @@ class _Rank:
 
 
 def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P2PCommunicator],
-                num_tokens, forward_only=False, trace: Optional[list] = None, stats: Optional[Dict] = None,
+                num_tokens, forward_only=False, trace: Optional[list] = None, stats: Optional[dict] = None,
                 loss_scale=1.0, terms=None):
     """Execute `actions` on this rank. Returns sum(loss x mask) over this rank's microbatches
     per loss term ([terms] fp32; zero unless this rank holds the last virtual stage).
@@ -212,6 +212,7 @@ _COMM = [None]  # the last communicator, reused while groups, shape, dtype and d
 
 def _communicator(groups, shape, dtype, device):
     c = _COMM[0]
-    if c is None or c.groups is not groups or (c.shape, c.dtype, c.device) != (tuple(shape), dtype, torch.device(device)):
+    if c is None or c.groups is not groups \
+            or (c.shape, c.dtype, c.device) != (tuple(shape), dtype, torch.device(device)):
         _COMM[0] = P2PCommunicator(groups, shape, dtype, device)
     return _COMM[0]

@@ -8,7 +8,7 @@ one by one) and waited for before the step's tensors are used: the schedules are
 and simulated, for exactly these semantics.
 """
 import weakref
-from typing import List, Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -35,7 +35,7 @@ class P2PCommunicator:
     def buffer(self) -> torch.Tensor:
         return torch.empty(self.shape, dtype=self.dtype, device=self.device)
 
-    def exchange(self, ops: List[Tuple[str, torch.Tensor, int]]) -> None:
+    def exchange(self, ops: list[tuple[str, torch.Tensor, int]]) -> None:
         """ops: (kind, tensor, peer pipeline rank), kind "send" or "recv", posted in list
         order as one batch and all waited for. Receives land in their given tensors."""
         p2p_ops = []

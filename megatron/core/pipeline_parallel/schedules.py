@@ -20,7 +20,7 @@ p2p calls become comm actions); the simulator proves for P <= 8, M <= 16, V <= 3
 every send meets its receive in order and nothing deadlocks (tests/unit/test_schedules.py).
 """
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Optional
 
 _ORDER = {"send_fwd": 0, "recv_fwd": 1, "send_bwd": 2, "recv_bwd": 3}
 
@@ -38,7 +38,7 @@ class Action:
     kind: str   # F | B | comm
     chunk: int = 0
     mb: int = 0
-    ops: Tuple[Op, ...] = ()
+    ops: tuple[Op, ...] = ()
 
     def __repr__(self):
         if self.kind == "comm":
@@ -52,7 +52,7 @@ class _Builder:
 
     def __init__(self, P, V, rank, forward_only):
         self.P, self.V, self.rank, self.forward_only = P, V, rank, forward_only
-        self.actions: List[Action] = []
+        self.actions: list[Action] = []
         self.next_in = [0] * V    # next microbatch whose activation each chunk receives
         self.next_grad = [0] * V  # ... and whose output gradient
 
@@ -93,14 +93,14 @@ class _Builder:
         self.actions.append(Action("B", v, mb))
 
 
-def no_pipelining(P, M, V, rank, forward_only=False) -> List[Action]:
+def no_pipelining(P, M, V, rank, forward_only=False) -> list[Action]:
     """One stage: forward and backward each microbatch in turn (gradient accumulation)."""
     _check(P == 1 and V == 1, "no_pipelining needs P = 1 and V = 1")
     return [a for mb in range(M) for a in ([Action("F", 0, mb)] if forward_only
                                            else [Action("F", 0, mb), Action("B", 0, mb)])]
 
 
-def one_f_one_b(P, M, V, rank, forward_only=False) -> List[Action]:
+def one_f_one_b(P, M, V, rank, forward_only=False) -> list[Action]:
     """1F1B (PipeDream-flush): P - rank - 1 warm-up forwards, then alternate one forward
     and one backward, then the remaining backwards. At most P - rank microbatches wait
     for their backward on rank `rank`."""
@@ -127,7 +127,7 @@ def one_f_one_b(P, M, V, rank, forward_only=False) -> List[Action]:
     return b.actions
 
 
-def interleaved_1f1b(P, M, V, rank, forward_only=False) -> List[Action]:
+def interleaved_1f1b(P, M, V, rank, forward_only=False) -> list[Action]:
     """Interleaved 1F1B (Narayanan et al. 2021): V chunks per rank, microbatches in groups
     of P per chunk. The bubble shrinks by V; needs M a multiple of P."""
     _check(P >= 2 and V >= 2, "interleaved_1f1b needs P >= 2 and V >= 2")
@@ -185,7 +185,7 @@ def interleaved_1f1b(P, M, V, rank, forward_only=False) -> List[Action]:
     return b.actions
 
 
-def _forward_pass(P, M, V, rank) -> List[Action]:
+def _forward_pass(P, M, V, rank) -> list[Action]:
     return one_f_one_b(P, M, 1, rank, True) if V == 1 else interleaved_1f1b(P, M, V, rank, True)
 
 
@@ -198,7 +198,7 @@ def _mirror(action: Action, P, V) -> Action:
     return Action("comm", ops=ops)
 
 
-def gpipe(P, M, V, rank, forward_only=False) -> List[Action]:
+def gpipe(P, M, V, rank, forward_only=False) -> list[Action]:
     """All forward, then all backward (GPipe): every microbatch in flight at once."""
     _check(V == 1 or (P >= 2 and M % P == 0), f"gpipe with V > 1 needs P >= 2 and M ({M}) a multiple of P ({P})")
     fwd = _forward_pass(P, M, V, rank)

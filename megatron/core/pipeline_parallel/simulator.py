@@ -16,7 +16,7 @@ makespan, each rank's idle fraction, and the peak number of microbatches in flig
 """
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Optional
 
 from .schedules import Action
 
@@ -44,9 +44,9 @@ def message(op, rank, P):
 @dataclass
 class Timeline:
     P: int
-    spans: Dict[int, List[Tuple[float, float, Action]]]  # rank -> (start, end, action), in order
+    spans: dict[int, list[tuple[float, float, Action]]]  # rank -> (start, end, action), in order
     makespan: float
-    peak_in_flight: Dict[int, int]
+    peak_in_flight: dict[int, int]
 
     def busy(self, rank) -> float:
         return sum(e - s for s, e, a in self.spans[rank] if a.kind in ("F", "B"))
@@ -71,18 +71,18 @@ def uniform_costs(forward=1.0, backward=2.0, comm=0.0, V=1):
     return cost
 
 
-def simulate(actions: Dict[int, List[Action]], cost: Optional[Callable] = None) -> Timeline:
+def simulate(actions: dict[int, list[Action]], cost: Optional[Callable] = None) -> Timeline:
     """Run every rank's action list; cost(rank, action) -> seconds (default uniform_costs())."""
     P = len(actions)
     cost = cost or uniform_costs()
-    pos = {r: 0 for r in actions}
-    clock = {r: 0.0 for r in actions}
+    pos = dict.fromkeys(actions, 0)
+    clock = dict.fromkeys(actions, 0.0)
     spans = {r: [] for r in actions}
     sent = defaultdict(list)      # channel -> [(name, post time, rank, action index)]
     received = defaultdict(list)  # channel -> same, for receives
     posted = {}                   # rank -> [(channel, index, is_send)] of its current comm action
-    in_flight = {r: 0 for r in actions}
-    peak = {r: 0 for r in actions}
+    in_flight = dict.fromkeys(actions, 0)
+    peak = dict.fromkeys(actions, 0)
     while True:
         progress = False
         for r in actions:
@@ -139,7 +139,7 @@ def _check_match(sends, recvs, channel, actions):
             f"(action {si} {actions[sr][si]!r}) but rank {rr} expects {rname} (action {ri} {actions[rr][ri]!r})")
 
 
-def check_complete(actions: Dict[int, List[Action]], M: int, V: int, forward_only=False) -> None:
+def check_complete(actions: dict[int, list[Action]], M: int, V: int, forward_only=False) -> None:
     """Every (chunk, microbatch) is forwarded, and backwarded, exactly once per rank,
     and never backwarded before its forward. Raises AssertionError."""
     want = sorted((v, m) for v in range(V) for m in range(M))

@@ -13,7 +13,7 @@ Uneven splits: the first and/or last stage may get their own layer count
 Megatron-LM); the other stages share the rest evenly. Every stage's count must divide
 into its V chunks. Nothing is ever rounded: a split that does not divide is an error.
 """
-from typing import List, Optional, Tuple
+from typing import Optional
 
 from ..config import ConfigError
 
@@ -22,7 +22,7 @@ _P, _V = "--pipeline-model-parallel-size", "--num-virtual-stages-per-pipeline-ra
 
 
 def stage_layer_counts(num_layers: int, pp: int, first: Optional[int] = None,
-                       last: Optional[int] = None) -> List[int]:
+                       last: Optional[int] = None) -> list[int]:
     """Layers per pipeline stage (all its chunks together). Raises ConfigError."""
     if pp == 1:
         if first is not None or last is not None:
@@ -56,7 +56,7 @@ def stage_layer_counts(num_layers: int, pp: int, first: Optional[int] = None,
 
 
 def layer_split(num_layers: int, pp: int, vpp: Optional[int] = None, first: Optional[int] = None,
-                last: Optional[int] = None) -> List[List[Tuple[int, int]]]:
+                last: Optional[int] = None) -> list[list[tuple[int, int]]]:
     """[pp_rank][chunk] -> (layer_offset, num_layers) with offsets counted from 0 over the model.
 
     Raises ConfigError (naming the flags) when the layers do not divide.
@@ -78,7 +78,7 @@ def layer_split(num_layers: int, pp: int, vpp: Optional[int] = None, first: Opti
     return split
 
 
-def stage_layers(config, pp_size: int, pp_rank: int, vp_stage: Optional[int] = None) -> Tuple[int, int]:
+def stage_layers(config, pp_size: int, pp_rank: int, vp_stage: Optional[int] = None) -> tuple[int, int]:
     """(layer_offset, num_layers) of one model chunk, from a TransformerConfig."""
     split = layer_split(config.num_layers, pp_size, config.virtual_pipeline_model_parallel_size,
                         config.decoder_first_pipeline_num_layers, config.decoder_last_pipeline_num_layers)

@@ -11,9 +11,13 @@ from torch import nn
 
 from .. import comm
 from .initialization import set_init, set_tp_attrs
-from .mappings import (copy_to_tensor_model_parallel_region,
-                       gather_from_tensor_model_parallel_region, reduce_from_tensor_model_parallel_region,
-                       reduce_scatter_to_sequence_parallel_region, scatter_to_tensor_model_parallel_region)
+from .mappings import (
+    copy_to_tensor_model_parallel_region,
+    gather_from_tensor_model_parallel_region,
+    reduce_from_tensor_model_parallel_region,
+    reduce_scatter_to_sequence_parallel_region,
+    scatter_to_tensor_model_parallel_region,
+)
 
 
 class _SequenceParallelLinear(torch.autograd.Function):

@@ -1,7 +1,6 @@
 """Causal self-attention with grouped-query attention, heads split over the TP group."""
 import math
 
-import torch
 from torch import nn
 
 from .. import comm

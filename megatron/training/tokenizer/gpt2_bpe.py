@@ -19,7 +19,7 @@ except ImportError:  # the stdlib approximation: letters = word chars minus digi
 EOD_TOKEN = "<|endoftext|>"
 
 
-@lru_cache()
+@lru_cache
 def bytes_to_unicode():
     """byte (0..255) -> a printable unicode character, as GPT-2 maps them.
 
