@@ -18,11 +18,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron.core.comm import PlanGroup  # noqa: E402
-from megatron.core.config import ConfigError  # noqa: E402
 from megatron.core.distributed.ddp import DEFAULT_BUCKET_SIZE  # noqa: E402
 from megatron.core.distributed.param_and_grad_buffer import bucket_layout  # noqa: E402
+from megatron.core.errors import MegatronUserError  # noqa: E402
 from megatron.core.models.gpt import GPTModel  # noqa: E402
-from megatron.core.parallel_state import ParallelConfigError, validate_parallel_sizes  # noqa: E402
+from megatron.core.parallel_state import validate_parallel_sizes  # noqa: E402
 from megatron.training.arguments import parse_args  # noqa: E402
 from megatron.training.tokenizer import build_tokenizer  # noqa: E402
 
@@ -108,7 +108,7 @@ def main(argv=None):
         model_cfg.params_dtype = torch.bfloat16 if t.bf16 else torch.float16 if t.fp16 else torch.float32
         model_cfg.validate()
         stages = [estimate(model_cfg, t, known.world_size, r) for r in range(model_cfg.pipeline_model_parallel_size)]
-    except (ConfigError, ParallelConfigError) as e:
+    except MegatronUserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for r, est in enumerate(stages):

@@ -16,8 +16,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from megatron.core.checkpointing import CheckpointError, find_checkpoint, read_metadata  # noqa: E402
+from megatron.core.checkpointing import find_checkpoint, read_metadata  # noqa: E402
 from megatron.core.config import ConfigError  # noqa: E402
+from megatron.core.errors import MegatronUserError  # noqa: E402
 from megatron.core.inference.generation import generate, load_model  # noqa: E402
 from megatron.core.parallel_state import ParallelConfigError, initialize_model_parallel  # noqa: E402
 from megatron.training.tokenizer import ByteTokenizer, NullTokenizer  # noqa: E402
@@ -63,7 +64,7 @@ def main(argv=None):
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
             if torch.cuda.is_available() else torch.device("cpu")
         model, config, _ = load_model(a.load, groups, device)
-    except (CheckpointError, ConfigError, ParallelConfigError) as e:
+    except MegatronUserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     tok = tokenizer_of(metadata)

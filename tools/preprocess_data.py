@@ -25,19 +25,18 @@ if __package__ in (None, ""):  # run from a checkout: make `megatron` importable
 
 from megatron.core.datasets.indexed_builder import IndexedDatasetBuilder  # noqa: E402
 from megatron.core.datasets.indexed_dataset import (
-    DatasetError,
     data_file_path,
     index_file_path,
     optimal_dtype,  # noqa: E402
 )
+from megatron.core.errors import MegatronUserError  # noqa: E402
 from megatron.training.preprocess import (
-    MalformedLine,
     output_prefix_for,
     partition_bounds,
     preprocess_range,  # noqa: E402
 )
 from megatron.training.sentence_splitter import split_sentences  # noqa: E402
-from megatron.training.tokenizer import TokenizerError, add_tokenizer_args, build_tokenizer  # noqa: E402
+from megatron.training.tokenizer import add_tokenizer_args, build_tokenizer  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -82,7 +81,7 @@ def _run_partition(args, i, start, stop, conn):
                                 args.log_interval, start, stop, label=f"[partition {i + 1}/{args.partitions}] ",
                                 splitter=_splitter(args))
         conn.send((True, (prog.docs, prog.skipped, prog.tokens, prog.bytes)))
-    except (MalformedLine, DatasetError, TokenizerError, OSError) as e:
+    except (MegatronUserError, OSError) as e:
         conn.send((False, str(e)))
 
 
@@ -158,7 +157,7 @@ def main(argv=None):
             docs, skipped, tokens, nbytes = run_partitions(args, optimal_dtype(tokenizer.vocab_size))
             print(f"done: processed {docs} documents, {tokens} tokens in {args.partitions} partitions"
                   + (f", skipped {skipped} malformed lines" if skipped else ""), file=sys.stderr)
-    except (MalformedLine, DatasetError, TokenizerError, OSError, RuntimeError) as e:
+    except (MegatronUserError, OSError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     for key in args.json_keys:

@@ -10,9 +10,7 @@ from typing import Optional
 
 import torch
 
-
-class ConfigError(ValueError):
-    """Invalid configuration; the message names the flag(s) and how to fix it."""
+from .errors import ConfigError
 
 
 def opt(default, help, flag=None, choices=None, nargs=None):

@@ -20,9 +20,7 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-
-class ParallelConfigError(ValueError):
-    """A parallel layout that cannot be built; the message names the flags and the fix."""
+from .errors import ParallelConfigError
 
 
 def validate_parallel_sizes(world_size: int, tensor_model_parallel_size: int,

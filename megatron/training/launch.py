@@ -4,16 +4,13 @@ import os
 import sys
 
 from ..core.checkpointing import CheckpointError, find_checkpoint, same_dir
-from ..core.config import ConfigError
-from ..core.datasets import DatasetError
-from ..core.parallel_state import ParallelConfigError
+from ..core.errors import MegatronUserError
 from .data import describe_datasets
 from .initialize import initialize_distributed, shutdown, validate_config
 from .log import print_rank_0
-from .tokenizer import TokenizerError
 from .training import pretrain
 
-USER_ERRORS = (ConfigError, ParallelConfigError, DatasetError, TokenizerError, CheckpointError)
+USER_ERRORS = MegatronUserError  # every error a user's input causes (megatron/core/errors.py)
 
 
 def print_first_rank(msg):

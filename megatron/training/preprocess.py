@@ -20,13 +20,14 @@ import numpy as np
 
 from ..core.datasets.indexed_builder import IndexedDatasetBuilder
 from ..core.datasets.indexed_dataset import optimal_dtype
+from ..core.errors import MegatronUserError
 from .tokenizer import build_tokenizer
 
 BATCH_LINES, BATCH_BYTES = 256, 1 << 20
 _worker_tokenizer = None
 
 
-class MalformedLine(ValueError):
+class MalformedLine(MegatronUserError):
     def __init__(self, path, lineno, problem):
         super().__init__(f"{path} line {lineno}: {problem} (--skip-malformed skips such lines)")
         self.lineno, self.problem = lineno, problem

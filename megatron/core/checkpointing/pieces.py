@@ -23,11 +23,8 @@ cuts the loading rank's shard with the same rule under the loading layout.
 """
 import torch
 
+from ..errors import CheckpointError
 from ..tensor_parallel.initialization import take_shard
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used; the message names the file or tensor and why."""
 
 
 def param_rule(param, tp_rank, tp_size):

@@ -19,16 +19,14 @@ import struct
 
 import numpy as np
 
+from ..errors import DatasetError
+
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 HEADER_BYTES = len(MAGIC) + 8 + 1 + 8 + 8
 DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32,
           8: np.uint16}
 _CHECK_CHUNK = 1 << 22  # elements per chunk when validating pointers (bounded memory)
-
-
-class DatasetError(ValueError):
-    """Data files that cannot be used; the message names the file, the problem and the fix."""
 
 
 def dtype_code(dtype):

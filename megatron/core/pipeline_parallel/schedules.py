@@ -22,6 +22,8 @@ every send meets its receive in order and nothing deadlocks (tests/unit/test_sch
 from dataclasses import dataclass
 from typing import Optional
 
+from ..errors import ScheduleError
+
 _ORDER = {"send_fwd": 0, "recv_fwd": 1, "send_bwd": 2, "recv_bwd": 3}
 
 
@@ -209,10 +211,6 @@ def gpipe(P, M, V, rank, forward_only=False) -> list[Action]:
 
 SCHEDULES = {"no_pipelining": no_pipelining, "gpipe": gpipe, "1f1b": one_f_one_b,
              "interleaved_1f1b": interleaved_1f1b}
-
-
-class ScheduleError(ValueError):
-    """A schedule asked for a (P, M, V) it cannot run."""
 
 
 def _check(cond, message):

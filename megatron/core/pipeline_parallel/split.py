@@ -15,7 +15,7 @@ into its V chunks. Nothing is ever rounded: a split that does not divide is an e
 """
 from typing import Optional
 
-from ..config import ConfigError
+from ..errors import ConfigError
 
 _FIRST, _LAST = "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"
 _P, _V = "--pipeline-model-parallel-size", "--num-virtual-stages-per-pipeline-rank"

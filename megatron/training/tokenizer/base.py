@@ -5,9 +5,7 @@ preprocess_data.py --append-eod adds), `tokenize(text) -> list[int]`, `detokeniz
 """
 import os
 
-
-class TokenizerError(ValueError):
-    """A tokenizer cannot be built from the given files; the message says which and why."""
+from ...core.errors import TokenizerError
 
 
 def require_file(flag, path, needed_by, fix=None):
