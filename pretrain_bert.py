@@ -1,6 +1,6 @@
 """Pretrain a BERT model: masked LM plus a sentence-order (or next-sentence) binary head.
 
-    python pretrain_bert.py                      # embedded default: small BERT on stdlib source lines
+    python pretrain_bert.py                      # embedded recipe: small BERT on stdlib source lines
     python tools/preprocess_data.py --input corpus.jsonl --output-prefix data/my-corpus --split-sentences \
         --tokenizer-type BertWordPieceLowerCase --vocab-file vocab.txt
     python pretrain_bert.py --data-path data/my-corpus_text_sentence --tokenizer-type BertWordPieceLowerCase \
@@ -17,8 +17,8 @@ from megatron.core.models.bert import BertModel
 from megatron.training.arguments import parse_args
 from megatron.training.config import BertOptions
 from megatron.training.data import build_bert_datasets_from_config
-from megatron.training.launch import USER_ERRORS, print_first_rank, run_pretrain, start, user_error
-from megatron.training.tokenizer import build_tokenizer
+from megatron.training.embedded import EMBEDDED, embedded_recipe
+from megatron.training.launch import USER_ERRORS, configure, print_first_rank, run_pretrain, start, user_error
 
 SPECIAL_TOKENS = ("cls", "sep", "mask", "pad")
 
@@ -61,15 +61,12 @@ def check_bert_config(model_cfg, train_cfg, bert, tokenizer):
 
 
 def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = [("BERT", BertOptions), EMBEDDED]
     try:
-        model_cfg, train_cfg, bert = parse_args(argv, "Pretrain a BERT model.", [("BERT", BertOptions)])
-        if train_cfg.uses_embedded_corpus and train_cfg.tokenizer_type is None:
-            train_cfg.tokenizer_type = "BertWordPieceLowerCase"
-        train_cfg.validate(1)  # tokenizer choice; re-checked with the real DP size below
-        if train_cfg.uses_embedded_corpus:  # built once per machine, then cached
-            from megatron.training.embedded import prepare_embedded_bert_data
-            prepare_embedded_bert_data(train_cfg, log=print_first_rank)
-        tokenizer = build_tokenizer(train_cfg)
+        argv = embedded_recipe(argv, extra, bert=True, log=print_first_rank)  # no data flags: the stdlib corpus
+        model_cfg, train_cfg, bert, _ = parse_args(argv, "Pretrain a BERT model.", extra)
+        tokenizer = configure(model_cfg, train_cfg)
         check_bert_config(model_cfg, train_cfg, bert, tokenizer)
         build = functools.partial(build_bert_datasets_from_config, binary_head=bert.bert_binary_head,
                                   binary_head_task=bert.binary_head_task, masked_lm_prob=bert.mask_prob,

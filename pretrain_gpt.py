@@ -1,6 +1,6 @@
 """Pretrain a GPT model.
 
-    python pretrain_gpt.py                      # embedded default: small GPT on stdlib source, CPU or GPU
+    python pretrain_gpt.py                      # embedded recipe: small GPT on stdlib source, CPU or GPU
     python pretrain_gpt.py --data-path data/my-corpus_text_document --tokenizer-type GPT2BPETokenizer \
         --vocab-file vocab.json --merge-file merges.txt ...
     torchrun --nproc-per-node 4 pretrain_gpt.py --tensor-model-parallel-size 2 --mock-data \
@@ -11,9 +11,8 @@ import sys
 from megatron.core.models.gpt import GPTModel
 from megatron.training.arguments import parse_args
 from megatron.training.data import build_datasets
-from megatron.training.embedded import prepare_embedded_data
-from megatron.training.launch import USER_ERRORS, print_first_rank, run_pretrain, start, user_error
-from megatron.training.tokenizer import build_tokenizer
+from megatron.training.embedded import EMBEDDED, embedded_recipe
+from megatron.training.launch import USER_ERRORS, configure, print_first_rank, run_pretrain, start, user_error
 
 
 def model_provider(config, groups, device, pre_process=True, post_process=True, vp_stage=None):
@@ -30,12 +29,11 @@ def forward_step(model, batch):
 
 
 def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        model_cfg, train_cfg = parse_args(argv)
-        train_cfg.validate(1)  # tokenizer choice; re-checked with the real DP size below
-        if train_cfg.uses_embedded_corpus:  # built once per machine, then cached
-            prepare_embedded_data(train_cfg, log=print_first_rank)
-        tokenizer = build_tokenizer(train_cfg)
+        argv = embedded_recipe(argv, [EMBEDDED], log=print_first_rank)  # no data flags: the stdlib corpus
+        model_cfg, train_cfg, _ = parse_args(argv, extra=[EMBEDDED])
+        tokenizer = configure(model_cfg, train_cfg)
         groups, device, datasets = start(model_cfg, train_cfg, tokenizer, build_datasets)
     except USER_ERRORS as e:
         return user_error(e)

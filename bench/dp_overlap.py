@@ -48,7 +48,8 @@ def _worker(rank, a, port, out):
                                 seq_length=a.seq, vocab_size=a.vocab, hidden_dropout=0.0,
                                 attention_dropout=0.0, params_dtype=dtype)
         t = TrainingConfig(micro_batch_size=a.micro_batch, global_batch_size=a.micro_batch * a.dp * a.accum,
-                           mock_data=True, vocab_size=a.vocab, overlap_grad_reduce=overlap,
+                           mock_data=True, tokenizer_type="NullTokenizer", null_vocab_size=a.vocab,
+                           overlap_grad_reduce=overlap,
                            ddp_bucket_size=a.bucket_size, bf16=a.bf16)
         t.validate(a.dp)
         model_parallel_seed(1, 0, 0, device)

@@ -24,7 +24,7 @@ from megatron.core.errors import MegatronUserError  # noqa: E402
 from megatron.core.models.gpt import GPTModel  # noqa: E402
 from megatron.core.parallel_state import validate_parallel_sizes  # noqa: E402
 from megatron.training.arguments import parse_args  # noqa: E402
-from megatron.training.tokenizer import build_tokenizer  # noqa: E402
+from megatron.training.resolve import resolve, validate  # noqa: E402
 
 
 def activation_bytes_per_layer(c, micro_batch, tp, sp):
@@ -103,10 +103,8 @@ def main(argv=None):
     known, rest = pre.parse_known_args(argv)
     try:
         model_cfg, t = parse_args(rest)
-        t.validate(1)
-        model_cfg.vocab_size = build_tokenizer(t).vocab_size
-        model_cfg.params_dtype = torch.bfloat16 if t.bf16 else torch.float16 if t.fp16 else torch.float32
-        model_cfg.validate()
+        resolve(model_cfg, t, known.world_size)
+        validate(model_cfg, t, known.world_size)
         stages = [estimate(model_cfg, t, known.world_size, r) for r in range(model_cfg.pipeline_model_parallel_size)]
     except MegatronUserError as e:
         print(f"error: {e}", file=sys.stderr)

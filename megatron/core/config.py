@@ -2,7 +2,8 @@
 
 Each field's metadata holds its help text and, where Megatron-LM's flag name is not the
 field name with dashes, the flag (e.g. add_bias_linear <- --disable-bias-linear).
-validate() raises ConfigError naming the flags and the fix.
+Derived values are filled once by resolve() (defaults that follow from sibling fields already in
+__post_init__); validate() only checks and raises ConfigError naming the flags and the fix.
 """
 import dataclasses
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from typing import Optional
 import torch
 
 from .errors import ConfigError
+from .pipeline_parallel.split import layer_split
 
 
 def opt(default, help, flag=None, choices=None, nargs=None):
@@ -102,7 +104,15 @@ class TransformerConfig(ModelParallelConfig):
         choices=["uniform", "block"])
     recompute_num_layers: Optional[int] = opt(
         None, "Layers per recomputed chunk (uniform, default 1) or recomputed layers per stage (block).")
+    # the tokenizer's vocabulary, unpadded (resolve(vocab_size=tokenizer.vocab_size)); not the CLI's
+    # --vocab-size, which sizes the NullTokenizer (TrainingConfig.null_vocab_size)
     vocab_size: Optional[int] = dataclasses.field(default=None, metadata={"cli": False})
+
+    # sizes that something divides by or allocates: checked positive before anything else
+    SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "num_layers", "hidden_size",
+             "num_attention_heads", "seq_length", "ffn_hidden_size", "kv_channels", "num_query_groups",
+             "max_position_embeddings", "make_vocab_size_divisible_by", "vocab_size",
+             "virtual_pipeline_model_parallel_size", "num_layers_per_virtual_pipeline_stage")
 
     def __post_init__(self):
         if self.num_query_groups is None or not self.group_query_attention:
@@ -118,17 +128,53 @@ class TransformerConfig(ModelParallelConfig):
 
     @property
     def padded_vocab_size(self) -> int:
-        """Vocabulary padded to a multiple of make_vocab_size_divisible_by x TP."""
+        """Vocabulary padded to a multiple of make_vocab_size_divisible_by x TP. Computed, not stored:
+        a checkpoint loaded at another TP size pads to that size's multiple."""
         multiple = self.make_vocab_size_divisible_by * self.tensor_model_parallel_size
         return -(-self.vocab_size // multiple) * multiple
 
+    def check_sizes(self) -> None:
+        """ConfigError unless every size is a positive integer (None: not given, fine)."""
+        for name in self.SIZES:
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                flag = "--vocab-size" if name == "vocab_size" else flag_of(TransformerConfig, name)
+                raise ConfigError(f"{flag} must be a positive integer, got {value}")
+
+    def resolve(self, vocab_size: Optional[int] = None) -> "TransformerConfig":
+        """Fill the derived values, once: the vocabulary (the tokenizer's, when given), the model
+        chunks per pipeline rank from --num-layers-per-virtual-pipeline-stage (one chunk is plain 1F1B:
+        None), and the full-recompute defaults. Checks the sizes first. Returns self."""
+        self.check_sizes()
+        if vocab_size is not None:
+            self.vocab_size = vocab_size
+            self.check_sizes()
+        chunks = self._chunks_from_layers_per_stage()
+        if self.virtual_pipeline_model_parallel_size is None:
+            self.virtual_pipeline_model_parallel_size = chunks
+        if self.virtual_pipeline_model_parallel_size == 1 and chunks in (None, 1):
+            self.virtual_pipeline_model_parallel_size = None
+        if self.recompute_granularity == "full":
+            self.recompute_method, self.recompute_num_layers = self._recompute_defaults()
+        return self
+
+    def _chunks_from_layers_per_stage(self) -> Optional[int]:
+        """V implied by --num-layers-per-virtual-pipeline-stage, where it divides (validate() says why not)."""
+        k, pp = self.num_layers_per_virtual_pipeline_stage, self.pipeline_model_parallel_size
+        if k is None or self.num_layers % pp or (self.num_layers // pp) % k:
+            return None
+        return self.num_layers // pp // k
+
+    def _recompute_defaults(self):
+        """(method, layers) of full recompute: uniform chunks of 1 layer unless given."""
+        n = self.recompute_num_layers
+        return self.recompute_method or "uniform", 1 if n is None else n
+
     def validate(self) -> None:
+        """Check the (resolved) configuration; assigns nothing. Raises ConfigError."""
         f = lambda n: flag_of(TransformerConfig, n)  # noqa: E731
         tp = self.tensor_model_parallel_size
-        for name in ("num_layers", "hidden_size", "num_attention_heads", "seq_length",
-                     "ffn_hidden_size", "make_vocab_size_divisible_by"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{f(name)} must be a positive integer, got {getattr(self, name)}")
+        self.check_sizes()
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"{f('hidden_size')} ({self.hidden_size}) is not divisible by "
                               f"{f('num_attention_heads')} ({self.num_attention_heads}); pick a head count "
@@ -158,19 +204,14 @@ class TransformerConfig(ModelParallelConfig):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{f(name)} must be in [0, 1), got {getattr(self, name)}")
         self._validate_recompute(f)
-        if self.vocab_size is not None and self.vocab_size < 1:
-            raise ConfigError(f"--vocab-size must be positive, got {self.vocab_size}")
         self._validate_pipeline()
 
     def _validate_pipeline(self) -> None:
-        """Derive the chunks per rank (V) and check that the layers split exactly."""
-        from .pipeline_parallel.split import layer_split  # split imports ConfigError from here
+        """Check the chunks per rank (V) and that the layers split exactly."""
         f = lambda n: flag_of(TransformerConfig, n)  # noqa: E731
         pp, k = self.pipeline_model_parallel_size, self.num_layers_per_virtual_pipeline_stage
         uneven = self.decoder_first_pipeline_num_layers is not None or self.decoder_last_pipeline_num_layers is not None
         if k is not None:
-            if k < 1:
-                raise ConfigError(f"{f('num_layers_per_virtual_pipeline_stage')} must be at least 1, got {k}")
             if pp < 2:
                 raise ConfigError(f"{f('num_layers_per_virtual_pipeline_stage')} needs "
                                   f"{f('pipeline_model_parallel_size')} of at least 2")
@@ -190,16 +231,10 @@ class TransformerConfig(ModelParallelConfig):
                 raise ConfigError(f"{f('virtual_pipeline_model_parallel_size')} "
                                   f"({self.virtual_pipeline_model_parallel_size}) disagrees with "
                                   f"{f('num_layers_per_virtual_pipeline_stage')} ({k}), which gives {v}")
-            self.virtual_pipeline_model_parallel_size = v
         vpp = self.virtual_pipeline_model_parallel_size
-        if vpp is not None:
-            if vpp < 1:
-                raise ConfigError(f"{f('virtual_pipeline_model_parallel_size')} must be at least 1, got {vpp}")
-            if vpp > 1 and pp < 2:
-                raise ConfigError(f"{f('virtual_pipeline_model_parallel_size')} needs "
-                                  f"{f('pipeline_model_parallel_size')} of at least 2")
-            if vpp == 1:  # one chunk per rank is plain 1F1B
-                self.virtual_pipeline_model_parallel_size = None
+        if vpp is not None and vpp > 1 and pp < 2:
+            raise ConfigError(f"{f('virtual_pipeline_model_parallel_size')} needs "
+                              f"{f('pipeline_model_parallel_size')} of at least 2")
         layer_split(self.num_layers, pp, self.virtual_pipeline_model_parallel_size,
                     self.decoder_first_pipeline_num_layers, self.decoder_last_pipeline_num_layers)
 
@@ -210,8 +245,7 @@ class TransformerConfig(ModelParallelConfig):
                               f"{f('recompute_granularity')} full (selective recomputes the attention core of "
                               "every layer)")
         if g == "full":
-            self.recompute_method = method = method or "uniform"
-            self.recompute_num_layers = n = 1 if n is None else n
+            method, n = self._recompute_defaults()
             low = 1 if method == "uniform" else 0
             if not low <= n <= self.num_layers:
                 raise ConfigError(f"{f('recompute_num_layers')} ({n}) must be between {low} and "

@@ -1,6 +1,11 @@
-"""Training, data and logging options (the model's live in megatron/core/config.py)."""
+"""Training, data and logging options (the model's live in megatron/core/config.py).
+
+resolve(dp) fills the derived values once; validate(dp) only checks (see megatron/training/resolve.py).
+"""
 from dataclasses import dataclass
 from typing import Optional
+
+import torch
 
 from ..core.config import ConfigError, flag_of, opt
 from ..core.datasets import DatasetError, parse_blend, parse_split
@@ -44,7 +49,8 @@ class TrainingConfig:
         False, "Train on deterministic synthetic tokens (with --tokenizer-type NullTokenizer --vocab-size N).")
     data_path: Optional[list[str]] = opt(
         None, "Indexed dataset prefix(es) from tools/preprocess_data.py, split by --split: 'PREFIX', "
-        "or a blend 'W1 PREFIX1 W2 PREFIX2 ...' (default: the embedded standard-library corpus).", nargs="+")
+        "or a blend 'W1 PREFIX1 W2 PREFIX2 ...' (without any data flag: the embedded standard-library "
+        "recipe, megatron/training/embedded.py).", nargs="+")
     train_data_path: Optional[list[str]] = opt(None, "Training data (prefix or weighted blend), used whole; "
                                                "instead of --data-path and --split.", nargs="+")
     valid_data_path: Optional[list[str]] = opt(
@@ -54,13 +60,14 @@ class TrainingConfig:
     data_cache_path: Optional[str] = opt(None, "Where built dataset indices (and the embedded corpus) are cached "
                                          "(default $XDG_CACHE_HOME/megatron-3d or ~/.cache/megatron-3d).")
     tokenizer_type: Optional[str] = opt(
-        None, "Tokenizer (default: NullTokenizer with --mock-data; a SentencePiece model trained on the "
-        "embedded corpus without data flags; required with --data-path).", choices=TOKENIZER_TYPES)
+        None, "Tokenizer (default: NullTokenizer with --mock-data; required with --data-path).",
+        choices=TOKENIZER_TYPES)
     vocab_file: Optional[str] = opt(
         None, "GPT2BPETokenizer vocab.json, or BertWordPiece* vocab.txt (one token per line).")
     merge_file: Optional[str] = opt(None, "GPT2BPETokenizer merges.txt.")
     tokenizer_model: Optional[str] = opt(None, "SentencePiece .model, or a Hugging Face tokenizer.json or folder.")
-    vocab_size: Optional[int] = opt(None, "NullTokenizer: ids 0..N-1, end-of-document N.")
+    # Megatron-LM's --vocab-size; the model's vocabulary is TransformerConfig.vocab_size (the tokenizer's)
+    null_vocab_size: Optional[int] = opt(None, "NullTokenizer: ids 0..N-1, end-of-document N.", flag="--vocab-size")
     distributed_backend: Optional[str] = opt(None, "Collective backend (default nccl with CUDA, else gloo).",
                                              choices=["nccl", "gloo"])
     bf16: bool = opt(False, "bf16 parameters and activations, fp32 main parameters and gradients.")
@@ -83,17 +90,34 @@ class TrainingConfig:
     no_load_rng: bool = opt(False, "Do not load the RNG states.")
     finetune: bool = opt(False, "Load only the model weights; start at iteration 0 with fresh optimizer and data.")
     exit_signal_handler: bool = opt(False, "On SIGTERM, save a checkpoint after the current iteration and exit.")
-    embedded_corpus_bytes: int = opt(
-        4_000_000, "Bytes of Python standard-library source used by the embedded default corpus.")
-    embedded_vocab_size: int = opt(1024, "Pieces of the SentencePiece model trained for the embedded corpus.")
 
-    def validate(self, dp_size: int) -> None:
+    @property
+    def params_dtype(self) -> torch.dtype:
+        return torch.bfloat16 if self.bf16 else torch.float16 if self.fp16 else torch.float32
+
+    def check_sizes(self) -> None:
+        """ConfigError unless the counts something divides by or loops over are positive."""
         f = lambda n: flag_of(TrainingConfig, n)  # noqa: E731
-        for name in ("micro_batch_size", "train_iters", "log_interval", "eval_interval"):
-            if getattr(self, name) < 1:
+        for name in ("micro_batch_size", "global_batch_size", "train_iters", "log_interval", "eval_interval"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{f(name)} must be at least 1, got {getattr(self, name)}")
+
+    def resolve_tokenizer_type(self) -> None:
+        """--mock-data without --tokenizer-type means NullTokenizer (the only default there is)."""
+        if self.tokenizer_type is None and self.mock_data:
+            self.tokenizer_type = "NullTokenizer"
+
+    def resolve(self, dp_size: int) -> None:
+        """Fill the global batch size (default micro batch x DP), once."""
         if self.global_batch_size is None:
             self.global_batch_size = self.micro_batch_size * dp_size
+
+    def validate(self, dp_size: int) -> None:
+        """Check the resolved configuration for a data-parallel size; assigns nothing."""
+        f = lambda n: flag_of(TrainingConfig, n)  # noqa: E731
+        self.check_sizes()
+        if self.global_batch_size is None:
+            raise ConfigError(f"{f('global_batch_size')} is not set: resolve the configuration first")
         if self.global_batch_size % (self.micro_batch_size * dp_size):
             raise ConfigError(
                 f"{f('global_batch_size')} ({self.global_batch_size}) is not divisible by "
@@ -127,10 +151,6 @@ class TrainingConfig:
     def per_split_paths(self):
         return [self.train_data_path, self.valid_data_path, self.test_data_path]
 
-    @property
-    def uses_embedded_corpus(self):
-        return not self.mock_data and not self.data_path and not any(self.per_split_paths)
-
     def _validate_data(self):
         per_split = any(self.per_split_paths)
         if self.mock_data and (self.data_path or per_split):
@@ -150,26 +170,21 @@ class TrainingConfig:
                 parse_blend(paths, flag)
         except DatasetError as e:
             raise ConfigError(str(e)) from None
-        if self.embedded_vocab_size < 300:
-            raise ConfigError("--embedded-vocab-size must be at least 300 (256 byte pieces + text pieces)")
+        self.validate_tokenizer()
+
+    def validate_tokenizer(self) -> None:
+        """The tokenizer flags fit together (checked before the tokenizer is built)."""
+        if not (self.mock_data or self.data_path or any(self.per_split_paths)):
+            raise ConfigError("no training data: give --data-path (or --train-data-path ...) or --mock-data")
         tok = self.tokenizer_type
         if tok is None:
-            if self.mock_data:
-                tok = "NullTokenizer"
-            elif self.uses_embedded_corpus:
-                tok = "SentencePieceTokenizer"
-            else:
-                raise ConfigError("--data-path needs --tokenizer-type (and its files): the tokenizer that "
-                                  "tools/preprocess_data.py used")
-        if tok == "NullTokenizer" and (self.vocab_size is None or self.vocab_size < 1):
+            raise ConfigError("--data-path needs --tokenizer-type (and its files): the tokenizer that "
+                              "tools/preprocess_data.py used")
+        if tok == "NullTokenizer" and (self.null_vocab_size is None or self.null_vocab_size < 1):
             raise ConfigError("--tokenizer-type NullTokenizer needs --vocab-size N (N >= 1)")
-        if tok == "NullTokenizer" and self.uses_embedded_corpus:
-            raise ConfigError("--tokenizer-type NullTokenizer cannot tokenize the embedded text corpus; "
-                              "use --mock-data or --data-path")
-        if tok != "NullTokenizer" and self.vocab_size is not None:
+        if tok != "NullTokenizer" and self.null_vocab_size is not None:
             raise ConfigError(f"--vocab-size goes with --tokenizer-type NullTokenizer, not {tok} "
                               "(whose files define the vocabulary)")
-        self.tokenizer_type = tok
 
 
 @dataclass

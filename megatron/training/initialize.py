@@ -1,4 +1,4 @@
-"""Checking the configuration, starting torch.distributed, building the rank grid, seeding."""
+"""Starting torch.distributed, building the rank grid, seeding."""
 import datetime
 import os
 import socket
@@ -7,34 +7,12 @@ import torch
 import torch.distributed as dist
 
 from ..core.config import ConfigError
-from ..core.fusions import check_config as check_fusions
-from ..core.parallel_state import default_backend, initialize_model_parallel, validate_parallel_sizes
+from ..core.parallel_state import default_backend, initialize_model_parallel
 from ..core.tensor_parallel.random import model_parallel_seed
 
 
 def world_size_from_env() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def validate_config(model_cfg, train_cfg, vocab_size):
-    """Everything that can be checked before any process group exists (raises ConfigError)."""
-    model_cfg.vocab_size = vocab_size
-    model_cfg.validate()
-    check_fusions(model_cfg)
-    dp = validate_parallel_sizes(world_size_from_env(), model_cfg.tensor_model_parallel_size,
-                                 model_cfg.pipeline_model_parallel_size,
-                                 model_cfg.virtual_pipeline_model_parallel_size)
-    train_cfg.validate(dp)
-    pp, vpp = model_cfg.pipeline_model_parallel_size, model_cfg.virtual_pipeline_model_parallel_size
-    num_micro = train_cfg.global_batch_size // (train_cfg.micro_batch_size * dp)
-    if vpp and num_micro % pp:
-        raise ConfigError(
-            f"the interleaved schedule ({vpp} model chunks per rank) needs the number of microbatches, "
-            f"--global-batch-size ({train_cfg.global_batch_size}) / (--micro-batch-size "
-            f"({train_cfg.micro_batch_size}) x data-parallel size ({dp})) = {num_micro}, to be a multiple "
-            f"of --pipeline-model-parallel-size ({pp})")
-    model_cfg.params_dtype = torch.bfloat16 if train_cfg.bf16 else torch.float16 if train_cfg.fp16 else torch.float32
-    return dp
 
 
 def _free_port():

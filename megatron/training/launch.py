@@ -1,13 +1,14 @@
-"""What the pretrain_*.py scripts share: bad input as one line and exit code 2, the checks and
-start-up after the tokenizer exists, and the run itself."""
+"""What the pretrain_*.py scripts share: bad input as one line and exit code 2, resolving and
+checking the configuration, start-up, and the run itself."""
 import os
 import sys
 
 from ..core.checkpointing import CheckpointError, find_checkpoint, same_dir
 from ..core.errors import MegatronUserError
 from .data import describe_datasets
-from .initialize import initialize_distributed, shutdown, validate_config
+from .initialize import initialize_distributed, shutdown, world_size_from_env
 from .log import print_rank_0
+from .resolve import resolve, validate
 from .training import pretrain
 
 USER_ERRORS = MegatronUserError  # every error a user's input causes (megatron/core/errors.py)
@@ -20,16 +21,26 @@ def print_first_rank(msg):
 
 
 def user_error(e):
-    """Bad input: one line, no traceback; the exit code."""
-    print(f"error: {e}", file=sys.stderr)
+    """Bad input: one line, no traceback, printed once (by global rank 0: every rank runs the same
+    checks, and rank 0 builds every dataset); the exit code, 2 on every rank."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"error: {e}", file=sys.stderr)
     return 2
 
 
+def configure(model_cfg, train_cfg):
+    """Resolve the configs once for this launch's world size (torchrun's WORLD_SIZE), then check
+    them. -> the tokenizer. Raises one of USER_ERRORS for bad input."""
+    world_size = world_size_from_env()
+    tokenizer = resolve(model_cfg, train_cfg, world_size)
+    validate(model_cfg, train_cfg, world_size)
+    return tokenizer
+
+
 def start(model_cfg, train_cfg, tokenizer, build_datasets):
-    """Validate, check --load, start torch.distributed, build the datasets
-    (build_datasets(train_cfg, model_cfg, tokenizer) -> (train, valid)). -> (groups, device,
-    datasets). Raises one of USER_ERRORS for bad input."""
-    validate_config(model_cfg, train_cfg, tokenizer.vocab_size)
+    """Check --load, start torch.distributed, build the datasets (build_datasets(train_cfg,
+    model_cfg, tokenizer) -> (train, valid)) for configs that configure() resolved and checked.
+    -> (groups, device, datasets). Raises one of USER_ERRORS for bad input."""
     if train_cfg.load:  # a missing, truncated or foreign checkpoint fails before any process group
         find_checkpoint(train_cfg.load, allow_empty=same_dir(train_cfg.load, train_cfg.save))
     groups, device = initialize_distributed(model_cfg, train_cfg)

@@ -16,7 +16,8 @@ def _setup(groups, **train_kw):
                             vocab_size=256, hidden_dropout=0.0, attention_dropout=0.0,
                             tensor_model_parallel_size=groups.tp_size)
     t = TrainingConfig(micro_batch_size=2, global_batch_size=4 * groups.dp_size, train_iters=10,
-                       lr=1e-3, lr_warmup_iters=0, mock_data=True, vocab_size=256, **train_kw)
+                       lr=1e-3, lr_warmup_iters=0, mock_data=True, tokenizer_type="NullTokenizer", null_vocab_size=256,
+                       **train_kw)
     t.validate(groups.dp_size)
     if t.fp16:
         cfg.params_dtype = torch.float16

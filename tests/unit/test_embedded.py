@@ -5,17 +5,19 @@ import numpy as np
 
 from megatron.core.datasets import IndexedDataset
 from megatron.core.datasets.text_corpus import stdlib_documents
+from megatron.training.arguments import parse_args
 from megatron.training.config import TrainingConfig
-from megatron.training.embedded import prepare_embedded_data
+from megatron.training.embedded import EmbeddedOptions, prepare_embedded_data
 from megatron.training.tokenizer import build_tokenizer
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "megatron")
 
 
-def _cfg(cache, **kw):
-    cfg = TrainingConfig(data_cache_path=str(cache), embedded_corpus_bytes=300_000, embedded_vocab_size=400, **kw)
-    cfg.validate(1)
-    return cfg
+def _prepare(cache, log, **kw):
+    """The TrainingConfig that the recipe's flags give the trainer, and the dataset prefix."""
+    options = EmbeddedOptions(embedded_corpus_bytes=300_000, embedded_vocab_size=400)
+    cfg = parse_args(prepare_embedded_data(TrainingConfig(data_cache_path=str(cache), **kw), options, log))[1]
+    return cfg, cfg.data_path[0]
 
 
 def _package_files():
@@ -25,12 +27,11 @@ def _package_files():
 def test_built_once_then_reused_and_decodes_to_the_stdlib_text(tmp_path):
     before = _package_files()
     logs = []
-    cfg = _cfg(tmp_path)
-    assert cfg.tokenizer_type == "SentencePieceTokenizer" and cfg.uses_embedded_corpus
-    prefix = prepare_embedded_data(cfg, log=logs.append)
+    cfg, prefix = _prepare(tmp_path, logs.append)
+    assert cfg.tokenizer_type == "SentencePieceTokenizer"
     assert "built (SentencePiece BPE tokenizer (400 pieces), " in logs[-1]
-    again = _cfg(tmp_path)
-    assert prepare_embedded_data(again, log=logs.append) == prefix and "reused from cache" in logs[-1]
+    again, again_prefix = _prepare(tmp_path, logs.append)
+    assert again_prefix == prefix and "reused from cache" in logs[-1]
     assert again.tokenizer_model == cfg.tokenizer_model and again.data_path == [prefix]
     assert prefix.startswith(str(tmp_path)) and _package_files() == before
 
@@ -42,7 +43,6 @@ def test_built_once_then_reused_and_decodes_to_the_stdlib_text(tmp_path):
         doc = ds.document(i).tolist()
         assert doc[-1] == tok.eod and tok.detokenize(doc[:-1]) in originals
 
-    byte = _cfg(tmp_path, tokenizer_type="ByteTokenizer")
-    byte_prefix = prepare_embedded_data(byte, log=logs.append)
+    _, byte_prefix = _prepare(tmp_path, logs.append, tokenizer_type="ByteTokenizer")
     assert byte_prefix != prefix and os.path.dirname(byte_prefix) == os.path.dirname(prefix)
     assert IndexedDataset(byte_prefix).num_tokens == sum(len(d.encode()) + 1 for d in originals)

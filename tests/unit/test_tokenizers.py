@@ -25,7 +25,7 @@ except ImportError:
 
 
 def _cfg(kind, **kw):
-    base = dict(tokenizer_type=kind, vocab_file=None, merge_file=None, tokenizer_model=None, vocab_size=None)
+    base = dict(tokenizer_type=kind, vocab_file=None, merge_file=None, tokenizer_model=None, null_vocab_size=None)
     base.update(kw)
     return types.SimpleNamespace(**base)
 
@@ -49,7 +49,7 @@ def files(tmp_path_factory):
 
 def _flags(kind, kw):
     names = {"vocab_file": "--vocab-file", "merge_file": "--merge-file", "tokenizer_model": "--tokenizer-model",
-             "vocab_size": "--vocab-size"}
+             "null_vocab_size": "--vocab-size"}
     return ["--tokenizer-type", kind] + [x for k, v in kw.items() for x in (names[k], str(v))]
 
 
@@ -60,7 +60,7 @@ def test_preprocess_round_trip_gives_the_tokenizer_ids(files, kind, tmp_path):
     if kind == "HuggingFaceTokenizer" and not HAVE_HF:
         pytest.skip("the optional `tokenizers` package is not installed")
     if kind == "NullTokenizer":
-        kw = {"vocab_size": 5000}
+        kw = {"null_vocab_size": 5000}
         texts = [" ".join(str(i) for i in np.random.default_rng(n).integers(0, 5000, n)) for n in range(40)]
     else:
         kw = all_kw[kind]

@@ -24,7 +24,7 @@ TOKENIZER_TYPES = ["GPT2BPETokenizer", "BertWordPieceLowerCase", "BertWordPieceC
 
 def build_tokenizer(cfg):
     """A tokenizer from anything with tokenizer_type, vocab_file, merge_file, tokenizer_model and
-    vocab_size attributes (the TrainingConfig, or the tools' parsed arguments)."""
+    null_vocab_size (--vocab-size) attributes (the TrainingConfig, or the tools' parsed arguments)."""
     kind = cfg.tokenizer_type
     if kind == "GPT2BPETokenizer":
         return GPT2BPETokenizer(cfg.vocab_file, cfg.merge_file)
@@ -35,9 +35,9 @@ def build_tokenizer(cfg):
     if kind == "HuggingFaceTokenizer":
         return HuggingFaceTokenizer(cfg.tokenizer_model)
     if kind == "NullTokenizer":
-        if cfg.vocab_size is None or cfg.vocab_size < 1:
+        if cfg.null_vocab_size is None or cfg.null_vocab_size < 1:
             raise TokenizerError("--tokenizer-type NullTokenizer needs --vocab-size N (N >= 1)")
-        return NullTokenizer(cfg.vocab_size)
+        return NullTokenizer(cfg.null_vocab_size)
     if kind == "ByteTokenizer":
         return ByteTokenizer()
     raise TokenizerError(f"unknown --tokenizer-type {kind!r}; choose from {', '.join(TOKENIZER_TYPES)}")
@@ -50,5 +50,5 @@ def add_tokenizer_args(parser):
     g.add_argument("--vocab-file", help="GPT2BPETokenizer: vocab.json; BertWordPiece*: vocab.txt")
     g.add_argument("--merge-file", help="GPT2BPETokenizer: merges.txt")
     g.add_argument("--tokenizer-model", help="SentencePiece .model, or HF tokenizer.json / folder")
-    g.add_argument("--vocab-size", type=int, help="NullTokenizer: ids are 0..N-1, eod is N")
+    g.add_argument("--vocab-size", dest="null_vocab_size", type=int, help="NullTokenizer: ids are 0..N-1, eod is N")
     return g

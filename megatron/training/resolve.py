@@ -1,0 +1,51 @@
+"""The configuration is resolved once, then checked by code that assigns nothing.
+
+    tokenizer = resolve(model_cfg, train_cfg, world_size)   # fills every derived value, once
+    dp = validate(model_cfg, train_cfg, world_size)         # only checks; -> data-parallel size
+
+resolve fills: the tokenizer type (NullTokenizer with --mock-data), the model's vocabulary (the
+tokenizer's; the padded size is computed from it, TransformerConfig.padded_vocab_size), the
+parameter dtype (--bf16 / --fp16), the model chunks per pipeline rank
+(--num-layers-per-virtual-pipeline-stage), the full-recompute defaults and the global batch size
+(micro batch x DP). Defaults that follow from sibling fields of one config (ffn and head sizes,
+query groups, max positions) are filled when the config is made (TransformerConfig.__post_init__).
+Sizes are checked positive before anything divides by them. Nothing here needs a process group.
+"""
+from ..core.config import ConfigError
+from ..core.fusions import check_config as check_fusions
+from ..core.parallel_state import validate_parallel_sizes
+from .tokenizer import build_tokenizer
+
+
+def resolve(model_cfg, train_cfg, world_size, make_tokenizer=build_tokenizer):
+    """Fill the derived values of both configs for `world_size` ranks. -> the tokenizer
+    (make_tokenizer(train_cfg)). Raises ConfigError (or TokenizerError) for bad input."""
+    model_cfg.check_sizes()
+    train_cfg.check_sizes()
+    train_cfg.resolve_tokenizer_type()
+    train_cfg.validate_tokenizer()  # the tokenizer flags must fit before the tokenizer is built
+    tokenizer = make_tokenizer(train_cfg)
+    model_cfg.resolve(vocab_size=tokenizer.vocab_size)
+    model_cfg.params_dtype = train_cfg.params_dtype
+    # a world that TP x PP does not divide is reported by validate(), after the model's own checks
+    train_cfg.resolve(max(1, world_size // (model_cfg.tensor_model_parallel_size *
+                                            model_cfg.pipeline_model_parallel_size)))
+    return tokenizer
+
+
+def validate(model_cfg, train_cfg, world_size):
+    """Check the resolved configs (model, kernels, layout, training) for `world_size` ranks;
+    assigns nothing. -> data-parallel size. Raises ConfigError naming the flags."""
+    model_cfg.validate()
+    check_fusions(model_cfg)
+    pp, vpp = model_cfg.pipeline_model_parallel_size, model_cfg.virtual_pipeline_model_parallel_size
+    dp = validate_parallel_sizes(world_size, model_cfg.tensor_model_parallel_size, pp, vpp)
+    train_cfg.validate(dp)
+    num_micro = train_cfg.global_batch_size // (train_cfg.micro_batch_size * dp)
+    if vpp and num_micro % pp:
+        raise ConfigError(
+            f"the interleaved schedule ({vpp} model chunks per rank) needs the number of microbatches, "
+            f"--global-batch-size ({train_cfg.global_batch_size}) / (--micro-batch-size "
+            f"({train_cfg.micro_batch_size}) x data-parallel size ({dp})) = {num_micro}, to be a multiple "
+            f"of --pipeline-model-parallel-size ({pp})")
+    return dp
