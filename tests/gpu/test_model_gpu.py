@@ -24,7 +24,7 @@ def _cfg(**kw):
     cfg = TransformerConfig(**{**dict(num_layers=2, hidden_size=256, num_attention_heads=8, seq_length=128,
                                       vocab_size=1000, params_dtype=torch.bfloat16, attention_backend="unfused"),
                                **kw})
-    cfg.validate()
+    cfg.resolve().validate()
     return cfg
 
 

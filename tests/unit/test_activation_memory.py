@@ -43,7 +43,7 @@ def _measure_all(groups):
                 num_attention_heads=A, seq_length=S, hidden_dropout=0.1, attention_dropout=attn_dropout,
                 attention_backend=backend, params_dtype=torch.bfloat16, recompute_granularity=recompute,
                 vocab_size=64)
-            cfg.validate()
+            cfg.resolve().validate()
             model_parallel_seed(1, groups.tp_rank, 0, "cpu")
             block = TransformerBlock(cfg, groups.tp, post_process=False).train()
             x = torch.randn(S // (t if sp else 1), B, H, dtype=torch.bfloat16, requires_grad=True)

@@ -32,7 +32,7 @@ def _config(P, layers, V=None, **kw):
                             vocab_size=VOCAB, hidden_dropout=0.0, attention_dropout=0.0,
                             make_vocab_size_divisible_by=8, pipeline_model_parallel_size=P,
                             virtual_pipeline_model_parallel_size=V, **kw)
-    cfg.validate()
+    cfg.resolve().validate()
     return cfg
 
 

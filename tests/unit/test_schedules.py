@@ -137,10 +137,10 @@ def test_bad_pipeline_layouts_name_the_flags(kw, message):
 
 def test_layers_per_virtual_stage_sets_chunks_per_rank():
     cfg = TransformerConfig(num_layers=8, pipeline_model_parallel_size=2, num_layers_per_virtual_pipeline_stage=2)
-    cfg.validate()
+    cfg.resolve().validate()
     assert cfg.virtual_pipeline_model_parallel_size == 2
     cfg = TransformerConfig(num_layers=8, pipeline_model_parallel_size=2, num_layers_per_virtual_pipeline_stage=4)
-    cfg.validate()
+    cfg.resolve().validate()
     assert cfg.virtual_pipeline_model_parallel_size is None  # one chunk per rank: plain 1F1B
 
 
