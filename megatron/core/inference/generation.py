@@ -38,7 +38,7 @@ def load_model(load_dir, groups, device, dtype=None):
     """(model, config, checkpoint metadata): a GPTModel with this TP rank's shards of the
     checkpoint's weights. dtype overrides the saved parameter dtype (e.g. torch.float32)."""
     reader = CheckpointReader(find_checkpoint(load_dir))
-    if "tokentype_embeddings" in reader:  # by design: an encoder has no next-token head to decode with
+    if reader.has("tokentype_embeddings"):  # by design: an encoder has no next-token head to decode with
         raise CheckpointError(f"{load_dir} holds a BERT model; generation runs GPT checkpoints only")
     config = config_from_checkpoint(reader.metadata["args"]["model"], groups.tp_size)
     if dtype is not None:
