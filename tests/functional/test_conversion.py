@@ -44,13 +44,14 @@ def tiny_hf(kind, path):
 
 def _our_logits_and_greedy(groups, ckpt, ids, new):
     from megatron.core.inference.generation import forward_with_cache, generate, load_model
+    from megatron.core.transformer.kv_cache import KVCache
     torch.set_num_threads(1)
     model, _, _ = load_model(ckpt, groups, torch.device("cpu"))
     with torch.no_grad():
         plain = model(torch.tensor(ids))  # the training forward: [b, s, V_padded / TP]
         from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
         plain = gather_from_tensor_model_parallel_region(plain, groups.tp)[..., :VOCAB]
-        cached = forward_with_cache(model, torch.tensor(ids), [{} for _ in model.decoder.layers], 0)
+        cached = forward_with_cache(model, torch.tensor(ids), KVCache())
     return plain, cached, generate(model, torch.tensor(ids), new).tolist()
 
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from megatron.core import fusions
 from megatron.core.config import ConfigError, TransformerConfig
 from megatron.core.fusions import _common, _ext, activations, attention, norm, rope, softmax
+from megatron.core.transformer.core_attention import CoreAttention
 from megatron.core.transformer.rope import rope_cos_sin
 
 DT = torch.float64
@@ -159,7 +160,7 @@ def test_unfused_attention_equals_sdpa(gqa, mask):
                             params_dtype=DT)
     outs = {}
     for backend in ("sdpa", "unfused"):
-        core = attention.CoreAttention(dataclasses.replace(cfg, attention_backend=backend))
+        core = CoreAttention(dataclasses.replace(cfg, attention_backend=backend))
         outs[backend] = _grads(lambda *t: core(*t, attn_mask=attn_mask), q.requires_grad_(), k.requires_grad_(),
                                v.requires_grad_())
         assert core.backend == backend

@@ -1,7 +1,8 @@
 """One front per fused op: each picks our csrc kernel, apex, Transformer Engine, flash-attn
 or plain torch by availability and the config's flags, and always falls back to torch.
 
-    attention.CoreAttention           --attention-backend auto|flash|te|sdpa|unfused
+    attention.sdpa / flash / unfused / build_te   --attention-backend auto|flash|te|sdpa|unfused
+                                      (transformer/core_attention.py picks one per call)
     softmax.scaled_masked_softmax / scaled_upper_triang_masked_softmax   --no-masked-softmax-fusion
     norm.layer_norm / rms_norm        --no-norm-fusion
     activations.bias_gelu / bias_swiglu   --no-bias-gelu-fusion / --no-bias-swiglu-fusion
@@ -18,17 +19,17 @@ from . import _ext, activations, attention, norm, rope, softmax
 
 def describe(config, device):
     """[(op, implementation)] for the ops `config`'s model uses on `device`, as its modules pick them."""
-    c, dtype = config, config.params_dtype
-    backend = attention.select(c.attention_backend, device, dtype)
+    dtype = config.params_dtype
+    backend = attention.select(config.attention_backend, device, dtype)
     attn = attention.NAMES[backend]
     if backend == "unfused":
-        attn += ", softmax " + softmax.select(c.masked_softmax_fusion, device, dtype, causal=True)
+        attn += ", softmax " + softmax.select(config.masked_softmax_fusion, device, dtype, causal=True)
+    fused_activation = config.bias_swiglu_fusion if config.swiglu else config.bias_gelu_fusion
     ops = [("attention", attn),
-           (c.normalization, norm.select(c.norm_fusion, device, dtype)),
-           ("bias-swiglu" if c.swiglu else "bias-gelu",
-            activations.select(c.bias_swiglu_fusion if c.swiglu else c.bias_gelu_fusion, device, dtype))]
-    if c.position_embedding_type == "rope":
-        ops.append(("rope", rope.select(c.apply_rope_fusion, device, dtype)))
+           (config.normalization, norm.select(config.norm_fusion, device, dtype)),
+           ("bias-swiglu" if config.swiglu else "bias-gelu", activations.select(fused_activation, device, dtype))]
+    if config.position_embedding_type == "rope":
+        ops.append(("rope", rope.select(config.apply_rope_fusion, device, dtype)))
     return ops
 
 

@@ -33,11 +33,13 @@ class TransformerBlock(nn.Module):
             return x
         return run
 
-    def forward(self, x, rope=None, attn_mask=None):
-        c = self.config
-        if c.recompute_granularity == "full" and self.training and torch.is_grad_enabled():
-            n = c.recompute_num_layers
-            if c.recompute_method == "uniform":
+    def forward(self, x, rope=None, attn_mask=None, kv_cache=None):
+        """x [s(/TP), b, h] -> same. kv_cache: None, or a KVCache for incremental decoding
+        (kv_cache.py; no recompute then: decoding keeps no activations for backward)."""
+        config = self.config
+        if config.recompute_granularity == "full" and self.training and torch.is_grad_enabled() and kv_cache is None:
+            n = config.recompute_num_layers
+            if config.recompute_method == "uniform":
                 for start in range(0, len(self.layers), n):
                     x = checkpoint(self._chunk(start, start + n), x, rope, attn_mask)
             else:  # block
@@ -45,5 +47,5 @@ class TransformerBlock(nn.Module):
                     x = checkpoint(layer, x, rope, attn_mask) if i < n else layer(x, rope, attn_mask)
         else:
             for layer in self.layers:
-                x = layer(x, rope, attn_mask)
+                x = layer(x, rope, attn_mask, kv_cache)
         return self.final_layernorm(x) if self.final_layernorm is not None else x

@@ -39,12 +39,14 @@ class TransformerLayer(nn.Module):
         self.mlp = MLP(config, tp_group, device)
         self.norms = (getattr(self, first), getattr(self, second))
 
-    def forward(self, x, rope=None, attn_mask=None):
-        c = self.config
-        drop = lambda y: hidden_dropout(y, c.hidden_dropout, self.training, c.sequence_parallel)  # noqa: E731
+    def _dropout(self, x):
+        return hidden_dropout(x, self.config.hidden_dropout, self.training, self.config.sequence_parallel)
+
+    def forward(self, x, rope=None, attn_mask=None, kv_cache=None):
+        """kv_cache: None, or a KVCache for incremental decoding (attention.SelfAttention.forward)."""
         norm1, norm2 = self.norms
-        if c.post_norm:
-            x = norm1(x + drop(self.self_attention(x, rope, attn_mask)))
-            return norm2(x + drop(self.mlp(x)))
-        x = x + drop(self.self_attention(norm1(x), rope, attn_mask))
-        return x + drop(self.mlp(norm2(x)))
+        if self.config.post_norm:
+            x = norm1(x + self._dropout(self.self_attention(x, rope, attn_mask, kv_cache)))
+            return norm2(x + self._dropout(self.mlp(x)))
+        x = x + self._dropout(self.self_attention(norm1(x), rope, attn_mask, kv_cache))
+        return x + self._dropout(self.mlp(norm2(x)))

@@ -18,21 +18,20 @@ class MLP(nn.Module):
 
     def __init__(self, config, tp_group, device=None):
         super().__init__()
-        c = config
-        self.swiglu = c.swiglu
-        fused = c.bias_swiglu_fusion if c.swiglu else c.bias_gelu_fusion
-        self.activation_impl = activations.select(fused, device or "cpu", c.params_dtype)
-        self.gelu_approximate = "tanh" if c.openai_gelu else "none"
-        fc1_out = c.ffn_hidden_size * (2 if c.swiglu else 1)
+        self.swiglu = config.swiglu
+        fused = config.bias_swiglu_fusion if config.swiglu else config.bias_gelu_fusion
+        self.activation_impl = activations.select(fused, device or "cpu", config.params_dtype)
+        self.gelu_approximate = "tanh" if config.openai_gelu else "none"
+        fc1_out = config.ffn_hidden_size * (2 if config.swiglu else 1)
         self.linear_fc1 = ColumnParallelLinear(
-            c.hidden_size, fc1_out, group=tp_group, bias=c.add_bias_linear, init_std=c.init_method_std,
-            stride=2 if c.swiglu else 1, sequence_parallel=c.sequence_parallel,
+            config.hidden_size, fc1_out, group=tp_group, bias=config.add_bias_linear, init_std=config.init_method_std,
+            stride=2 if config.swiglu else 1, sequence_parallel=config.sequence_parallel,
             # torch keeps the bias in the matmul (addmm), as before fusions existed
-            skip_bias_add=self.activation_impl != "torch", params_dtype=c.params_dtype, device=device)
+            skip_bias_add=self.activation_impl != "torch", params_dtype=config.params_dtype, device=device)
         self.linear_fc2 = RowParallelLinear(
-            c.ffn_hidden_size, c.hidden_size, group=tp_group, bias=c.add_bias_linear,
-            init_std=c.init_method_std / math.sqrt(2.0 * c.num_layers),
-            sequence_parallel=c.sequence_parallel, params_dtype=c.params_dtype, device=device)
+            config.ffn_hidden_size, config.hidden_size, group=tp_group, bias=config.add_bias_linear,
+            init_std=config.init_method_std / math.sqrt(2.0 * config.num_layers),
+            sequence_parallel=config.sequence_parallel, params_dtype=config.params_dtype, device=device)
 
     def forward(self, x):
         h, bias = self.linear_fc1(x)  # bias is None unless the activation adds it

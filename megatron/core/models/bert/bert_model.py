@@ -5,11 +5,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...tensor_parallel import mappings
-from ...tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from ...tensor_parallel.initialization import set_init, set_tp_attrs
-from ...transformer.layer import hidden_dropout
 from ...transformer.norm import build_norm
-from ..gpt.gpt_model import GPTModel
+from ..common.language_module import LanguageModule
 
 NUM_TOKENTYPES = 2
 
@@ -39,15 +37,14 @@ class BertLMHead(nn.Module):
 
     def __init__(self, config, tp_group, device=None):
         super().__init__()
-        c = config
-        self.config, self.tp_group = c, tp_group
-        self.dense = ReplicatedLinear(c.hidden_size, c.hidden_size, c.init_method_std, c.sequence_parallel,
-                                      c.params_dtype, device)
-        self.layernorm = build_norm(c, device)
-        per_rank = c.padded_vocab_size // c.tensor_model_parallel_size
-        self.bias = nn.Parameter(torch.empty(per_rank, dtype=c.params_dtype, device=device))
+        self.config, self.tp_group = config, tp_group
+        self.dense = ReplicatedLinear(config.hidden_size, config.hidden_size, config.init_method_std,
+                                      config.sequence_parallel, config.params_dtype, device)
+        self.layernorm = build_norm(config, device)
+        per_rank = config.padded_vocab_size // config.tensor_model_parallel_size
+        self.bias = nn.Parameter(torch.empty(per_rank, dtype=config.params_dtype, device=device))
         set_init(self.bias, "zeros")
-        set_tp_attrs(self.bias, 0, unpadded_size=c.vocab_size)
+        set_tp_attrs(self.bias, 0, unpadded_size=config.vocab_size)
 
     def forward(self, hidden, word_embeddings):
         x = self.layernorm(F.gelu(self.dense(hidden), approximate="tanh" if self.config.openai_gelu else "none"))
@@ -58,7 +55,7 @@ class BertLMHead(nn.Module):
         return F.linear(x, word_embeddings, self.bias)
 
 
-class BertModel(GPTModel):
+class BertModel(LanguageModule):
     """Bidirectional encoder for one pipeline stage and one TP rank.
 
     forward(input_ids [b, s], padding_mask [b, s] (True = real token), tokentype_ids [b, s],
@@ -77,36 +74,35 @@ class BertModel(GPTModel):
             raise ValueError("BERT's LM head is tied to the word embedding: drop --untie-embeddings-and-output-weights")
         super().__init__(config, groups, pre_process=pre_process, post_process=post_process, device=device,
                          vp_stage=vp_stage)
-        c = config
         self.add_binary_head = add_binary_head
         if pre_process:
             self.tokentype_embeddings = nn.Parameter(torch.empty(
-                NUM_TOKENTYPES, c.hidden_size, dtype=c.params_dtype, device=device))
-            set_init(self.tokentype_embeddings, "normal", c.init_method_std)
-            if c.post_norm:
-                self.embedding_layernorm = build_norm(c, device)
+                NUM_TOKENTYPES, config.hidden_size, dtype=config.params_dtype, device=device))
+            set_init(self.tokentype_embeddings, "normal", config.init_method_std)
+            if config.post_norm:
+                self.embedding_layernorm = build_norm(config, device)
         if post_process:
-            self.lm_head = BertLMHead(c, groups.tp, device)
+            self.lm_head = BertLMHead(config, groups.tp, device)
             if add_binary_head:
-                self.pooler = ReplicatedLinear(c.hidden_size, c.hidden_size, c.init_method_std,
-                                               params_dtype=c.params_dtype, device=device)
-                self.binary_head = ReplicatedLinear(c.hidden_size, 2, c.init_method_std,
-                                                    params_dtype=c.params_dtype, device=device)
+                self.pooler = ReplicatedLinear(config.hidden_size, config.hidden_size, config.init_method_std,
+                                               params_dtype=config.params_dtype, device=device)
+                self.binary_head = ReplicatedLinear(config.hidden_size, 2, config.init_method_std,
+                                                    params_dtype=config.params_dtype, device=device)
         self._assign_init_keys()
 
     def embed(self, input_ids, tokentype_ids=None):
         """[b, s] ids and token types -> [s(/TP with SP), b, h]."""
-        c = self.config
-        x = self.word_embeddings(input_ids.t())
-        pos = self.position_embeddings[: input_ids.shape[1]].unsqueeze(1)
+        tokentypes = None
         if tokentype_ids is not None:
-            pos = pos + F.embedding(tokentype_ids.t(), self.tokentype_embeddings)
-        if c.sequence_parallel:
-            pos = mappings.scatter_to_sequence_parallel_region(pos, self.groups.tp)
-        x = x + pos
-        if c.post_norm:
+            tokentypes = F.embedding(tokentype_ids.t(), self.tokentype_embeddings)
+        x = self.embedding_sum(input_ids, tokentypes)
+        if self.config.post_norm:
             x = self.embedding_layernorm(x)
-        return hidden_dropout(x, c.hidden_dropout, self.training, c.sequence_parallel)
+        return self.embedding_dropout(x)
+
+    def logits(self, hidden):
+        """[s(/TP), b, h] -> [s, b, V_padded/TP]: the LM head over the tied word table."""
+        return self.lm_head(hidden, self.word_embeddings.weight)
 
     def pooled(self, hidden):
         """[s(/TP), b, h] -> tanh(dense(first token)) [b, h], the same on every TP rank."""
@@ -118,20 +114,16 @@ class BertModel(GPTModel):
 
     def forward(self, input_ids, padding_mask, tokentype_ids=None, lm_labels=None, binary_labels=None,
                 hidden_states=None):
-        c = self.config
-        if self.pre_process:
-            x = self.embed(input_ids, tokentype_ids)
-        else:
-            x = hidden_states if hidden_states is not None else self.input_tensor
+        x = self.embed(input_ids, tokentype_ids) if self.pre_process else self.stage_input(hidden_states)
         attn_mask = padding_mask.bool()[:, None, None, :]  # [b, 1, 1, s]: every query sees all real keys
         x = self.decoder(x, None, attn_mask)
         if not self.post_process:
             return x
-        logits = self.lm_head(x, self.word_embeddings.weight)
+        logits = self.logits(x)
         binary = self.binary_head(self.pooled(x)) if self.add_binary_head else None
         if lm_labels is None:
             return logits.transpose(0, 1), binary
-        lm_loss = vocab_parallel_cross_entropy(logits, lm_labels.t(), c.vocab_size, self.groups.tp).t()
+        lm_loss = self.loss(logits, lm_labels)
         binary_loss = None
         if binary is not None and binary_labels is not None:
             binary_loss = F.cross_entropy(binary.float(), binary_labels, reduction="none")

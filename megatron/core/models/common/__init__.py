@@ -1,0 +1,2 @@
+"""What every language model shares (language_module.LanguageModule)."""
+from .language_module import LanguageModule

@@ -1,0 +1,60 @@
+"""CoreAttention: dropout(softmax(q k^T / sqrt(d) + mask)) v on [s, b, heads, d] tensors.
+
+The kernels are the attention fronts in megatron/core/fusions/attention.py; this module
+picks one per call. Dropout on attention probabilities draws from the tracker's
+model-parallel RNG (heads differ per TP rank); flash-attn and SDPA read the device
+generator inside tracker.fork().
+"""
+import math
+
+import torch
+from torch import nn
+
+from ..fusions import attention as attention_front
+from ..fusions import softmax as softmax_front
+from ..tensor_parallel.random import get_rng_tracker
+
+
+class CoreAttention(nn.Module):
+    """q [s, b, heads, d], k / v [sk, b, groups, d] (heads a multiple of groups) -> [s, b, heads * d].
+
+    attn_mask None means causal (sk == s); otherwise SDPA's convention (bool True = attend, or
+    an additive float mask) broadcastable to [b, heads, s, sk]. No parameters.
+    """
+
+    def __init__(self, config, tp_group=None, layer_number=1, device=None):
+        super().__init__()
+        dtype = config.params_dtype
+        device = torch.device(device or "cpu")
+        self.dropout = config.attention_dropout
+        self.scale = 1.0 / math.sqrt(config.kv_channels)
+        self.backend = attention_front.select(config.attention_backend, device, dtype)
+        self.softmax_impl = softmax_front.select(config.masked_softmax_fusion, device, dtype, causal=True)
+        self.te_attention = None
+        if self.backend == "te":
+            self.te_attention = attention_front.build_te(config, tp_group, layer_number)
+            if self.te_attention is None:
+                self.backend = "sdpa"
+
+    def describe(self):
+        name = attention_front.NAMES[self.backend]
+        return name + (f", softmax={self.softmax_impl}" if self.backend == "unfused" else "")
+
+    def forward(self, q, k, v, attn_mask=None):
+        backend = self.backend
+        if attn_mask is not None and backend in ("flash", "te"):
+            backend = "sdpa"
+        if backend == "te":
+            return self.te_attention(q, k, v)  # TE forks the tracker itself for its dropout
+        p = self.dropout if self.training else 0.0
+        if p > 0:
+            with get_rng_tracker().fork():  # heads differ per TP rank: so must their dropout
+                return self._run(backend, q, k, v, attn_mask, p)
+        return self._run(backend, q, k, v, attn_mask, p)
+
+    def _run(self, backend, q, k, v, attn_mask, p):
+        if backend == "flash":
+            return attention_front.flash(q, k, v, p, self.scale)
+        if backend == "unfused":
+            return attention_front.unfused(q, k, v, attn_mask, p, self.scale, self.softmax_impl)
+        return attention_front.sdpa(q, k, v, attn_mask, p)
