@@ -9,6 +9,7 @@ Two optional extensions; a failed build of either is a warning, not a failed ins
   first use (megatron/core/fusions/_ext.py), or skipped, and plain PyTorch runs instead.
 """
 import glob
+import importlib.util
 import os
 import sys
 
@@ -40,8 +41,13 @@ def fused_cuda_kernels():
     if torch.version.cuda is None or CUDA_HOME is None:
         return [], None
     sources = sorted(glob.glob("csrc/fused/*.cu")) + ["csrc/fused/bindings.cpp"]
+    # the module records the hash of its sources; the loader rebuilds it when csrc/fused changes
+    spec = importlib.util.spec_from_file_location("source_hash", "megatron/core/fusions/source_hash.py")
+    source_hash = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(source_hash)
+    flag = source_hash.define_flag("csrc/fused")
     ext = CUDAExtension("megatron_fused_kernels", sources,
-                        extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3"]})
+                        extra_compile_args={"cxx": ["-O3", flag], "nvcc": ["-O3", flag]})
     return [ext], BuildExtension
 
 

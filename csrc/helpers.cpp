@@ -10,10 +10,28 @@
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
 namespace py = pybind11;
+
+// An output array is written in place. Given one of another dtype, a strided view or a read-only
+// array, pybind11 would convert it into a temporary copy and the results would be lost without a
+// word, so the bindings take plain arrays and refuse those here (TypeError / ValueError).
+template <typename T>
+py::array_t<T, py::array::c_style> output_array(const py::array &a, const char *name) {
+  const py::dtype want = py::dtype::of<T>();
+  const std::string arg = std::string("output array ") + name;
+  if (!a.dtype().equal(want))
+    throw py::type_error(arg + " must have dtype " + std::string(py::str(want)) + ", got " +
+                         std::string(py::str(a.dtype())));
+  if (a.ndim() != 1) throw py::value_error(arg + " must be 1-D, got " + std::to_string(a.ndim()) + " dims");
+  if (!(a.flags() & py::array::c_style))
+    throw py::value_error(arg + " must be C-contiguous (a strided view would be written into a copy)");
+  if (!a.writeable()) throw py::value_error(arg + " must be writeable");
+  return py::reinterpret_borrow<py::array_t<T, py::array::c_style>>(a);
+}
 
 // Sample boundaries for packing documents into samples of seq_length (+ extra) tokens.
 //
@@ -233,7 +251,14 @@ PYBIND11_MODULE(helpers_cpp, m) {
   m.def("build_sample_idx", &build_sample_idx, py::arg("sizes"), py::arg("document_index"),
         py::arg("seq_length"), py::arg("num_epochs"), py::arg("tokens_per_epoch"),
         py::arg("add_extra_token"), py::arg("use_int64"));
-  m.def("build_blending_indices", &build_blending_indices, py::arg("dataset_index"),
+  m.def("build_blending_indices",
+        [](const py::array &dataset_index, const py::array &dataset_sample_index,
+           const py::array_t<double, py::array::c_style | py::array::forcecast> &weights, int64_t size) {
+          auto index = output_array<int16_t>(dataset_index, "dataset_index");
+          auto sample_index = output_array<int64_t>(dataset_sample_index, "dataset_sample_index");
+          build_blending_indices(index, sample_index, weights, size);
+        },
+        py::arg("dataset_index"),
         py::arg("dataset_sample_index"), py::arg("weights"), py::arg("size"));
   m.def("build_mapping", &build_mapping, py::arg("doc_starts"), py::arg("doc_ends"), py::arg("sizes"),
         py::arg("num_epochs"), py::arg("max_num_samples"), py::arg("max_target"), py::arg("short_seq_prob"),

@@ -13,12 +13,11 @@
 #include <tuple>
 
 #include "fused_kernels.h"
+#include "source_hash.h"
 
 namespace mf = megatron_fused;
 
 namespace {
-
-constexpr int kApiVersion = 1;  // bump when a signature changes: a stale prebuilt module is then rebuilt
 
 int dtype_code(const at::Tensor& t) {
   switch (t.scalar_type()) {
@@ -262,7 +261,7 @@ at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Megatron fused CUDA kernels (csrc/fused): softmax, norms, bias activations, rotary embedding";
-  m.attr("API_VERSION") = kApiVersion;
+  m.attr("SOURCE_HASH") = MEGATRON_FUSED_SOURCE_HASH_STRING;  // the loader rebuilds a module of other sources
   namespace py = pybind11;
   m.def("softmax_forward", &softmax_forward, "softmax(scale x) with padding mask (bool, True = masked) or causal",
         py::arg("x"), py::arg("mask"), py::arg("scale"), py::arg("causal"));

@@ -25,9 +25,40 @@ def ext():
     return module
 
 
-def poison_cache(nbytes=256 << 20):
-    """Fill a large block with 0xFF bytes (NaN in fp32, fp16 and bf16) and free it: the
-    caching allocator hands that memory to the next allocations, so an output element a
-    kernel forgets to write reads as NaN instead of a lucky zero."""
-    torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(0xFF)
+SMALL_POOL_MAX = 1 << 20  # requests up to 1 MiB come from the caching allocator's small pool (2 MiB segments)
+
+
+def _free_blocks(device, stream):
+    """[(size, 'small' | 'large')] of every free block the caching allocator holds for (device, stream)."""
+    return [(block["size"], segment["segment_type"]) for segment in torch.cuda.memory_snapshot()
+            if segment["device"] == device and segment.get("stream", 0) == stream
+            for block in segment["blocks"] if block["state"] == "inactive"]
+
+
+def poison_cache(large_bytes=256 << 20, small_segments=8):
+    """Make every block the caching allocator can hand out next read as NaN (0xFF bytes: NaN in
+    fp32, fp16 and bf16), so that an output element a kernel forgets to write fails the test
+    instead of reading a lucky zero.
+
+    Freeing one large poisoned tensor reaches only the large pool: allocations of 1 MiB or less
+    (most outputs of small shapes) come from the small pool, whose free blocks keep what was
+    there before. So: add fresh segments to both pools, then take every free block the allocator
+    lists (the smallest first, each exactly), fill them all, and give them back.
+    """
+    device, stream = torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream
     torch.cuda.synchronize()
+    spare = [torch.empty(large_bytes, dtype=torch.uint8, device="cuda")]
+    spare += [torch.empty(SMALL_POOL_MAX // 2, dtype=torch.uint8, device="cuda") for _ in range(4 * small_segments)]
+    del spare  # free again: taken back (and poisoned) below
+    held = []
+    for _ in range(10000):  # a bound, should the allocator ever not hand out the block asked for
+        free = _free_blocks(device, stream)
+        if not free:
+            break
+        size, pool = min(free)
+        held.append(torch.empty(min(size, SMALL_POOL_MAX) if pool == "small" else size, dtype=torch.uint8,
+                                device="cuda"))
+    for block in held:
+        block.fill_(0xFF)
+    torch.cuda.synchronize()
+    del held

@@ -1,22 +1,26 @@
-"""Each fused kernel against its torch reference on random odd shapes, forward and backward.
+"""Each fused kernel against the math written out in float64 (tests/gpu/references.py), on random
+odd shapes, forward and backward.
 
-Inputs are random, shapes odd (1-element rows, rows not a multiple of 32, rows longer than
-a warp's 32 x 32, batch x heads not a multiple of the 4 rows per block), the memory the
-outputs land in is poisoned with NaN first (conftest.poison_cache), and the reference runs
-in fp32 from the same (rounded) inputs. Tolerances are per storage dtype: the kernels do fp32
-math and round once, the references round the same way or later.
+Shapes are odd (1-element rows, rows not a multiple of 32, rows longer than a warp's 32 x 32,
+batch x heads not a multiple of the 4 rows per block); every free block of the caching
+allocator, small pool included, is poisoned with NaN before the forward and before the backward
+(conftest.poison_cache), so an output element a kernel leaves unwritten fails; inputs keep their
+layout (a strided view stays one). The references are not our fronts' torch fallbacks: they run
+in float64 from the same rounded inputs and are rounded once to the storage dtype, as the
+kernels' fp32 math is. Each fused run must have gone through our kernel (_CsrcXxx in its graph).
 """
 import pytest
 import torch
-import torch.nn.functional as F
 
 from megatron.core.fusions import activations, norm, rope, softmax
 from megatron.core.transformer.rope import rope_cos_sin
+from tests.gpu import references as ref
 from tests.gpu.conftest import poison_cache
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=2e-3, atol=2e-3),
        torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2)}
+REF = torch.float64
 
 
 def _rand(*shape, dtype, seed, scale=1.0):
@@ -24,31 +28,70 @@ def _rand(*shape, dtype, seed, scale=1.0):
     return (torch.randn(*shape, device="cuda", generator=g) * scale).to(dtype)
 
 
-def _run(fn, inputs, grad):
-    """fn(*inputs) and the grads of every input that requires grad, outputs fresh from a poisoned cache."""
-    leaves = [t.detach().clone().requires_grad_(t.requires_grad) if torch.is_tensor(t) else t for t in inputs]
+def _leaf(t):
+    """A fresh leaf with t's values and strides (clone() would make a strided view contiguous)."""
+    if not torch.is_tensor(t):
+        return t
+    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return out.copy_(t.detach()).requires_grad_(t.requires_grad)
+
+
+def _through_kernel(out):
+    """True when one of our kernels' autograd functions (_Csrc*) made `out` (a few views deep)."""
+    nodes, seen = [out.grad_fn], 0
+    while nodes and seen < 64:
+        node = nodes.pop()
+        seen += 1
+        if node is not None:
+            if type(node).__name__.startswith("_Csrc"):
+                return True
+            nodes.extend(f for f, _ in node.next_functions)
+    return False
+
+
+def _fused(fn, inputs, grad, kernel=True):
+    """fn(*inputs) and the grads of every input that requires grad, outputs fresh from poisoned memory."""
+    leaves = [_leaf(t) for t in inputs]
     poison_cache()
     out = fn(*leaves)
+    assert _through_kernel(out) == kernel, "the fused kernel was not called" if kernel else "a kernel was called"
     poison_cache()
     out.backward(grad)
     return out.detach(), [t.grad for t in leaves if torch.is_tensor(t) and t.requires_grad]
 
 
-def _check(fused, ref, dtype, what):
-    (o1, g1), (o2, g2) = fused, ref
-    assert torch.isfinite(o1).all() == torch.isfinite(o2).all(), f"{what}: non-finite output (unwritten memory?)"
+def _reference(fn, inputs, grad):
+    """fn on float64 copies of the same rounded inputs; the output and grads rounded once to their dtypes."""
+    leaves = [t.detach().to(REF).requires_grad_(t.requires_grad) if torch.is_tensor(t) else t for t in inputs]
+    out = fn(*leaves)
+    out.backward(grad.to(REF))
+    grads = [t.grad.to(o.dtype) for t, o in zip(leaves, inputs) if torch.is_tensor(t) and t.requires_grad]
+    return out.detach().to(grad.dtype), grads
+
+
+def _check(fused, reference, dtype, what):
+    (o1, g1), (o2, g2) = fused, reference
+    assert torch.isfinite(o1).all(), f"{what}: non-finite output (memory the kernel did not write?)"
     torch.testing.assert_close(o1.float(), o2.float(), **TOL[dtype], msg=lambda m: f"{what} output: {m}")
+    assert len(g1) == len(g2)
     for i, (a, e) in enumerate(zip(g1, g2)):
         assert a is not None and torch.isfinite(a).all(), f"{what}: grad {i} missing or non-finite"
-        torch.testing.assert_close(a.float(), e.float(), **TOL[dtype], msg=lambda m: f"{what} grad {i}: {m}")
+        # a bias gradient sums rows the front rounded first: near-zero sums get an absolute
+        # tolerance that scales with the largest entry (a wrong formula is off by the entries' size)
+        atol = TOL[dtype]["atol"] * max(1.0, e.abs().max().item() if e.numel() else 1.0)
+        torch.testing.assert_close(a.float(), e.float(), rtol=TOL[dtype]["rtol"], atol=atol,
+                                   msg=lambda m: f"{what} grad {i}: {m}")
 
 
-def _upcast(fn):
-    """The torch reference in fp32 from the same rounded inputs, cast back to the input dtype."""
-    def run(*args):
-        dtype = next(a.dtype for a in args if torch.is_tensor(a) and a.is_floating_point())
-        return fn(*(a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args)).to(dtype)
-    return run
+@pytest.mark.parametrize("numel", [1, 7, 1000, 100_000, 3_000_000])
+def test_poison_reaches_small_and_large_allocations(numel):
+    live = torch.zeros(numel, device="cuda")  # a live block beside the free ones, in the same pool
+    del live
+    kept = torch.zeros(3, device="cuda")
+    poison_cache()
+    for dtype in DTYPES:
+        assert torch.isnan(torch.empty(numel, dtype=dtype, device="cuda")).all(), (numel, dtype)
+    assert torch.equal(kept, torch.zeros_like(kept)), "live tensors must keep their values"
 
 
 SOFTMAX_SHAPES = [(1, 1, 1, 1), (2, 3, 5, 7), (3, 5, 37, 37), (1, 2, 129, 1000), (2, 1, 17, 3000),
@@ -61,14 +104,15 @@ def test_masked_softmax(ext, dtype, shape):
     b, h, sq, sk = shape
     x = _rand(*shape, dtype=dtype, seed=sum(shape), scale=3.0).requires_grad_()
     grad = _rand(*shape, dtype=dtype, seed=1)
-    for mb in {1, b}:
+    # [b or 1, 1, sq, sk]; a padding mask [b, 1, 1, sk] and one per head, which the front reshapes
+    for mask_shape in {(1, 1, sq, sk), (b, 1, sq, sk), (b, 1, 1, sk), (b, h, sq, sk)}:
         g = torch.Generator(device="cuda").manual_seed(7)
-        mask = torch.rand(mb, 1, sq, sk, device="cuda", generator=g) < 0.3
-        mask[0, 0, 0] = True  # one fully masked row: zeros, not NaN
-        fused = _run(lambda t: softmax.scaled_masked_softmax(t, mask, 0.7, "csrc"), [x], grad)
-        ref = _run(_upcast(lambda t: softmax.torch_scaled_masked_softmax(t, mask, 0.7)), [x], grad)
-        _check(fused, ref, dtype, f"masked softmax {shape} mask batch {mb}")
-        assert (fused[0][0, :, 0] == 0).all(), "a fully masked row must be zeros"
+        mask = torch.rand(*mask_shape, device="cuda", generator=g) < 0.3
+        mask[0, 0, 0] = True  # a fully masked row (a padding mask: every row of batch 0): zeros, not NaN
+        fused = _fused(lambda t, m=mask: softmax.scaled_masked_softmax(t, m, 0.7, "csrc"), [x], grad)
+        reference = _reference(lambda t, m=mask: ref.masked_softmax(t, 0.7, m), [x], grad)
+        _check(fused, reference, dtype, f"masked softmax {shape} mask {mask_shape}")
+        assert (fused[0][mask.expand(shape)] == 0).all(), "masked entries must be exactly zero"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -76,9 +120,9 @@ def test_masked_softmax(ext, dtype, shape):
 def test_causal_softmax(ext, dtype, shape):
     x = _rand(*shape, dtype=dtype, seed=sum(shape) + 1, scale=3.0).requires_grad_()
     grad = _rand(*shape, dtype=dtype, seed=2)
-    fused = _run(lambda t: softmax.scaled_upper_triang_masked_softmax(t, 0.5, "csrc"), [x], grad)
-    ref = _run(_upcast(lambda t: softmax.torch_scaled_masked_softmax(t, None, 0.5, causal=True)), [x], grad)
-    _check(fused, ref, dtype, f"causal softmax {shape}")
+    fused = _fused(lambda t: softmax.scaled_upper_triang_masked_softmax(t, 0.5, "csrc"), [x], grad)
+    reference = _reference(lambda t: ref.masked_softmax(t, 0.5, causal=True), [x], grad)
+    _check(fused, reference, dtype, f"causal softmax {shape}")
     above = torch.ones(shape[-2:], dtype=torch.bool, device="cuda").triu(1)
     assert (fused[0][..., above] == 0).all(), "entries above the diagonal must be exactly zero"
 
@@ -96,14 +140,12 @@ def test_norms(ext, dtype, wdtype, shape):
     w = _rand(h, dtype=wt, seed=3).add_(1.0).requires_grad_()
     b = _rand(h, dtype=wt, seed=4).requires_grad_()
     grad = _rand(*shape, dtype=dtype, seed=5)
-    tol_dtype = dtype
-    fused = _run(lambda *t: norm.layer_norm(*t, 1e-5, "csrc"), [x, w, b], grad)
-    ref = _run(lambda x_, w_, b_: F.layer_norm(x_.float(), (h,), w_.float(), b_.float(), 1e-5).to(dtype),
-               [x, w, b], grad)
-    _check(fused, ref, tol_dtype, f"LayerNorm {shape} weights {wdtype}")
-    fused = _run(lambda *t: norm.rms_norm(*t, 1e-5, "csrc"), [x, w], grad)
-    ref = _run(lambda x_, w_: norm.torch_rms_norm(x_.float(), w_.float(), 1e-5).to(dtype), [x, w], grad)
-    _check(fused, ref, tol_dtype, f"RMSNorm {shape} weights {wdtype}")
+    fused = _fused(lambda *t: norm.layer_norm(*t, 1e-5, "csrc"), [x, w, b], grad)
+    reference = _reference(lambda *t: ref.layer_norm(*t, 1e-5), [x, w, b], grad)
+    _check(fused, reference, dtype, f"LayerNorm {shape} weights {wdtype}")
+    fused = _fused(lambda *t: norm.rms_norm(*t, 1e-5, "csrc"), [x, w], grad)
+    reference = _reference(lambda *t: ref.rms_norm(*t, 1e-5), [x, w], grad)
+    _check(fused, reference, dtype, f"RMSNorm {shape} weights {wdtype}")
 
 
 ACT_SHAPES = [(1, 2), (5, 7 * 2), (33, 1001 * 2), (4096, 2 * 2816), (2, 3, 130)]
@@ -117,26 +159,33 @@ def test_bias_gelu_and_swiglu(ext, dtype, shape, bias):
     b = _rand(shape[-1], dtype=dtype, seed=6).requires_grad_() if bias else None
     inputs = [x, b] if bias else [x]
     grad = _rand(*shape, dtype=dtype, seed=7)
-    fused = _run(lambda *t: activations.bias_gelu(*t, impl="csrc"), inputs, grad)
-    ref = _run(_upcast(activations.torch_bias_gelu), inputs, grad)
-    _check(fused, ref, dtype, f"bias-gelu {shape}")
+    fused = _fused(lambda *t: activations.bias_gelu(*t, impl="csrc"), inputs, grad)
+    _check(fused, _reference(ref.bias_gelu, inputs, grad), dtype, f"bias-gelu {shape}")
+    # the tanh form (--openai-gelu) has no kernel: the front must run torch, and get it right
+    fused = _fused(lambda *t: activations.bias_gelu(*t, impl="csrc", approximate="tanh"), inputs, grad, kernel=False)
+    reference = _reference(lambda *t: ref.bias_gelu(*t, approximate="tanh"), inputs, grad)
+    _check(fused, reference, dtype, f"bias-gelu tanh {shape}")
     grad = _rand(*shape[:-1], shape[-1] // 2, dtype=dtype, seed=8)
-    fused = _run(lambda *t: activations.bias_swiglu(*t, impl="csrc"), inputs, grad)
-    ref = _run(_upcast(activations.torch_bias_swiglu), inputs, grad)
-    _check(fused, ref, dtype, f"swiglu {shape}")
+    fused = _fused(lambda *t: activations.bias_swiglu(*t, impl="csrc"), inputs, grad)
+    _check(fused, _reference(ref.bias_swiglu, inputs, grad), dtype, f"swiglu {shape}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", [(1, 1, 1, 2), (7, 3, 5, 8), (129, 2, 3, 64), (2048, 1, 4, 128)], ids=str)
+@pytest.mark.parametrize("shape", [(1, 1, 2, 2), (7, 3, 5, 8), (129, 2, 3, 64), (2048, 1, 4, 128)], ids=str)
 def test_rope(ext, dtype, shape):
     s, b, h, d = shape
     qkv = _rand(s, b, h, 3 * d, dtype=dtype, seed=s + d)
-    x = qkv[..., :d].requires_grad_()  # a non-contiguous view, as q is in attention
+    x = qkv[..., :d].requires_grad_()  # q as attention slices it from the fused qkv projection
+    assert not x.is_contiguous() and not _leaf(x).is_contiguous()
     cos, sin = rope_cos_sin(s, d, 10000, "cuda", dtype)
     grad = _rand(s, b, h, d, dtype=dtype, seed=9)
-    fused = _run(lambda t: rope.apply_rope(t, cos, sin, "csrc"), [x], grad)
-    ref = _run(_upcast(lambda t: rope.torch_apply_rope(t, cos.float(), sin.float())), [x], grad)
-    _check(fused, ref, dtype, f"rope {shape}")
+
+    def fused_rope(t):
+        assert not t.is_contiguous(), "the front must get the strided view itself"
+        return rope.apply_rope(t, cos, sin, "csrc")
+    fused = _fused(fused_rope, [x], grad)
+    reference = _reference(lambda t: ref.rope(t, cos.to(REF), sin.to(REF)), [x], grad)
+    _check(fused, reference, dtype, f"rope {shape}")
 
 
 def test_errors_are_python_exceptions(ext):

@@ -213,7 +213,6 @@ def test_flags_off_and_defaults_compute_the_same_on_cpu():
 class FakeKernels:
     """megatron_fused_kernels in torch, with the .cu files' formulas (fp32 math on fp32 storage
     becomes fp64 here: the checks are about the formulas, not rounding)."""
-    API_VERSION = _ext.API_VERSION
 
     @staticmethod
     def softmax_forward(x, mask, scale, causal):

@@ -1,7 +1,8 @@
 """Scaled masked softmax: softmax(scale * x) under a padding mask or the causal mask.
 
-Semantics, the same for every implementation: `mask` is bool [b or 1, 1, sq, sk], True =
-masked out (Megatron-LM's convention); masked entries get probability 0 and a row with
+Semantics, the same for every implementation: `mask` is bool, broadcastable to x's
+[b, heads, sq, sk] (e.g. [b or 1, 1, sq, sk], a padding mask [b, 1, 1, sk], or one per head),
+True = masked out (Megatron-LM's convention); masked entries get probability 0 and a row with
 every entry masked is all zeros (not NaN, not uniform). Causal masks column c of query row
 q when c > q (top-left aligned, as torch SDPA's is_causal). The output has x's dtype.
 
@@ -86,15 +87,40 @@ def _apex_fits(x):
             and (x.numel() // (sq * sk)) % 4 == 0)
 
 
+def kernel_operands(x, mask):
+    """(x, mask) as the kernel binding takes them, or None when it cannot.
+
+    x [b, heads, sq, sk] on CUDA; mask bool on x's device, broadcastable to x. Returns x (a view)
+    and a contiguous bool mask [b or 1, 1, sq, sk]; a mask that differs per head folds the heads
+    into the batch: x [b * heads, 1, sq, sk] and a mask of that shape.
+    """
+    if x.dim() != 4 or mask.dtype != torch.bool or mask.device != x.device or mask.dim() > 4:
+        return None
+    try:
+        if torch.broadcast_shapes(mask.shape, x.shape) != x.shape:
+            return None
+    except RuntimeError:
+        return None
+    b, heads, sq, sk = x.shape
+    m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    if m.shape[1] != 1:
+        return x.reshape(b * heads, 1, sq, sk), m.expand(b, heads, sq, sk).reshape(b * heads, 1, sq, sk).contiguous()
+    return x, m.expand(m.shape[0], 1, sq, sk).contiguous()
+
+
 def scaled_masked_softmax(x, mask, scale=1.0, impl=None):
-    """x [b, heads, sq, sk]; mask bool [b or 1, 1, sq, sk] (True = masked) or None -> probabilities like x.
+    """x [b, heads, sq, sk]; mask bool broadcastable to x (True = masked) or None -> probabilities like x.
 
     impl: from select() (None: select now); an implementation that cannot take these
     tensors falls back to torch.
     """
     impl = impl or select(True, x.device, x.dtype, causal=False)
-    if impl == "csrc" and csrc_ok_for(x, mask) and (mask is None or (mask.dim() == 4 and x.dim() == 4)):
-        return _CsrcSoftmax.apply(x, None if mask is None else mask.contiguous(), float(scale), False)
+    if impl == "csrc" and csrc_ok_for(x):
+        if mask is None:
+            return _CsrcSoftmax.apply(x, None, float(scale), False)
+        operands = kernel_operands(x, mask)
+        if operands is not None:
+            return _CsrcSoftmax.apply(*operands, float(scale), False).view(x.shape)
     return torch_scaled_masked_softmax(x, mask, scale)
 
 
