@@ -45,6 +45,7 @@ class TrainingLogger:
         self.interval_start = self.start
         self.iters_done, self.iters_in_interval = 0, 0
         self.losses, self.nan_iters = [], 0  # losses: per updated iteration, {term: mean tensor}
+        self.names = []  # the loss terms, known also when every iteration of an interval was skipped
         self.skipped, self.grad_norm = 0, None
 
     def scalar(self, name, value, step):
@@ -55,6 +56,7 @@ class TrainingLogger:
         """Record one iteration's {term: (sum, count)} (train_step); a skipped one (fp16
         overflow) does not enter the loss average."""
         self.iters_in_interval += 1
+        self.names = list(losses)
         if updated:
             self.losses.append(loss_means(losses))
             self.grad_norm = grad_norm
@@ -67,7 +69,7 @@ class TrainingLogger:
         n = self.iters_in_interval
         per_iter = (now - self.interval_start) / max(n, 1)
         self.iters_done += n
-        names = list(self.losses[0]) if self.losses else ["lm loss"]
+        names = self.names
         # the host sync happens here only; an iteration is finite when all its terms are
         rows = [[float(x[k]) for k in names] for x in self.losses]
         finite = [r for r in rows if all(math.isfinite(v) for v in r)]
