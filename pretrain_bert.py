@@ -19,6 +19,7 @@ from megatron.training.config import BertOptions
 from megatron.training.data import build_bert_datasets_from_config
 from megatron.training.embedded import EMBEDDED, embedded_recipe
 from megatron.training.launch import USER_ERRORS, configure, print_first_rank, run_pretrain, start, user_error
+from megatron.training.model_spec import ModelSpec
 
 SPECIAL_TOKENS = ("cls", "sep", "mask", "pad")
 
@@ -32,18 +33,18 @@ def model_provider(config, groups, device, pre_process=True, post_process=True, 
 
 
 def forward_step(model, batch, binary_name=None):
-    """Last stage -> ({'lm loss': [b, s], binary_name: [b]}, their masks); earlier stages ->
-    (hidden states [s(/TP), b, h], None). binary_name None: no binary head."""
+    """Last stage -> {'lm loss': (per-token loss [b, s], loss mask [b, s]), binary_name:
+    (per-sample loss [b], ones [b])}; earlier stages -> hidden states [s(/TP), b, h].
+    binary_name None: no binary head."""
     out = model(batch["tokens"], batch["padding_mask"], batch["types"], lm_labels=batch["labels"],
                 binary_labels=batch["is_random"])
-    if not isinstance(out, tuple):
-        return out, None
+    if not model.post_process:
+        return out
     lm_loss, binary_loss = out
-    losses, masks = {"lm loss": lm_loss}, {"lm loss": batch["loss_mask"]}
+    terms = {"lm loss": (lm_loss, batch["loss_mask"])}
     if binary_name is not None:
-        losses[binary_name] = binary_loss
-        masks[binary_name] = binary_loss.new_ones(binary_loss.shape)
-    return losses, masks
+        terms[binary_name] = (binary_loss, binary_loss.new_ones(binary_loss.shape))
+    return terms
 
 
 def check_bert_config(model_cfg, train_cfg, bert, tokenizer):
@@ -76,10 +77,9 @@ def main(argv=None):
         return user_error(e)
     terms = bert.loss_terms
     binary_name = next((name for name in terms if name != "lm loss"), None)
-    return run_pretrain(model_cfg, train_cfg, groups, device,
-                        functools.partial(model_provider, add_binary_head=bert.bert_binary_head),
-                        functools.partial(forward_step, binary_name=binary_name), datasets,
-                        type(tokenizer).__name__, loss_terms=terms, collate=collate_bert)
+    spec = ModelSpec(functools.partial(model_provider, add_binary_head=bert.bert_binary_head),
+                     functools.partial(forward_step, binary_name=binary_name), terms, collate_bert)
+    return run_pretrain(model_cfg, train_cfg, groups, device, spec, datasets, type(tokenizer).__name__)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from megatron.training.arguments import parse_args
 from megatron.training.data import build_datasets
 from megatron.training.embedded import EMBEDDED, embedded_recipe
 from megatron.training.launch import USER_ERRORS, configure, print_first_rank, run_pretrain, start, user_error
+from megatron.training.model_spec import ModelSpec
 
 
 def model_provider(config, groups, device, pre_process=True, post_process=True, vp_stage=None):
@@ -23,9 +24,10 @@ def model_provider(config, groups, device, pre_process=True, post_process=True, 
 
 
 def forward_step(model, batch):
-    """-> (per-token loss [b, s], loss mask [b, s]) on the last pipeline stage; earlier
-    stages return their hidden states [s, b, h] in place of the loss."""
-    return model(batch["tokens"], labels=batch["labels"]), batch["loss_mask"]
+    """-> {"lm loss": (per-token loss [b, s], loss mask [b, s])} on the last pipeline stage;
+    earlier stages return their hidden states [s(/TP), b, h] to send on."""
+    out = model(batch["tokens"], labels=batch["labels"])
+    return {"lm loss": (out, batch["loss_mask"])} if model.post_process else out
 
 
 def main(argv=None):
@@ -37,7 +39,7 @@ def main(argv=None):
         groups, device, datasets = start(model_cfg, train_cfg, tokenizer, build_datasets)
     except USER_ERRORS as e:
         return user_error(e)
-    return run_pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step, datasets,
+    return run_pretrain(model_cfg, train_cfg, groups, device, ModelSpec(model_provider, forward_step), datasets,
                         type(tokenizer).__name__)
 
 

@@ -24,13 +24,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from megatron.core.config import TransformerConfig  # noqa: E402
 from megatron.core.models.gpt import GPTModel  # noqa: E402
 from megatron.core.parallel_state import initialize_model_parallel  # noqa: E402
+from megatron.core.pipeline_parallel import loss_means  # noqa: E402
 from megatron.core.tensor_parallel.random import model_parallel_seed  # noqa: E402
 from megatron.training.config import TrainingConfig  # noqa: E402
 from megatron.training.training import setup_model_and_optimizer, train_step  # noqa: E402
 
 
 def _step(model, batch):
-    return model(batch["tokens"], labels=batch["labels"]), batch["loss_mask"]
+    return {"lm loss": (model(batch["tokens"], labels=batch["labels"]), batch["loss_mask"])}
 
 
 def _worker(rank, a, port, out):
@@ -70,8 +71,8 @@ def _worker(rank, a, port, out):
             if device.type == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            loss, *_ = train_step(model, ddp, opt, sched, batches, _step, groups, r + 1)
-            float(loss)
+            losses, *_ = train_step(model, ddp, opt, sched, batches, _step, groups, r + 1)
+            float(loss_means(losses)["lm loss"])
             if r >= a.warmup:
                 times[name].append(time.perf_counter() - t0)
     if rank == 0:

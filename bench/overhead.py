@@ -40,6 +40,7 @@ from megatron.core.distributed import DistributedDataParallel
 from megatron.core.models.gpt import GPTModel
 from megatron.core.optimizer import LRScheduler, MegatronOptimizer
 from megatron.core.parallel_state import initialize_model_parallel
+from megatron.core.pipeline_parallel import loss_means
 from megatron.core.tensor_parallel.initialization import initialize_parameters
 from megatron.core.tensor_parallel.random import model_parallel_seed
 from megatron.training.training import train_step
@@ -135,8 +136,8 @@ def baseline_step(model, opt, sched, batches, iteration, clip):
 
 # --------------------------------------------------------------------------- ours
 def forward_step(model, batch):
-    """As pretrain_gpt.py: -> (per-token loss [b, s], loss mask [b, s])."""
-    return model(batch["tokens"], labels=batch["labels"]), batch["loss_mask"]
+    """As pretrain_gpt.py (one stage): -> {"lm loss": (per-token loss [b, s], loss mask [b, s])}."""
+    return {"lm loss": (model(batch["tokens"], labels=batch["labels"]), batch["loss_mask"])}
 
 
 def init_world_of_one(device, backend):
@@ -287,7 +288,8 @@ def main(argv=None):
     # ---- warm-up, also the same-function check: same weights + same data -> same losses
     print(f"warm-up: {a.warmup} steps each (untimed)")
     for k in range(a.warmup):
-        lo, no, _, _ = run_ours()
+        losses, no, _, _ = run_ours()
+        lo = loss_means(losses)["lm loss"]
         lb, nb, _ = run_base()
         lo, no, lb, nb = (float(x) for x in (lo, no, lb, nb))
         print(f"  step {k + 1}: loss ours {lo:.5f} baseline {lb:.5f} | grad norm ours {no:.5f} baseline {nb:.5f}")

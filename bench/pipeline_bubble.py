@@ -81,7 +81,8 @@ class Stage(nn.Module):
 
 
 def _forward_step(model, batch):
-    return model(batch["tokens"]), batch["loss_mask"]
+    out = model(batch["tokens"])
+    return {"lm loss": (out, batch["loss_mask"])} if model.post else out
 
 
 def _one_run(groups, P, M, V, stage_s, kind):

@@ -68,7 +68,6 @@ class ProcessGroups:
     world_size: int
     pp_ranks: list[int]
     vpp_size: int | None = None
-    vpp_rank: int | None = None  # the model chunk currently running (interleaved schedules)
 
     @property
     def is_first_stage(self) -> bool:
@@ -129,8 +128,7 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1,
         embd=build(embd_lists), tp_size=tp, dp_size=dp, pp_size=pp,
         tp_rank=tp_rank, dp_rank=dp_rank, pp_rank=pp_rank, rank=rank, world_size=world,
         pp_ranks=[grid_rank(tp_rank, dp_rank, p, tp, dp) for p in range(pp)],
-        vpp_size=virtual_pipeline_model_parallel_size,
-        vpp_rank=0 if virtual_pipeline_model_parallel_size else None)
+        vpp_size=virtual_pipeline_model_parallel_size)
     _GROUPS = groups
     return groups
 
@@ -140,10 +138,6 @@ def get_process_groups() -> ProcessGroups:
     if _GROUPS is None:
         raise RuntimeError("initialize_model_parallel() has not been called")
     return _GROUPS
-
-
-def model_parallel_is_initialized() -> bool:
-    return _GROUPS is not None
 
 
 def destroy_model_parallel() -> None:

@@ -50,11 +50,11 @@ def start(model_cfg, train_cfg, tokenizer, build_datasets):
     return groups, device, datasets
 
 
-def run_pretrain(model_cfg, train_cfg, groups, device, *args, **kwargs):
-    """training.pretrain(...), then shut torch.distributed down. -> exit code (2 for a
-    checkpoint that does not fit, found by every rank alike; rank 0 says why)."""
+def run_pretrain(model_cfg, train_cfg, groups, device, spec, datasets, tokenizer_name):
+    """training.pretrain(...) of spec (a model_spec.ModelSpec), then shut torch.distributed down.
+    -> exit code (2 for a checkpoint that does not fit, found by every rank alike; rank 0 says why)."""
     try:
-        pretrain(model_cfg, train_cfg, groups, device, *args, **kwargs)
+        pretrain(model_cfg, train_cfg, groups, device, spec, datasets, tokenizer_name)
     except CheckpointError as e:
         if groups.rank == 0:
             print(f"error: {e}", file=sys.stderr)

@@ -6,7 +6,7 @@ import time
 import torch.distributed as dist
 
 from ..core import fusions
-from ..core.pipeline_parallel import default_schedule, layer_split
+from ..core.pipeline_parallel import ReducedLosses, default_schedule, layer_split, loss_means
 from .flops import peak_tflops_per_gpu
 
 
@@ -43,34 +43,35 @@ class TrainingLogger:
             self.writer = SummaryWriter(log_dir=tensorboard_dir, max_queue=100)
         self.start = time.perf_counter()
         self.interval_start = self.start
-        self.iters_done = 0
-        self.losses, self.nan_iters = [], 0
+        self.iters_done, self.iters_in_interval = 0, 0
+        self.losses, self.nan_iters = [], 0  # losses: per updated iteration, {term: mean tensor}
+        self.names = []  # the loss terms, known also when every iteration of an interval was skipped
         self.skipped, self.grad_norm = 0, None
 
     def scalar(self, name, value, step):
         if self.writer is not None:
             self.writer.add_scalar(name, value, step)
 
-    def add_iteration(self, loss_tensor, grad_norm, updated):
-        """Record one iteration; a skipped one (fp16 overflow) does not enter the loss average."""
-        self.iters_in_interval = getattr(self, "iters_in_interval", 0) + 1
+    def add_iteration(self, losses: ReducedLosses, grad_norm, updated):
+        """Record one iteration's {term: (sum, count)} (train_step); a skipped one (fp16
+        overflow) does not enter the loss average."""
+        self.iters_in_interval += 1
+        self.names = list(losses)
         if updated:
-            self.losses.append(loss_tensor)
+            self.losses.append(loss_means(losses))
             self.grad_norm = grad_norm
         else:
             self.skipped += 1
 
     def log(self, iteration, consumed, lr, global_batch, flops_per_iter, world_size, loss_scale=None):
-        """Print one line averaging the interval's losses; returns the mean loss (a dict
-        {name: mean} when the iterations' losses are dicts of several terms)."""
+        """Print one line averaging each loss term's per-iteration means over the interval."""
         now = time.perf_counter()
         n = self.iters_in_interval
         per_iter = (now - self.interval_start) / max(n, 1)
         self.iters_done += n
-        named = [x if isinstance(x, dict) else {"lm loss": x} for x in self.losses]
-        names = list(named[0]) if named else ["lm loss"]
+        names = self.names
         # the host sync happens here only; an iteration is finite when all its terms are
-        rows = [[float(x[k]) for k in names] for x in named]
+        rows = [[float(x[k]) for k in names] for x in self.losses]
         finite = [r for r in rows if all(math.isfinite(v) for v in r)]
         self.nan_iters += n - len(finite)
         means = {k: sum(r[i] for r in finite) / len(finite) if finite else float("nan")
@@ -97,16 +98,14 @@ class TrainingLogger:
         if self.peak_tflops:
             self.scalar("mfu", tflops / self.peak_tflops, iteration)
         self.losses, self.interval_start, self.iters_in_interval, self.skipped = [], time.perf_counter(), 0, 0
-        return means["lm loss"] if names == ["lm loss"] else means
 
     def reset_timer(self):
         self.interval_start = time.perf_counter()
 
-    def log_validation(self, iteration, loss):
-        """loss: the mean validation loss, or {name: mean} for several terms."""
-        terms = loss if isinstance(loss, dict) else {"lm loss": loss}
+    def log_validation(self, iteration, losses: dict[str, float]):
+        """losses: {term: mean validation loss} (training.evaluate)."""
         line = f" validation loss at iteration {iteration} |"
-        for name, value in terms.items():
+        for name, value in losses.items():
             line += f" {name} value: {value:.6E} |"
             self.scalar(f"{name} validation", value, iteration)
             if name == "lm loss":  # a perplexity means something for the token loss only
@@ -143,18 +142,17 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
     dist.all_gather_object(counts, (groups.tp_rank, groups.dp_rank, groups.pp_rank, count, memory))
     if dist.get_rank() != 0:
         return
-    c = model_cfg
-    peak = peak_tflops_per_gpu(device, c.params_dtype)
+    peak = peak_tflops_per_gpu(device, model_cfg.params_dtype)
     lines = [
         "> parallel layout: " + groups.describe(),
-        f"> sequence parallel: {c.sequence_parallel} | device: {device} | backend: {dist.get_backend()}",
-        f"> model: {c.num_layers} layers, hidden {c.hidden_size}, {c.num_attention_heads} heads"
-        f" ({c.num_query_groups} query groups), ffn {c.ffn_hidden_size}, seq {c.seq_length},"
-        f" vocab {c.vocab_size} padded to {c.padded_vocab_size} ({tokenizer_name})",
-        "> implementations: " + " | ".join(f"{op}={impl}" for op, impl in fusions.describe(c, device))
+        f"> sequence parallel: {model_cfg.sequence_parallel} | device: {device} | backend: {dist.get_backend()}",
+        f"> model: {model_cfg.num_layers} layers, hidden {model_cfg.hidden_size}, {model_cfg.num_attention_heads} heads"
+        f" ({model_cfg.num_query_groups} query groups), ffn {model_cfg.ffn_hidden_size}, seq {model_cfg.seq_length},"
+        f" vocab {model_cfg.vocab_size} padded to {model_cfg.padded_vocab_size} ({tokenizer_name})",
+        "> implementations: " + " | ".join(f"{op}={impl}" for op, impl in fusions.describe(model_cfg, device))
         + " | cross entropy=vocab-parallel (torch) | optimizer=torch.optim.AdamW (fused)",
         f"> fused kernels (csrc): {fusions.kernels_status()}",
-        f"> activation recompute: {_recompute(c)}",
+        f"> activation recompute: {_recompute(model_cfg)}",
         f"> MFU: {peak[0] if peak else 'n/a (' + _no_peak_reason(device) + ')'}",
         f"> batch: micro {train_cfg.micro_batch_size} x DP {groups.dp_size} x accumulation "
         f"{train_cfg.global_batch_size // (train_cfg.micro_batch_size * groups.dp_size)}"
@@ -172,7 +170,7 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
     sys.stdout.flush()
 
 
-def _recompute(c):
-    if c.recompute_granularity == "full":
-        return f"full, {c.recompute_method}, {c.recompute_num_layers} layer(s)"
-    return c.recompute_granularity or "none"
+def _recompute(model_cfg):
+    if model_cfg.recompute_granularity == "full":
+        return f"full, {model_cfg.recompute_method}, {model_cfg.recompute_num_layers} layer(s)"
+    return model_cfg.recompute_granularity or "none"

@@ -4,7 +4,7 @@ import torch
 from megatron.core import comm
 from megatron.core.config import TransformerConfig
 from megatron.core.models.gpt import GPTModel
-from megatron.core.pipeline_parallel import forward_backward
+from megatron.core.pipeline_parallel import forward_backward, loss_means
 from megatron.core.tensor_parallel.random import model_parallel_seed
 from megatron.training.config import TrainingConfig
 from megatron.training.training import setup_model_and_optimizer, train_step
@@ -37,7 +37,7 @@ def _batches(groups, n=2, seed=0):
 
 
 def _step(model, batch):
-    return model(batch["tokens"], labels=batch["labels"]), batch["loss_mask"]
+    return {"lm loss": (model(batch["tokens"], labels=batch["labels"]), batch["loss_mask"])}
 
 
 def _traffic(groups):
@@ -94,11 +94,12 @@ def _fp16_overflow(groups):
         before = [p.detach().clone() for p in model.parameters()]
 
         def step(m, batch, it=it):
-            loss, mask = _step(m, batch)
-            return (loss * float("inf") if it == 3 else loss), mask
+            loss, mask = _step(m, batch)["lm loss"]
+            return {"lm loss": (loss * float("inf") if it == 3 else loss, mask)}
 
         scale = opt.loss_scale
-        loss, norm, lr, updated = train_step(model, ddp, opt, sched, _batches(groups, seed=it), step, groups, it)
+        losses, norm, lr, updated = train_step(model, ddp, opt, sched, _batches(groups, seed=it), step, groups, it)
+        loss = loss_means(losses)["lm loss"]
         changed = any(not torch.equal(a, p.detach()) for a, p in zip(before, model.parameters()))
         log.append((it, updated, scale, opt.loss_scale, changed, float(loss) if it != 3 else None))
     return log

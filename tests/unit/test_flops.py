@@ -94,7 +94,7 @@ def test_log_line_has_mfu_only_with_a_peak(monkeypatch, capsys):
     lines = {}
     for peak in (None, 100.0):
         logger = log.TrainingLogger(10, peak_tflops=peak)
-        logger.add_iteration(torch.tensor(2.0), torch.tensor(1.0), True)
+        logger.add_iteration({"lm loss": (torch.tensor(2.0), torch.tensor(1.0))}, torch.tensor(1.0), True)
         logger.log(1, 8, 1e-3, 8, flops_per_iter=1e12, world_size=1)
         lines[peak] = capsys.readouterr().out
     assert "MFU" not in lines[None]

@@ -7,11 +7,6 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# helper `loss` moves get_forward_backward_func out of schedules.py, which breaks this loop;
-# delete this entry once both branches are merged
-EXPECTED_TO_BE_FIXED_BY_MERGE_OF_LOSS = {("megatron.core.pipeline_parallel.executor",
-                                          "megatron.core.pipeline_parallel.schedules")}
-
 
 def _modules():
     """{dotted name: (path, is_package)} of every module under megatron/; a compiled extension
@@ -99,7 +94,7 @@ def test_the_graph_sees_lazy_and_relative_imports():
 
 
 def test_no_import_cycles():
-    cycles = find_cycles(import_graph()) - EXPECTED_TO_BE_FIXED_BY_MERGE_OF_LOSS
+    cycles = find_cycles(import_graph())
     assert not cycles, "import cycles (each pair imports the other, directly or around a loop): " + \
         "; ".join(f"{a} <-> {b}" for a, b in sorted(cycles))
 

@@ -17,7 +17,13 @@ from megatron.core.config import TransformerConfig
 from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
 from megatron.core.models.gpt import GPTModel
 from megatron.core.optimizer import LRScheduler, MegatronOptimizer
-from megatron.core.pipeline_parallel import as_chunks, build_schedule, forward_backward, get_forward_backward_func
+from megatron.core.pipeline_parallel import (
+    as_chunks,
+    build_schedule,
+    forward_backward,
+    get_forward_backward_func,
+    loss_means,
+)
 from megatron.core.pipeline_parallel.simulator import simulate
 from megatron.core.tensor_parallel.initialization import initialize_parameters
 from megatron.core.tensor_parallel.random import model_parallel_seed
@@ -47,7 +53,8 @@ def _batches(M, seed):
 
 
 def _forward_step(model, batch):
-    return model(batch["tokens"], labels=batch["labels"]), batch["loss_mask"]
+    out = model(batch["tokens"], labels=batch["labels"])
+    return {"lm loss": (out, batch["loss_mask"])} if model.post_process else out
 
 
 def _provider(cfg, groups, device, pre_process=True, post_process=True, vp_stage=None):
@@ -61,7 +68,7 @@ def _reference(cfg, groups, batches):
     tokens = sum(b["loss_mask"].sum() for b in batches)
     total = 0.0
     for b in batches:
-        loss_sum = (_forward_step(full, b)[0] * b["loss_mask"]).sum()
+        loss_sum = (full(b["tokens"], labels=b["labels"]) * b["loss_mask"]).sum()
         (loss_sum / tokens).backward()
         total += loss_sum.item()
     return total / tokens.item(), {p.init_key: p.grad for p in full.parameters()}
@@ -75,7 +82,7 @@ def _check_schedule(groups, fails, name, layers, V, M, untie):
     model = build_model(_provider, cfg, groups, "cpu")
     initialize_parameters(model, SEED, 0, 1)
     stats = {}
-    loss = forward_backward(model, batches, _forward_step, groups, schedule=name, stats=stats)
+    loss = loss_means(forward_backward(model, batches, _forward_step, groups, schedule=name, stats=stats))["lm loss"]
     finalize_model_grads(model, groups)
     if groups.is_last_stage and abs(loss.item() - ref_loss) > 1e-6 * abs(ref_loss):
         fails.append(f"{tag}: loss {loss.item()} vs one process {ref_loss}")
@@ -92,7 +99,8 @@ def _check_schedule(groups, fails, name, layers, V, M, untie):
                      f"({stats['peak_kept_output_elems']} elements kept)")
     with torch.no_grad():
         model.eval()
-        eval_loss = forward_backward(model, batches, _forward_step, groups, schedule=name, forward_only=True)
+        eval_loss = loss_means(forward_backward(model, batches, _forward_step, groups, schedule=name,
+                                                forward_only=True))["lm loss"]
         model.train()
     if groups.is_last_stage and abs(eval_loss.item() - ref_loss) > 1e-6 * abs(ref_loss):
         fails.append(f"{tag}: forward-only loss {eval_loss.item()} vs {ref_loss}")

@@ -3,7 +3,9 @@
 Per microbatch and chunk it keeps only what backward needs: the received input (a leaf
 whose .grad is sent back) and the output's autograd graph (its storage is freed once
 sent, p2p.free_output). On the last virtual stage the output is the scaled loss.
+The loss contract (named terms, their counts and sums) is in losses.py.
 """
+import functools
 import time
 from typing import Optional
 
@@ -11,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .losses import TOKEN_LOSS, LossDeclaration, ReducedLosses, global_counts, masked_sums
 from .p2p import P2PCommunicator, backward_through, free_output
 from .schedules import SCHEDULES, default_schedule
 
@@ -21,34 +24,10 @@ def as_chunks(model) -> list[nn.Module]:
 
 
 def _set_input_tensor(chunk, tensor):
-    target = chunk.module if hasattr(chunk, "module") and not hasattr(chunk, "set_input_tensor") else chunk
-    if hasattr(target, "set_input_tensor"):
-        target.set_input_tensor(tensor)
+    if hasattr(chunk, "set_input_tensor"):
+        chunk.set_input_tensor(tensor)
     elif tensor is not None:
-        raise TypeError(f"{type(target).__name__} has no set_input_tensor(); it cannot be a later pipeline stage")
-
-
-DEFAULT_TERMS = {"lm loss": "loss_mask"}
-
-
-def global_tokens(batches, groups):
-    """Loss-mask tokens of the whole global batch (this rank's microbatches summed over groups.dp)."""
-    return global_counts(batches, groups, DEFAULT_TERMS)[0]
-
-
-def global_counts(batches, groups, loss_terms):
-    """Per loss term, the elements it averages over in the whole global batch: [terms] fp32.
-
-    loss_terms: {name: batch key of its mask [b, ...]}; key None counts one per sample.
-    This rank's microbatches are summed, then all-reduced over groups.dp (one call).
-    """
-    def count(b, key):
-        return b[key].float().sum() if key is not None else torch.tensor(
-            float(b["tokens"].shape[0]), device=b["tokens"].device)
-    n = torch.stack([torch.stack([count(b, key) for b in batches]).sum() for key in loss_terms.values()])
-    if groups.dp_size > 1:
-        dist.all_reduce(n, group=groups.dp)
-    return n
+        raise TypeError(f"{type(chunk).__name__} has no set_input_tensor(); it cannot be a later pipeline stage")
 
 
 class _Rank:
@@ -56,29 +35,22 @@ class _Rank:
     input (a leaf whose .grad goes back), the output (its storage freed once sent; on the
     last virtual stage the scaled loss), the received output gradient and the input
     gradient waiting to be sent; each entry is dropped as soon as it is used.
-    num_tokens: [terms] global counts, one per loss term (terms: their names, or None for
-    forward_step's single (per-token loss, mask) pair)."""
+    num_tokens: [terms] global counts of the loss terms `names`, in that order."""
 
-    def __init__(self, chunks, batches, forward_step, groups, comm, num_tokens, forward_only, loss_scale=1.0,
-                 terms=None):
+    def __init__(self, chunks, batches, forward_step, groups, comm, num_tokens, names, forward_only, loss_scale):
         self.chunks, self.batches, self.forward_step = chunks, batches, forward_step
-        self.loss_scale, self.terms = loss_scale, terms
-        self.groups, self.comm, self.num_tokens, self.forward_only = groups, comm, num_tokens, forward_only
+        self.loss_scale, self.names = loss_scale, names
+        self.comm, self.num_tokens, self.forward_only = comm, num_tokens, forward_only
         self.inputs, self.outputs, self.out_grads, self.in_grads = {}, {}, {}, {}
         self.total = torch.zeros(num_tokens.shape, device=num_tokens.device)
         self.last_chunk = len(chunks) - 1 if groups.is_last_stage else None  # the chunk with the loss
 
     def forward(self, v, mb):
-        if len(self.chunks) > 1:
-            self.groups.vpp_rank = v  # the chunk now running, for code that asks
         key = (v, mb)
         _set_input_tensor(self.chunks[v], self.inputs.get(key))
-        out, mask = self.forward_step(self.chunks[v], self.batches[mb])
+        out = self.forward_step(self.chunks[v], self.batches[mb])
         if v == self.last_chunk:
-            if self.terms is None:
-                sums = (out.float() * mask).sum().unsqueeze(0)
-            else:  # {name: per-element loss}, {name: its mask}
-                sums = torch.stack([(out[n].float() * mask[n]).sum() for n in self.terms])
+            sums = masked_sums(out, self.names)
             self.total += sums.detach()
             out = None if self.forward_only else (sums * (self.loss_scale / self.num_tokens)).sum()
         if out is not None:
@@ -87,8 +59,6 @@ class _Rank:
             self.inputs.pop(key, None)
 
     def backward(self, v, mb):
-        if len(self.chunks) > 1:
-            self.groups.vpp_rank = v
         key = (v, mb)
         out, inp = self.outputs.pop(key), self.inputs.pop(key, None)
         if v == self.last_chunk:
@@ -129,17 +99,17 @@ class _Rank:
 
 
 def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P2PCommunicator],
-                num_tokens, forward_only=False, trace: Optional[list] = None, stats: Optional[dict] = None,
-                loss_scale=1.0, terms=None):
+                num_tokens, names, forward_only=False, trace: Optional[list] = None, stats: Optional[dict] = None,
+                loss_scale=1.0):
     """Execute `actions` on this rank. Returns sum(loss x mask) over this rank's microbatches
-    per loss term ([terms] fp32; zero unless this rank holds the last virtual stage).
+    per loss term of `names` ([terms] fp32; zero unless this rank holds the last virtual stage).
 
-    Each microbatch's backward uses sum(loss x mask) / num_tokens (the global batch's token
-    count), times loss_scale (fp16), as training without pipelining does. trace: gets (kind, chunk, mb, start, end)
+    Each microbatch's backward uses sum(loss x mask) / num_tokens (the global batch's count
+    per term), times loss_scale (fp16), as training without pipelining does. trace: gets (kind, chunk, mb, start, end)
     per action (time.perf_counter). stats: gets peak_in_flight (microbatch-chunks forwarded,
     not yet backwarded) and peak_kept_output_elems (elements of sent outputs still held).
     """
-    r = _Rank(chunks, batches, forward_step, groups, comm, num_tokens, forward_only, loss_scale, terms)
+    r = _Rank(chunks, batches, forward_step, groups, comm, num_tokens, names, forward_only, loss_scale)
     peak = peak_elems = 0
     sync = trace is not None and num_tokens.device.type == "cuda"
     for a in actions:
@@ -164,55 +134,48 @@ def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P
     return r.total
 
 
-def forward_backward(model, batches, forward_step, groups, forward_only=False, schedule=None,
-                     seq_length=None, micro_batch_size=None, trace=None, stats=None, loss_scale=1.0,
-                     loss_terms=None):
+def forward_backward(model, batches, forward_step, groups, loss_terms: LossDeclaration = TOKEN_LOSS,
+                     forward_only=False, schedule=None, trace=None, stats=None, loss_scale=1.0) -> ReducedLosses:
     """Run one iteration's microbatches through this rank's model chunks with a schedule.
 
     model: a model or a list of chunks (virtual stages, in order); batches: this DP rank's
-    microbatches (dicts with tokens [b, s] and loss_mask [b, s], loaded on every stage);
-    forward_step(chunk, batch) -> (output, loss_mask): per-token loss [b, s] on the last
-    stage, else the hidden states [s(/TP), b, h] to send on.
-    Returns the mean per-token loss of the global batch (fp32, summed over groups.dp) on
-    the last pipeline stage, zero on the others. Gradients accumulate (DDP buffer or .grad);
-    what is backpropagated is multiplied by loss_scale (fp16 loss scaling).
-
-    Several losses (BERT's masked LM and sentence-order losses): loss_terms maps each name
-    to the batch key of its mask (None: one per sample); forward_step then returns
-    ({name: loss}, {name: mask}) on the last stage, each term is averaged over its own
-    global count, the sum of the averages is backpropagated, and the result is
-    {name: mean loss} instead of one tensor.
+    microbatches (dicts with tokens [b, s] and the masks loss_terms names, loaded on every
+    stage); forward_step(chunk, batch) -> losses.LossTerms on the last stage, else the
+    hidden states [s(/TP), b, h] to send on.
+    Returns {term: (sum of loss x mask, count)} over the global batch (summed over groups.dp);
+    the sums are 0 off the last pipeline stage, the counts are right on every stage. Each
+    term's backward is its sum over its global count (so the mean per element of the global
+    batch, whatever the layout), the terms' means are added, and what is backpropagated is
+    multiplied by loss_scale (fp16 loss scaling). Gradients accumulate (DDP buffer or .grad).
+    Collectives: one all-reduce of the counts over groups.dp before the schedule, p2p over
+    groups.pp during it, one all-reduce of the sums over groups.dp on the last stage after.
     """
     chunks = as_chunks(model)
     P, V, M = groups.pp_size, len(chunks), len(batches)
-    name = schedule or default_schedule(P, V)
-    actions = SCHEDULES[name](P, M, V, groups.pp_rank, forward_only)
-    last = groups.is_last_stage
-    device = next(chunks[0].parameters()).device
-    # only the last stage computes a loss; the others skip the token count's all-reduce
-    terms = loss_terms or DEFAULT_TERMS
-    num_tokens = global_counts(batches, groups, terms) if last else torch.ones(len(terms), device=device)
+    actions = SCHEDULES[schedule or default_schedule(P, V)](P, M, V, groups.pp_rank, forward_only)
+    names = list(loss_terms)
+    counts = global_counts(batches, groups, loss_terms)
     comm = None
-    if P > 1:
+    if P > 1:  # a communicator is a few fields: one per call, no state kept between calls
         b, s = batches[0]["tokens"].shape
-        b, s = micro_batch_size or b, seq_length or s
-        cfg = getattr(chunks[0], "config", None) or chunks[0].module.config
+        cfg = chunks[0].config
         shape = (s // groups.tp_size if cfg.sequence_parallel else s, b, cfg.hidden_size)
-        comm = _communicator(groups, shape, getattr(cfg, "pipeline_dtype", None) or cfg.params_dtype, device)
-    total = run_actions(actions, chunks, batches, forward_step, groups, comm, num_tokens, forward_only, trace, stats,
-                        loss_scale, list(loss_terms) if loss_terms else None)
-    if last and groups.dp_size > 1:
+        comm = P2PCommunicator(groups, shape, cfg.params_dtype, counts.device)
+    total = run_actions(actions, chunks, batches, forward_step, groups, comm, counts, names, forward_only, trace,
+                        stats, loss_scale)
+    if groups.is_last_stage and groups.dp_size > 1:
         dist.all_reduce(total, group=groups.dp)
-    means = total / num_tokens
-    return dict(zip(loss_terms, means)) if loss_terms else means[0]
+    return {name: (total[i], counts[i]) for i, name in enumerate(names)}
 
 
-_COMM = [None]  # the last communicator, reused while groups, shape, dtype and device stay
+def get_forward_backward_func(schedule: Optional[str] = None):
+    """The function that runs one iteration's microbatches on this rank:
 
+        forward_backward(model, batches, forward_step, groups, loss_terms, forward_only=False, ...)
+            -> {term: (sum, count)}
 
-def _communicator(groups, shape, dtype, device):
-    c = _COMM[0]
-    if c is None or c.groups is not groups \
-            or (c.shape, c.dtype, c.device) != (tuple(shape), dtype, torch.device(device)):
-        _COMM[0] = P2PCommunicator(groups, shape, dtype, device)
-    return _COMM[0]
+    It picks the schedule at call time from the pipeline size (groups.pp_size) and the
+    number of model chunks (a list or nn.ModuleList of chunks gives V > 1), unless
+    `schedule` names one of SCHEDULES. See forward_backward.
+    """
+    return functools.partial(forward_backward, schedule=schedule)

@@ -229,18 +229,3 @@ def build_schedule(P: int, M: int, V: int, schedule: Optional[str] = None, forwa
     """Every rank's actions: {rank: [Action]} (the simulator's input)."""
     fn = SCHEDULES[schedule or default_schedule(P, V)]
     return {rank: fn(P, M, V, rank, forward_only) for rank in range(P)}
-
-
-def get_forward_backward_func(schedule: Optional[str] = None):
-    """The function that runs one iteration's microbatches on this rank:
-
-        forward_backward(model, batches, forward_step, groups, forward_only=False, ...) -> loss
-
-    It picks the schedule at call time from the pipeline size (groups.pp_size) and the
-    number of model chunks (a list or nn.ModuleList of chunks gives V > 1), unless
-    `schedule` names one of SCHEDULES. See executor.forward_backward.
-    """
-    import functools
-
-    from .executor import forward_backward
-    return functools.partial(forward_backward, schedule=schedule)
