@@ -2,13 +2,20 @@
 and BERT (BertForPreTraining, or BertForMaskedLM for a model without the binary head).
 
     python tools/checkpoint/convert.py --model-type GPT --loader hf --saver megatron \
-        --load-dir hf_model/ --save-dir ckpt/ --target-tensor-parallel-size 2
+        --load-dir hf_model/ --save-dir ckpt/
     python tools/checkpoint/convert.py --model-type BERT --loader megatron --saver hf \
         --load-dir ckpt/ --save-dir hf_model/
 
+Learned absolute positions become GPT-2, rope becomes Llama; tied or untied output layers
+both convert. Every tensor of the source must be used (else one line naming the unused
+ones), and a model no HF family holds is refused with one line saying what is supported.
+The tokenizer files and the bos/eos/pad ids travel too (hf_tokenizer.py).
+
 Our checkpoints are layout-free (global tensors keyed by init_key; any TP/PP/DP loads
-them), so the target sizes are only recorded as the default layout in the saved
-arguments. HF models are read from and written to local directories only (no downloads).
+them), so --target-tensor/pipeline-parallel-size need no resharding: they are accepted
+for Megatron-LM command lines and recorded in the saved model args, and training or
+generation loads the result at whatever sizes it is launched with. HF models are read
+from and written to local directories only (no downloads).
 """
 import argparse
 import os
@@ -25,6 +32,11 @@ from megatron.core.checkpointing import (  # noqa: E402
     whole_piece,
 )
 from megatron.core.checkpointing import hf_conversion as hc  # noqa: E402
+from megatron.core.checkpointing.hf_files import read_config_json, read_state_dict  # noqa: E402
+from megatron.core.errors import MegatronUserError  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_tokenizer  # noqa: E402
 
 HF_TYPES = {"GPT": ("gpt2", "llama"), "BERT": ("bert",)}
 
@@ -38,31 +50,29 @@ def _transformers():
 
 
 def load_hf(path, model_type="GPT"):
-    """-> (model args, {init_key: tensor}, HF model type) from a local HF model directory."""
+    """-> (model args, {init_key: tensor}, config.json dict) from a local HF model directory."""
     tf = _transformers()
-    if not os.path.exists(os.path.join(path, "config.json")):
-        raise CheckpointError(f"--load-dir {path}: no config.json, not a HuggingFace model directory")
-    config = tf.AutoConfig.from_pretrained(path, local_files_only=True)
-    if config.model_type not in HF_TYPES[model_type]:
-        raise CheckpointError(f"HuggingFace model type {config.model_type!r} is not a --model-type {model_type} "
-                              f"we convert ({', '.join(HF_TYPES[model_type])})")
-    if model_type == "BERT":
-        masked_lm_only = "BertForMaskedLM" in (config.architectures or [])
-        cls = tf.BertForMaskedLM if masked_lm_only else tf.BertForPreTraining
-        model = cls.from_pretrained(path, local_files_only=True, torch_dtype="auto")
-        return (*hf_bert.bert_to_ours(config, model.state_dict()), config.model_type)
-    convert = {"gpt2": hc.gpt2_to_ours, "llama": hc.llama_to_ours}[config.model_type]
-    model = tf.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, torch_dtype="auto")
-    return (*convert(config, model.state_dict()), config.model_type)
+    raw = read_config_json(path, HF_TYPES[model_type])
+    try:
+        config = tf.AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as e:  # transformers rejects bad values with several exception types
+        raise CheckpointError(f"{path}/config.json: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    convert = {"gpt2": hc.gpt2_to_ours, "llama": hc.llama_to_ours, "bert": hf_bert.bert_to_ours}[raw["model_type"]]
+    sd = read_state_dict(path)
+    try:
+        args, tensors = convert(config, sd)
+    except RuntimeError as e:  # a reshape of a tensor whose shape config.json does not describe
+        raise CheckpointError(f"{path}: tensor shapes do not match config.json ({str(e).splitlines()[0]})") from None
+    return args, tensors, raw
 
 
-def save_hf(path, args, tensors, model_type="GPT"):
+def save_hf(path, args, tensors, training, model_type="GPT"):
     tf = _transformers()
     if model_type == "BERT":
         cfg, sd, binary = hf_bert.ours_to_bert(args, tensors)
         config, cls = tf.BertConfig(**cfg), tf.BertForPreTraining if binary else tf.BertForMaskedLM
         tied = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
-    elif args["position_embedding_type"] == "rope":
+    elif hc.hf_family(args) == "llama":
         cfg, sd = hc.ours_to_llama(args, tensors)
         config, cls = tf.LlamaConfig(**cfg), tf.LlamaForCausalLM
         tied = ("lm_head.weight",)
@@ -76,6 +86,12 @@ def save_hf(path, args, tensors, model_type="GPT"):
     missing = [k for k in missing if k not in tied or not config.tie_word_embeddings]
     if missing or unexpected:
         raise CheckpointError(f"conversion bug: missing {missing}, unexpected {unexpected}")
+    os.makedirs(path, exist_ok=True)
+    special = hf_tokenizer.to_hf(training, path)
+    for k in hf_tokenizer.SPECIAL:
+        setattr(config, k, special.get(k))
+        if model.can_generate():  # encoders have no generation_config
+            setattr(model.generation_config, k, special.get(k))
     model.save_pretrained(path)
 
 
@@ -86,25 +102,32 @@ def main(argv=None):
     p.add_argument("--saver", required=True, choices=["hf", "megatron"])
     p.add_argument("--load-dir", required=True)
     p.add_argument("--save-dir", required=True)
-    p.add_argument("--target-tensor-parallel-size", type=int, default=1)
-    p.add_argument("--target-pipeline-parallel-size", type=int, default=1)
+    for kind in ("tensor", "pipeline"):
+        p.add_argument(f"--target-{kind}-parallel-size", type=int, default=1,
+                       help="--saver megatron: recorded only; our checkpoints are layout-free, so any "
+                            f"{kind}-parallel size loads them without resharding")
     a = p.parse_args(argv)
     try:
+        for kind in ("tensor", "pipeline"):
+            size = getattr(a, f"target_{kind}_parallel_size")
+            if size < 1 or (size != 1 and a.saver == "hf"):
+                raise CheckpointError(f"--target-{kind}-parallel-size {size}: needs >= 1, and goes with "
+                                      "--saver megatron (a HuggingFace model has no parallel layout)")
         if a.loader == "hf":
-            args, tensors, hf_type = load_hf(a.load_dir, a.model_type)
-            training = {"tokenizer_type": "NullTokenizer", "vocab_size": args["vocab_size"], "hf_model_type": hf_type}
+            args, tensors, raw = load_hf(a.load_dir, a.model_type)
+            training = dict(hf_tokenizer.from_hf(a.load_dir, a.save_dir, raw), hf_model_type=raw["model_type"])
         else:
             reader = CheckpointReader(find_checkpoint(a.load_dir))
             args, training = reader.metadata["args"]["model"], reader.metadata["args"].get("training", {})
             tensors = {k: reader.global_tensor(k) for k in reader.keys("param")}
         if a.saver == "hf":
-            save_hf(a.save_dir, args, tensors, a.model_type)
+            save_hf(a.save_dir, args, tensors, training, a.model_type)
         else:
             args = dict(args, tensor_model_parallel_size=a.target_tensor_parallel_size,
                         pipeline_model_parallel_size=a.target_pipeline_parallel_size)
             save_global_checkpoint(a.save_dir, [whole_piece(k, "param", v) for k, v in tensors.items()],
                                    {"model": args, "training": training})
-    except CheckpointError as e:
+    except MegatronUserError as e:  # CheckpointError, TokenizerError
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"converted {a.loader} {a.load_dir} -> {a.saver} {a.save_dir} ({len(tensors)} tensors)")

@@ -5,6 +5,7 @@ saves the HF model). HF's BERT is post-norm with a LayerNorm on the embeddings: 
 model trained with --post-norm converts. Without a binary head (--bert-no-binary-head) the
 HF side is BertForMaskedLM, which has no pooler.
 """
+from .hf_checks import TrackedTensors, same_as_tied
 from .hf_conversion import L, qkv_from_ours, qkv_to_ours
 from .pieces import CheckpointError
 
@@ -47,8 +48,11 @@ def _bert_args(c):
 def bert_to_ours(config, sd):
     """BertForPreTraining (or BertForMaskedLM) config and state dict -> (model args, {init_key: tensor})."""
     a = _bert_args(config)
+    sd = TrackedTensors(sd, "the HuggingFace checkpoint")
     h, n = a["hidden_size"], a["num_attention_heads"]
     e = "bert.embeddings."
+    same_as_tied(sd, "cls.predictions.decoder.weight", e + "word_embeddings.weight")
+    same_as_tied(sd, "cls.predictions.decoder.bias", "cls.predictions.bias")
     out = {"word_embeddings.weight": sd[e + "word_embeddings.weight"],
            "position_embeddings": sd[e + "position_embeddings.weight"],
            "tokentype_embeddings": sd[e + "token_type_embeddings.weight"],
@@ -63,6 +67,7 @@ def bert_to_ours(config, sd):
         for x in ("weight", "bias"):
             q, k, v = (sd[f"{s}attention.self.{p}.{x}"] for p in ("query", "key", "value"))
             out[f"{o}self_attention.linear_qkv.{x}"] = qkv_to_ours(q, k, v, n, n, h // n)
+    sd.refuse_unused(ignore=r"^bert\.embeddings\.(position_ids|token_type_ids)$")  # buffers
     return a, {key: t.contiguous() for key, t in out.items()}
 
 
@@ -76,6 +81,7 @@ def ours_to_bert(a, t):
     if a.get("swiglu") or a.get("normalization") != "LayerNorm" or not a.get("add_bias_linear") \
             or a.get("num_query_groups", a["num_attention_heads"]) != a["num_attention_heads"]:
         raise CheckpointError("HuggingFace BERT needs GeLU, LayerNorm, linear biases and no grouped-query attention")
+    t = TrackedTensors(t, "the checkpoint")
     h, n = a["hidden_size"], a["num_attention_heads"]
     binary = "pooler.weight" in t
     cfg = dict(vocab_size=a["vocab_size"], hidden_size=h, num_hidden_layers=a["num_layers"], num_attention_heads=n,
@@ -99,4 +105,5 @@ def ours_to_bert(a, t):
             for p, w in zip(("query", "key", "value"),
                             qkv_from_ours(t[f"{o}self_attention.linear_qkv.{x}"], n, n, h // n)):
                 sd[f"{s}attention.self.{p}.{x}"] = w
+    t.refuse_unused()
     return cfg, {k: v.contiguous() for k, v in sd.items()}, binary

@@ -11,6 +11,7 @@ model. Our layout differences:
 """
 import torch
 
+from .hf_checks import TrackedTensors, hf_family, same_as_tied
 from .pieces import CheckpointError
 
 L = "decoder.layers.{}."
@@ -42,17 +43,25 @@ def _gpt2_args(c):
                 max_position_embeddings=c.n_positions, position_embedding_type="learned_absolute",
                 normalization="LayerNorm", norm_epsilon=c.layer_norm_epsilon, swiglu=False,
                 openai_gelu=c.activation_function != "gelu", add_bias_linear=True,
-                untie_embeddings_and_output_weights=False, hidden_dropout=c.resid_pdrop,
+                untie_embeddings_and_output_weights=not c.tie_word_embeddings, hidden_dropout=c.resid_pdrop,
                 attention_dropout=c.attn_pdrop, vocab_size=c.vocab_size)
+
+
+_GPT2_BUFFERS = r"^h\.\d+\.attn\.(masked_)?bias$"  # causal-mask buffers older GPT-2 files carry
 
 
 def gpt2_to_ours(config, sd):
     """GPT2LMHeadModel config and state dict -> (model args, {init_key: tensor})."""
     a = _gpt2_args(config)
     h, n = a["hidden_size"], a["num_attention_heads"]
-    sd = {k[len("transformer."):] if k.startswith("transformer.") else k: v for k, v in sd.items()}
+    sd = TrackedTensors({k[len("transformer."):] if k.startswith("transformer.") else k: v for k, v in sd.items()},
+                        "the HuggingFace checkpoint")
     out = {"word_embeddings.weight": sd["wte.weight"], "position_embeddings": sd["wpe.weight"],
            "decoder.final_layernorm.weight": sd["ln_f.weight"], "decoder.final_layernorm.bias": sd["ln_f.bias"]}
+    if a["untie_embeddings_and_output_weights"]:
+        out["output_layer.weight"] = sd["lm_head.weight"]
+    else:
+        same_as_tied(sd, "lm_head.weight", "wte.weight")
     for i in range(a["num_layers"]):
         s, o = f"h.{i}.", L.format(i)
         for ours, hf in (("input_layernorm", "ln_1"), ("pre_mlp_layernorm", "ln_2")):
@@ -63,17 +72,22 @@ def gpt2_to_ours(config, sd):
                          ("mlp.linear_fc2", "mlp.c_proj")):
             out[o + ours + ".weight"] = sd[s + hf + ".weight"].t()
             out[o + ours + ".bias"] = sd[s + hf + ".bias"]
+    sd.refuse_unused(ignore=_GPT2_BUFFERS)
     return a, {k: v.contiguous() for k, v in out.items()}
 
 
 def ours_to_gpt2(a, t):
     """(model args, global tensors) -> (GPT2Config kwargs, GPT2LMHeadModel state dict)."""
+    if hf_family(a) != "gpt2":
+        raise CheckpointError("a rope model converts to HF Llama, not GPT-2 (position_embedding_type decides)")
+    t = TrackedTensors(t, "the checkpoint")
     h, n = a["hidden_size"], a["num_attention_heads"]
+    untied = a["untie_embeddings_and_output_weights"]
     cfg = dict(vocab_size=a["vocab_size"], n_positions=a["max_position_embeddings"], n_embd=h,
                n_layer=a["num_layers"], n_head=n, n_inner=a["ffn_hidden_size"],
                activation_function="gelu_new" if a.get("openai_gelu") else "gelu",
                layer_norm_epsilon=a["norm_epsilon"], resid_pdrop=a["hidden_dropout"],
-               embd_pdrop=a["hidden_dropout"], attn_pdrop=a["attention_dropout"], tie_word_embeddings=True)
+               embd_pdrop=a["hidden_dropout"], attn_pdrop=a["attention_dropout"], tie_word_embeddings=not untied)
     sd = {"wte.weight": t["word_embeddings.weight"], "wpe.weight": t["position_embeddings"],
           "ln_f.weight": t["decoder.final_layernorm.weight"], "ln_f.bias": t["decoder.final_layernorm.bias"]}
     for i in range(a["num_layers"]):
@@ -88,7 +102,8 @@ def ours_to_gpt2(a, t):
             sd[s + hf + ".weight"] = t[o + ours + ".weight"].t()
             sd[s + hf + ".bias"] = t[o + ours + ".bias"]
     sd = {"transformer." + k: v.contiguous() for k, v in sd.items()}
-    sd["lm_head.weight"] = sd["transformer.wte.weight"]
+    sd["lm_head.weight"] = t["output_layer.weight"].contiguous() if untied else sd["transformer.wte.weight"]
+    t.refuse_unused()
     return cfg, sd
 
 
@@ -125,11 +140,14 @@ _LLAMA_LAYER = (("input_layernorm.weight", "input_layernorm.weight"),
 def llama_to_ours(config, sd):
     """LlamaForCausalLM config and state dict -> (model args, {init_key: tensor})."""
     a = _llama_args(config)
+    sd = TrackedTensors(sd, "the HuggingFace checkpoint")
     n, g, d = a["num_attention_heads"], a["num_query_groups"], a["kv_channels"]
     out = {"word_embeddings.weight": sd["model.embed_tokens.weight"],
            "decoder.final_layernorm.weight": sd["model.norm.weight"]}
     if a["untie_embeddings_and_output_weights"]:
         out["output_layer.weight"] = sd["lm_head.weight"]
+    else:
+        same_as_tied(sd, "lm_head.weight", "model.embed_tokens.weight")
     for i in range(a["num_layers"]):
         s, o = f"model.layers.{i}.", L.format(i)
         for hf, ours in _LLAMA_LAYER:
@@ -142,12 +160,16 @@ def llama_to_ours(config, sd):
         if a["add_bias_linear"]:
             out[o + "self_attention.linear_proj.bias"] = sd[s + "self_attn.o_proj.bias"]
             out[o + "mlp.linear_fc2.bias"] = sd[s + "mlp.down_proj.bias"]
+    sd.refuse_unused(ignore=r"rotary_emb\.inv_freq$")
     return a, {k: v.contiguous() for k, v in out.items()}
 
 
 def ours_to_llama(a, t):
     """(model args, global tensors) -> (LlamaConfig kwargs, LlamaForCausalLM state dict)."""
-    n, g, d = a["num_attention_heads"], a["num_query_groups"], a["kv_channels"]
+    if hf_family(a) != "llama":
+        raise CheckpointError("a model with learned absolute positions converts to HF GPT-2, not Llama")
+    t = TrackedTensors(t, "the checkpoint")
+    n, g, d = a["num_attention_heads"], a["num_query_groups"] or a["num_attention_heads"], a["kv_channels"]
     bias = a["add_bias_linear"]
     cfg = dict(vocab_size=a["vocab_size"], hidden_size=a["hidden_size"], intermediate_size=a["ffn_hidden_size"],
                num_hidden_layers=a["num_layers"], num_attention_heads=n, num_key_value_heads=g, head_dim=d,
@@ -157,7 +179,8 @@ def ours_to_llama(a, t):
                tie_word_embeddings=not a["untie_embeddings_and_output_weights"])
     sd = {"model.embed_tokens.weight": t["word_embeddings.weight"],
           "model.norm.weight": t["decoder.final_layernorm.weight"],
-          "lm_head.weight": t.get("output_layer.weight", t["word_embeddings.weight"])}
+          "lm_head.weight": t["output_layer.weight" if a["untie_embeddings_and_output_weights"]
+                              else "word_embeddings.weight"]}
     for i in range(a["num_layers"]):
         s, o = f"model.layers.{i}.", L.format(i)
         for hf, ours in _LLAMA_LAYER:
@@ -169,4 +192,5 @@ def ours_to_llama(a, t):
         if bias:
             sd[s + "self_attn.o_proj.bias"] = t[o + "self_attention.linear_proj.bias"]
             sd[s + "mlp.down_proj.bias"] = t[o + "mlp.linear_fc2.bias"]
+    t.refuse_unused()
     return cfg, {k: v.contiguous() for k, v in sd.items()}

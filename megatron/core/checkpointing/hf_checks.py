@@ -1,0 +1,85 @@
+"""What the HuggingFace conversions check: every tensor is used, and the model has a shape
+the HF family can hold. Each failure is one CheckpointError line."""
+import re
+from collections.abc import Mapping
+
+from .pieces import CheckpointError
+
+GPT2_SHAPE = ("HF GPT-2 holds learned absolute positions, pre-norm LayerNorm layers, GeLU, "
+              "linear biases, tied or untied output, no grouped-query attention and kv-channels = hidden / heads")
+LLAMA_SHAPE = ("HF Llama holds --position-embedding-type rope, pre-norm RMSNorm layers, SwiGLU, "
+               "grouped-query attention, tied or untied output, with or without linear biases")
+
+
+class TrackedTensors(Mapping):
+    """A name -> tensor dict that remembers which names were read, so that a conversion can
+    refuse the tensors it did not use. `side` names the source in messages."""
+
+    def __init__(self, tensors, side):
+        self._t, self._used, self.side = dict(tensors), set(), side
+
+    def __getitem__(self, key):
+        if key not in self._t:
+            raise CheckpointError(f"{self.side} has no tensor {key!r} (missing weights, or its config describes "
+                                  "another model)")
+        self._used.add(key)
+        return self._t[key]
+
+    def __contains__(self, key):  # without marking it used
+        return key in self._t
+
+    def __iter__(self):
+        return iter(self._t)
+
+    def __len__(self):
+        return len(self._t)
+
+    def mark_used(self, key):
+        self._used.add(key)
+
+    def refuse_unused(self, ignore=None):
+        """CheckpointError naming every tensor not read (names matching regex `ignore` excepted)."""
+        left = sorted(k for k in self._t if k not in self._used and not (ignore and re.search(ignore, k)))
+        if left:
+            shown = ", ".join(left[:8]) + (f" and {len(left) - 8} more" if len(left) > 8 else "")
+            raise CheckpointError(f"{self.side} holds tensors the conversion does not use: {shown} "
+                                  "(refusing rather than dropping them)")
+
+
+def same_as_tied(t, extra, tied_to):
+    """A tied model's file may also store the tied copy (`extra`): accept it only if equal."""
+    if extra in t and not t[extra].equal(t[tied_to]):  # reading it marks it used
+        raise CheckpointError(f"{t.side}: {extra} differs from {tied_to}, yet the config ties them "
+                              "(set tie_word_embeddings false in config.json)")
+
+
+def hf_family(a):
+    """'gpt2' or 'llama' for our model args `a`; CheckpointError (one line) for a shape neither holds."""
+    n = a["num_attention_heads"]
+    groups = a.get("num_query_groups") or n
+    kv = a.get("kv_channels") or a["hidden_size"] // n
+    if a.get("post_norm"):
+        why = "post-norm layers"
+    elif a["position_embedding_type"] == "rope":
+        why = (None if a["normalization"] == "RMSNorm" and a.get("swiglu") else
+               f"{a['normalization']} with {'SwiGLU' if a.get('swiglu') else 'GeLU'}")
+        if why is None:
+            return "llama"
+        return _refuse(why, LLAMA_SHAPE)
+    elif a["normalization"] != "LayerNorm":
+        why = f"{a['normalization']}"
+    elif a.get("swiglu"):
+        why = "SwiGLU"
+    elif not a.get("add_bias_linear", True):
+        why = "no linear biases (--disable-bias-linear)"
+    elif groups != n:
+        why = f"grouped-query attention ({groups} groups of {n} heads) without rope"
+    elif kv * n != a["hidden_size"]:
+        why = f"--kv-channels {kv} != hidden / heads"
+    else:
+        return "gpt2"
+    return _refuse(why, GPT2_SHAPE + "; " + LLAMA_SHAPE)
+
+
+def _refuse(why, supported):
+    raise CheckpointError(f"this model has {why}, which no HuggingFace family we convert to holds: {supported}")
