@@ -1,15 +1,20 @@
-"""Generate text from a checkpoint (any tensor-parallel size; KV cache; greedy or sampled).
+"""Generate text from a checkpoint (any tensor- and pipeline-parallel size; KV cache; greedy or sampled).
 
-    python tools/generate.py --load ckpt/ --prompt-ids "1 2 3" --max-new-tokens 20
-    torchrun --nproc-per-node 2 tools/generate.py --load ckpt/ --tensor-model-parallel-size 2 \
-        --prompt "def main(" --temperature 0.8 --top-p 0.9 --max-new-tokens 50
+    python tools/generate.py --load ckpt/ --prompt "def main(" --max-new-tokens 20
+    python tools/generate.py --load ckpt/ --prompt-file prompts.txt    # one prompt a line, outputs in order
+    torchrun --nproc-per-node 4 tools/generate.py --load ckpt/ --tensor-model-parallel-size 2 \
+        --pipeline-model-parallel-size 2 --prompt "def main(" --temperature 0.8 --top-p 0.9
 
-Prompts are token ids, or text through the checkpoint's tokenizer (ByteTokenizer, or
-NullTokenizer whose text is space-separated ids). Prints the generated ids and text.
+Text goes through the tokenizer the checkpoint was trained with (its saved tokenizer flags:
+SentencePiece, GPT2BPE, HuggingFace, Byte or Null; its files must still be where training
+found them); --prompt-ids gives token ids directly. Generation stops at that tokenizer's
+end-of-document (unless --no-stop-at-eod), and prompt + --max-new-tokens must fit the
+positions the model was trained for. Prints the generated ids and text of each prompt.
 """
 import argparse
 import os
 import sys
+from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -17,70 +22,113 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from megatron.core.checkpointing import find_checkpoint, read_metadata  # noqa: E402
-from megatron.core.config import ConfigError  # noqa: E402
-from megatron.core.errors import MegatronUserError  # noqa: E402
+from megatron.core.errors import ConfigError, MegatronUserError, TokenizerError  # noqa: E402
 from megatron.core.inference.generation import generate, load_model  # noqa: E402
 from megatron.core.parallel_state import ParallelConfigError, initialize_model_parallel  # noqa: E402
-from megatron.training.tokenizer import ByteTokenizer, NullTokenizer  # noqa: E402
+from megatron.training.tokenizer import build_tokenizer  # noqa: E402
+
+_FILE_FLAGS = ("vocab_file", "merge_file", "tokenizer_model")
 
 
 def tokenizer_of(metadata):
+    """The tokenizer the checkpoint was trained with, from its saved training args (a
+    NullTokenizer's --vocab-size is `null_vocab_size`, `vocab_size` in older checkpoints)."""
     t = metadata["args"].get("training", {})
-    if t.get("tokenizer_type") == "ByteTokenizer":
-        return ByteTokenizer()
-    return NullTokenizer(t.get("vocab_size") or metadata["args"]["model"]["vocab_size"])
+    kind = t.get("tokenizer_type") or "NullTokenizer"
+    if kind.startswith("BertWordPiece"):
+        raise TokenizerError(f"the checkpoint was trained with {kind}, a BERT tokenizer; "
+                             "generation runs GPT checkpoints only")
+    null = t.get("null_vocab_size") or t.get("vocab_size") or metadata["args"]["model"]["vocab_size"]
+    flags = SimpleNamespace(tokenizer_type=kind, null_vocab_size=null, **{f: t.get(f) for f in _FILE_FLAGS})
+    try:
+        return build_tokenizer(flags)
+    except TokenizerError as e:
+        raise TokenizerError(f"the checkpoint's tokenizer ({kind}, from its training flags): {e}") from None
+
+
+def prompts_of(a, tok):
+    """[[token id, ...], ...] from --prompt-ids, --prompt or --prompt-file (one prompt a line)."""
+    if a.prompt_ids is not None:
+        try:
+            return [[int(t) for t in a.prompt_ids.split()]]
+        except ValueError:
+            raise ConfigError(f"--prompt-ids {a.prompt_ids!r}: give space-separated integers") from None
+    if a.prompt is not None:
+        return [tok.tokenize(a.prompt)]
+    try:
+        with open(a.prompt_file, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--prompt-file {a.prompt_file}: {e}") from None
+    if not lines:
+        raise ConfigError(f"--prompt-file {a.prompt_file} is empty; write one prompt per line")
+    return [tok.tokenize(line) for line in lines]
 
 
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--load", required=True, help="checkpoint directory")
     p.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    p.add_argument("--pipeline-model-parallel-size", type=int, default=1,
+                   help="stages, each holding its share of the layers (launch TP x PP processes)")
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt-ids", help="space-separated token ids")
     prompt.add_argument("--prompt", help="text, tokenised with the checkpoint's tokenizer")
+    prompt.add_argument("--prompt-file", help="a text file of prompts, one per line; outputs come in the same order")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--greedy", action="store_true", help="argmax decoding (default unless sampling flags are given)")
     p.add_argument("--temperature", type=float, default=None)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--stop-at-eod", action="store_true", help="stop once the tokenizer's end-of-document appears")
+    p.add_argument("--stop-at-eod", action=argparse.BooleanOptionalAction, default=True,
+                   help="stop once the tokenizer's end-of-document appears (default: yes)")
     return p.parse_args(argv)
 
 
 def main(argv=None):
     a = parse(argv)
     try:
-        metadata = read_metadata(find_checkpoint(a.load))
-        if a.max_new_tokens < 0 or (a.temperature is not None and a.temperature <= 0) or not 0 < a.top_p <= 1:
-            raise ConfigError("need --max-new-tokens >= 0, --temperature > 0 and 0 < --top-p <= 1")
-        if "RANK" not in os.environ:
-            os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
-        dist.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
-        if dist.get_world_size() != a.tensor_model_parallel_size:
-            raise ParallelConfigError(f"launch exactly --tensor-model-parallel-size "
-                                      f"({a.tensor_model_parallel_size}) processes, got {dist.get_world_size()}")
-        groups = initialize_model_parallel(a.tensor_model_parallel_size, 1)
+        return _run(a)
+    except MegatronUserError as e:
+        if os.environ.get("RANK", "0") == "0":  # once under torchrun
+            print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(a):
+    metadata = read_metadata(find_checkpoint(a.load))
+    if a.max_new_tokens < 0 or (a.temperature is not None and a.temperature <= 0) or not 0 < a.top_p <= 1:
+        raise ConfigError("need --max-new-tokens >= 0, --temperature > 0 and 0 < --top-p <= 1")
+    tok = tokenizer_of(metadata)
+    prompts = prompts_of(a, tok)
+    vocab = metadata["args"]["model"]["vocab_size"]
+    for i, ids in enumerate(prompts):
+        if not ids or max(ids) >= vocab or min(ids) < 0:
+            raise ConfigError(f"prompt {i + 1}: needs at least one token, with ids in [0, {vocab})")
+    tp, pp = a.tensor_model_parallel_size, a.pipeline_model_parallel_size
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
+    if tp < 1 or pp < 1 or int(os.environ["WORLD_SIZE"]) != tp * pp:
+        raise ParallelConfigError(f"launch exactly --tensor-model-parallel-size x --pipeline-model-parallel-size "
+                                  f"({tp} x {pp}) processes, got {os.environ['WORLD_SIZE']}")
+    dist.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
+    try:
+        groups = initialize_model_parallel(tp, pp)
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
             if torch.cuda.is_available() else torch.device("cpu")
-        model, config, _ = load_model(a.load, groups, device)
-    except MegatronUserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    tok = tokenizer_of(metadata)
-    ids = [int(t) for t in a.prompt_ids.split()] if a.prompt_ids is not None else tok.tokenize(a.prompt)
-    if not ids or max(ids) >= config.vocab_size or min(ids) < 0:
-        print(f"error: the prompt needs token ids in [0, {config.vocab_size})", file=sys.stderr)
-        return 2
-    sampling = a.temperature is not None or a.top_k > 0 or a.top_p < 1.0
-    out = generate(model, torch.tensor([ids], device=device), a.max_new_tokens, greedy=a.greedy or not sampling,
-                   temperature=a.temperature or 1.0, top_k=a.top_k, top_p=a.top_p, seed=a.seed,
-                   eod=tok.eod if a.stop_at_eod else None)
-    new = out[0, len(ids):].tolist()
-    if dist.get_rank() == 0:
-        print("generated ids: " + " ".join(map(str, new)))
-        print("text: " + tok.detokenize(ids + new))
-    dist.destroy_process_group()
+        model, _, _ = load_model(a.load, groups, device)
+        sampling = a.temperature is not None or a.top_k > 0 or a.top_p < 1.0
+        for ids in prompts:
+            out = generate(model, torch.tensor([ids], device=device), a.max_new_tokens,
+                           greedy=a.greedy or not sampling, temperature=a.temperature or 1.0, top_k=a.top_k,
+                           top_p=a.top_p, seed=a.seed, eod=tok.eod if a.stop_at_eod else None)
+            new = out[0, len(ids):].tolist()
+            if dist.get_rank() == 0:
+                print("generated ids: " + " ".join(map(str, new)))
+                print("text: " + tok.detokenize(ids + new), flush=True)
+    finally:
+        dist.destroy_process_group()
     return 0
 
 
