@@ -7,7 +7,9 @@ model. Our layout differences:
     HF keeps q, k, v apart (Llama) or as [q_all; k_all; v_all] (GPT-2's c_attn);
   - GPT-2's Conv1D weights are [in, out]: transposed against nn.Linear's [out, in];
   - SwiGLU fc1 is [gate; up] (Llama's gate_proj and up_proj stacked);
-  - RoPE is rotate-half, as HF Llama, so q/k rows need no permutation.
+  - RoPE is rotate-half, as HF Llama, so q/k rows need no permutation;
+  - an untied output layer (output_layer.weight) is HF's lm_head with tie_word_embeddings false.
+Every tensor of the source must be used and the model must fit the family (hf_checks.py).
 """
 import torch
 
