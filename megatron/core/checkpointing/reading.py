@@ -172,6 +172,10 @@ class CheckpointReader:
     def keys(self, state="param"):
         return sorted(k for k, s in self.index if s == state)
 
+    def __iter__(self):
+        """The keys of the parameters (`for key in reader`)."""
+        return iter(self.keys())
+
     def has(self, key, state="param"):
         return (key, state) in self.index
 
