@@ -192,7 +192,7 @@ class Checkpointer:
         t = self.t
         if not t.load:
             return 0, 0
-        path = find_checkpoint(t.load, allow_empty=same_dir(t.load, t.save))
+        path = find_checkpoint(t.load, allow_empty=same_dir(t.load, t.save), report=print_rank_0)
         if path is None:
             print_rank_0(f"> no checkpoint in {t.load}: training from scratch")
             return 0, 0
