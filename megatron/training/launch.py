@@ -30,7 +30,7 @@ def user_error(e):
 
 def start(model_cfg, train_cfg, tokenizer, build_datasets):
     """Validate, check --load, start torch.distributed, build the datasets
-    (build_datasets(train_cfg, model_cfg, tokenizer) -> (train, valid)). -> (groups, device,
+    (build_datasets(train_cfg, model_cfg, tokenizer) -> (train, valid, test)). -> (groups, device,
     datasets). Raises one of USER_ERRORS for bad input."""
     validate_config(model_cfg, train_cfg, tokenizer.vocab_size)
     if train_cfg.load:  # a missing, truncated or foreign checkpoint fails before any process group

@@ -102,17 +102,18 @@ class TrainingLogger:
     def reset_timer(self):
         self.interval_start = time.perf_counter()
 
-    def log_validation(self, iteration, loss):
-        """loss: the mean validation loss, or {name: mean} for several terms."""
+    def log_validation(self, iteration, loss, split=None):
+        """loss: the mean validation loss, or {name: mean} for several terms. split: None during
+        training; "validation" or "test" after it (Megatron-LM's "... on test set" line)."""
         terms = loss if isinstance(loss, dict) else {"lm loss": loss}
-        line = f" validation loss at iteration {iteration} |"
+        line = f" validation loss at iteration {iteration}{f' on {split} set' if split else ''} |"
         for name, value in terms.items():
             line += f" {name} value: {value:.6E} |"
-            self.scalar(f"{name} validation", value, iteration)
+            self.scalar(f"{name} {split or 'validation'}", value, iteration)
             if name == "lm loss":  # a perplexity means something for the token loss only
                 ppl = math.exp(min(20.0, value))
                 line += f" {name} PPL: {ppl:.6E} |"
-                self.scalar(f"{name} validation ppl", ppl, iteration)
+                self.scalar(f"{name} {split or 'validation'} ppl", ppl, iteration)
         print_rank_last("-" * len(line) + "\n" + line + "\n" + "-" * len(line))
 
     def close(self):

@@ -14,7 +14,7 @@ from ..core.pipeline_parallel import default_schedule, get_forward_backward_func
 from ..core.pipeline_parallel.executor import DEFAULT_TERMS
 from ..core.tensor_parallel.initialization import initialize_parameters
 from .checkpointing import Checkpointer
-from .data import microbatches
+from .data import end_of_training_sets, microbatches, validation_window
 from .flops import num_floating_point_operations, peak_tflops_per_gpu
 from .log import TrainingLogger, print_rank_0, startup_summary
 
@@ -124,7 +124,7 @@ def setup_model_and_optimizer(model_cfg, t, groups, device, model_provider):
 def pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step, datasets, tokenizer_name,
              loss_terms=None, collate=None):
     """Train model_provider(config, groups, device, pre_process, post_process, vp_stage)
-    on datasets = (train, valid); every pipeline stage loads the same batches.
+    on datasets = (train, valid, test); every pipeline stage loads the same batches.
 
     forward_step(model, batch) -> (per-token loss [b, s], loss mask [b, s]) on the last
     pipeline stage, (hidden states, loss mask) on the others. With loss_terms ({name: batch
@@ -139,7 +139,7 @@ def pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step,
                     ddp.memory_bytes() + (optimizer.memory_bytes(),))
     ckpt = Checkpointer(model_cfg, t, model, optimizer, groups, device)
     iteration, consumed = ckpt.load()
-    train_ds, valid_ds = datasets
+    train_ds, valid_ds, _ = datasets
     peak = peak_tflops_per_gpu(device, model_cfg.params_dtype)
     logger = TrainingLogger(t.train_iters, t.tensorboard_dir, peak[1] if peak else None)
     flops = num_floating_point_operations(model_cfg, t.global_batch_size)
@@ -149,7 +149,7 @@ def pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step,
     model.train()
     trace_iter = min(iteration + 2, t.train_iters) if t.pipeline_trace else None  # +2: past first-call costs
     start = iteration
-    for iteration in range(start + 1, t.train_iters + 1):
+    for iteration in range(start + 1, (start if t.skip_train else t.train_iters) + 1):
         batches = microbatches(train_ds, consumed, t.global_batch_size, t.micro_batch_size,
                                groups.dp_rank, groups.dp_size, device, collate)
         trace = [] if iteration == trace_iter else None
@@ -165,9 +165,9 @@ def pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step,
                 torch.cuda.synchronize()
             history.append(logger.log(iteration, consumed, lr, t.global_batch_size, flops, groups.world_size,
                                       optimizer.loss_scale if t.fp16 else None))
-        if t.eval_iters > 0 and (iteration % t.eval_interval == 0 or iteration == t.train_iters):
-            logger.log_validation(iteration, evaluate(model, valid_ds, forward_step, groups, t, device,
-                                                      loss_terms, collate))
+        if t.eval_iters > 0 and iteration % t.eval_interval == 0:
+            logger.log_validation(iteration, evaluate(model, validation_window(valid_ds, iteration, t), forward_step,
+                                                      groups, t, device, loss_terms, collate))
             logger.reset_timer()  # evaluation time is not training time
         if ckpt.after_iteration(iteration, consumed):
             break
@@ -176,5 +176,8 @@ def pretrain(model_cfg, train_cfg, groups, device, model_provider, forward_step,
             break
     ddp.finish_param_sync()
     ckpt.finish(iteration, consumed)
+    for split, ds in end_of_training_sets(datasets, iteration, t):
+        logger.log_validation(iteration, evaluate(model, ds, forward_step, groups, t, device, loss_terms, collate),
+                              split)
     logger.close()
     return model, history
