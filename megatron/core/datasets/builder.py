@@ -176,6 +176,10 @@ def _blend(kind, config, name, n, parts, weights, order):
     else:  # weighted by each dataset's one-epoch sample count, at most their sum
         datasets = [kind.dataset(ds, docs, kind.one_epoch, name, config) for ds, docs in parts]
         weights = [len(d) for d in datasets]
+        if not all(weights):
+            empty = parts[weights.index(0)][0].path_prefix
+            raise DatasetError(f"{empty}: its {name} split holds less than one sample, so it cannot weigh in an "
+                               "unweighted blend; give weights ('W1 PATH1 W2 PATH2 ...') or leave it out")
         size = min(n, sum(weights))
     weights = _normalize(weights)
     dataset_index, dataset_sample_index = blending_indices(weights, size, config.cache_dir, order)
