@@ -12,6 +12,8 @@ try:
     from . import helpers_cpp
 except ImportError:  # not built (pip install -e . compiles it): the numpy path works, slower
     helpers_cpp = None
+if helpers_cpp is not None and not hasattr(helpers_cpp, "build_greedy_blending_indices"):
+    helpers_cpp = None  # built from an older csrc/helpers.cpp: use numpy (and warn) until it is rebuilt
 
 _warned = False
 INT32_MAX = np.iinfo(np.int32).max
