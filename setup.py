@@ -84,7 +84,7 @@ setup(
     ext_modules=dataset_helpers() + cuda_exts,
     cmdclass={"build_ext": OptionalBuildExt},
     python_requires=">=3.9",
-    install_requires=["torch>=2.4", "numpy", "sentencepiece", "tensorboard"],
+    install_requires=["torch>=2.4", "numpy", "sentencepiece", "tensorboard", "regex"],
     # hf: HuggingFace tokenizers (--tokenizer-type HuggingFaceTokenizer) and checkpoint conversion
     # (tools/checkpoint/convert.py); the tests that need them skip without them
     extras_require={"test": ["pytest", "pytest-timeout", "transformers", "ruff"], "hf": ["tokenizers", "transformers"]},

@@ -82,6 +82,7 @@ def make_hf_tokenizer(folder, vocab_file, merge_file):
     tok = Tokenizer(models.BPE.from_file(vocab_file, merge_file))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>"])  # as Hugging Face's GPT-2 tokenizer (Megatron-LM's GPT2BPETokenizer)
     path = os.path.join(folder, "tokenizer.json")
     tok.save(path)
     return path
