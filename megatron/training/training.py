@@ -7,9 +7,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..core.distributed import DistributedDataParallel, finalize_model_grads
-from ..core.optimizer import LRScheduler
+from ..core.optimizer import LRScheduler, get_megatron_optimizer
 from ..core.optimizer.grad_scaler import ConstantGradScaler, DynamicGradScaler
-from ..core.optimizer.megatron_optimizer import MegatronOptimizer
 from ..core.pipeline_parallel import default_schedule, get_forward_backward_func, global_counts
 from ..core.pipeline_parallel.executor import DEFAULT_TERMS
 from ..core.tensor_parallel.initialization import initialize_parameters
@@ -116,8 +115,8 @@ def setup_model_and_optimizer(model_cfg, t, groups, device, model_provider):
     initialize_parameters(model, t.seed, groups.tp_rank, groups.tp_size)
     ddp = DistributedDataParallel(model, groups.dp, t.ddp_bucket_size, t.overlap_grad_reduce,
                                   t.use_distributed_optimizer, t.overlap_param_gather, t.grad_reduce_in_bf16)
-    optimizer = MegatronOptimizer(ddp, groups, t.lr, t.weight_decay, (t.adam_beta1, t.adam_beta2), t.adam_eps,
-                                  t.clip_grad, build_grad_scaler(t))
+    optimizer = get_megatron_optimizer(ddp, groups, t.lr, t.weight_decay, (t.adam_beta1, t.adam_beta2),
+                                       t.adam_eps, t.clip_grad, build_grad_scaler(t))
     return model, ddp, optimizer, build_scheduler(optimizer, t)
 
 

@@ -6,7 +6,7 @@ from torch import nn
 
 from ...tensor_parallel import mappings
 from ...tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
-from ...tensor_parallel.initialization import set_init, set_tp_attrs
+from ...tensor_parallel.param_meta import set_init, set_sequence_parallel, set_tensor_parallel
 from ...transformer.layer import hidden_dropout
 from ...transformer.norm import build_norm
 from ..gpt.gpt_model import GPTModel
@@ -27,7 +27,8 @@ class ReplicatedLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features, dtype=params_dtype, device=device))
         set_init(self.weight, "normal", init_std)
         set_init(self.bias, "zeros")
-        self.weight.sequence_parallel = self.bias.sequence_parallel = sequence_parallel
+        set_sequence_parallel(self.weight, sequence_parallel)
+        set_sequence_parallel(self.bias, sequence_parallel)
 
     def forward(self, x):
         return F.linear(x, self.weight, self.bias)
@@ -47,7 +48,7 @@ class BertLMHead(nn.Module):
         per_rank = c.padded_vocab_size // c.tensor_model_parallel_size
         self.bias = nn.Parameter(torch.empty(per_rank, dtype=c.params_dtype, device=device))
         set_init(self.bias, "zeros")
-        set_tp_attrs(self.bias, 0, unpadded_size=c.vocab_size)
+        set_tensor_parallel(self.bias, 0, unpadded_size=c.vocab_size)
 
     def forward(self, hidden, word_embeddings):
         x = self.layernorm(F.gelu(self.dense(hidden), approximate="tanh" if self.config.openai_gelu else "none"))
