@@ -115,7 +115,7 @@ def load_checkpoint(path, model, optimizer, groups, train_cfg, device):
     meta = reader.metadata
     _check_keys(reader, model)
     load_optim = not (t.finetune or t.no_load_optim) and meta.get("optimizer") is not None \
-        and all(reader.has(k, "exp_avg") for k in reader)
+        and all(reader.has(k, "exp_avg") for k in reader.keys("param"))
     ranges_of = {}
     for sp in optimizer.state_pieces():
         ranges_of.setdefault(id(sp.param), []).append((sp.start, sp.end))

@@ -44,7 +44,7 @@ def _our_logits(groups, ckpt):
     torch.set_num_threads(1)
     reader = CheckpointReader(find_checkpoint(ckpt))
     config = config_from_checkpoint(reader.metadata["args"]["model"], groups.tp_size)
-    model = BertModel(config, groups, add_binary_head="pooler.weight" in reader)
+    model = BertModel(config, groups, add_binary_head=reader.has("pooler.weight"))
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(local_shard(reader.global_tensor(param_meta(p).init_key), p, groups.tp_rank, groups.tp_size))

@@ -96,7 +96,7 @@ def main(argv=None):
         else:
             reader = CheckpointReader(find_checkpoint(a.load_dir))
             args, training = reader.metadata["args"]["model"], reader.metadata["args"].get("training", {})
-            tensors = {k: reader.global_tensor(k) for k in reader}
+            tensors = {k: reader.global_tensor(k) for k in reader.keys("param")}
         if a.saver == "hf":
             save_hf(a.save_dir, args, tensors, a.model_type)
         else:

@@ -39,7 +39,7 @@ def load_model(load_dir, groups, device, dtype=None):
     checkpoint's weights. dtype overrides the saved parameter dtype (e.g. torch.float32)."""
     reader = CheckpointReader(find_checkpoint(load_dir))
     config = config_from_checkpoint(reader.metadata["args"]["model"], groups.tp_size)
-    if config.post_norm or "tokentype_embeddings" in reader:
+    if config.post_norm or reader.has("tokentype_embeddings"):
         raise CheckpointError(f"{load_dir} is not a pre-norm GPT checkpoint (post-norm layers or BERT); "
                               "generation runs GPT models trained without --post-norm")
     if dtype is not None:
