@@ -7,9 +7,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..core.distributed import DistributedDataParallel, finalize_model_grads
-from ..core.optimizer import LRScheduler
+from ..core.optimizer import LRScheduler, get_megatron_optimizer
 from ..core.optimizer.grad_scaler import ConstantGradScaler, DynamicGradScaler
-from ..core.optimizer.megatron_optimizer import MegatronOptimizer
 from ..core.pipeline_parallel import TOKEN_LOSS, default_schedule, get_forward_backward_func
 from ..core.tensor_parallel.initialization import initialize_parameters
 from .checkpointing import Checkpointer
@@ -112,9 +111,9 @@ def setup_model_and_optimizer(model_cfg, train_cfg, groups, device, model_provid
     ddp = DistributedDataParallel(model, groups.dp, train_cfg.ddp_bucket_size, train_cfg.overlap_grad_reduce,
                                   train_cfg.use_distributed_optimizer, train_cfg.overlap_param_gather,
                                   train_cfg.grad_reduce_in_bf16)
-    optimizer = MegatronOptimizer(ddp, groups, train_cfg.lr, train_cfg.weight_decay,
-                                  (train_cfg.adam_beta1, train_cfg.adam_beta2), train_cfg.adam_eps,
-                                  train_cfg.clip_grad, build_grad_scaler(train_cfg))
+    optimizer = get_megatron_optimizer(ddp, groups, train_cfg.lr, train_cfg.weight_decay,
+                                       (train_cfg.adam_beta1, train_cfg.adam_beta2), train_cfg.adam_eps,
+                                       train_cfg.clip_grad, build_grad_scaler(train_cfg))
     return model, ddp, optimizer, build_scheduler(optimizer, train_cfg)
 
 

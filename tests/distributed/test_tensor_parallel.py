@@ -39,6 +39,7 @@ from megatron.core.tensor_parallel import (
     vocab_parallel_cross_entropy,
 )
 from megatron.core.tensor_parallel.initialization import full_shape, init_full_tensor, initialize_parameters, take_shard
+from megatron.core.tensor_parallel.param_meta import param_meta
 from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.layer import hidden_dropout
 from tests.harness import spawn
@@ -251,9 +252,9 @@ def _column_parallel_linear(c):
         # TP layer with the matching shards
         layer = ColumnParallelLinear(IN, OUT, group=c.group, params_dtype=DT, **case)
         yield _true(f"{tag} weight shape", tuple(layer.weight.shape) == (OUT // c.tp, IN), str(layer.weight.shape))
+        meta = param_meta(layer.weight)
         yield _true(f"{tag} weight TP attributes",
-                    layer.weight.tensor_model_parallel and layer.weight.partition_dim == 0
-                    and layer.weight.partition_stride == stride)
+                    meta.tensor_parallel and meta.partition_dim == 0 and meta.partition_stride == stride)
         with torch.no_grad():
             layer.weight.copy_(_shard(W, 0, c.r, c.tp, stride))
             if case["bias"]:
@@ -300,7 +301,7 @@ def _row_parallel_linear(c):
         layer = RowParallelLinear(IN, OUT, group=c.group, params_dtype=DT, **case)
         yield _true(f"{tag} weight shape", tuple(layer.weight.shape) == (OUT, IN // c.tp), str(layer.weight.shape))
         yield _true(f"{tag} weight TP attributes",
-                    layer.weight.tensor_model_parallel and layer.weight.partition_dim == 1)
+                    param_meta(layer.weight).tensor_parallel and param_meta(layer.weight).partition_dim == 1)
         with torch.no_grad():
             layer.weight.copy_(_shard(W, 1, c.r, c.tp))
             if case["bias"]:
@@ -318,7 +319,7 @@ def _row_parallel_linear(c):
         yield _close(f"{tag} weight grad shard", layer.weight.grad, _shard(Wd.grad, 1, c.r, c.tp))
         if case["bias"]:
             yield _true(f"{tag} bias.sequence_parallel marks a partial grad",
-                        getattr(layer.bias, "sequence_parallel", None) is sp)
+                        param_meta(layer.bias).sequence_parallel is sp)
             # a partial (sequence-parallel) bias grad is summed over TP by finalize_model_grads
             grad = c.tp_sum(layer.bias.grad) if sp else layer.bias.grad
             yield _close(f"{tag} bias grad", grad, bd.grad)
@@ -475,10 +476,11 @@ def _config(tp, sp, *, vocab, heads, gqa, pos, norm, swiglu, bias, untie, divisi
 
 def _expected_shard(dense, p, c, vocab):
     """This rank's expected value of TP parameter p, from the TP=1 model's `dense` tensor."""
-    if getattr(p, "unpadded_size", None) is not None:  # vocab-padded table: paddings differ by TP
-        dense = _pad_rows(dense[:vocab], full_shape(p, c.tp)[p.partition_dim], dim=p.partition_dim)
-    if getattr(p, "tensor_model_parallel", False):
-        return _shard(dense, p.partition_dim, c.r, c.tp, p.partition_stride)
+    meta = param_meta(p)
+    if meta.unpadded_size is not None:  # vocab-padded table: paddings differ by TP
+        dense = _pad_rows(dense[:vocab], full_shape(p, c.tp)[meta.partition_dim], dim=meta.partition_dim)
+    if meta.tensor_parallel:
+        return _shard(dense, meta.partition_dim, c.r, c.tp, meta.partition_stride)
     return dense
 
 
@@ -508,16 +510,16 @@ def _init_layout_free(c):
     for name, p in params.items():
         if name not in dense:
             continue
-        if getattr(p, "unpadded_size", None) is not None:
+        if param_meta(p).unpadded_size is not None:
             yield _true(f"{name}: TP=1 padding rows are zero", bool((dense[name][vocab:] == 0).all()))
         yield _equal(f"{name}: shard of the TP=1 parameter", p.detach(),
                      _expected_shard(dense[name].detach(), p, c, vocab))
         full = init_full_tensor(p, seed, c.tp)
         yield _true(f"{name}: init_full_tensor has the full shape",
                     list(full.shape) == full_shape(p, c.tp), f"{list(full.shape)} vs {full_shape(p, c.tp)}")
-        if getattr(p, "tensor_model_parallel", False):
+        if param_meta(p).tensor_parallel:
             yield _equal(f"{name}: shard of init_full_tensor", p.detach(),
-                         _shard(full, p.partition_dim, c.r, c.tp, p.partition_stride))
+                         _shard(full, param_meta(p).partition_dim, c.r, c.tp, param_meta(p).partition_stride))
     # guards against a vacuous pass: distinct keys draw distinct values, stds are as configured
     qkv = [dense[f"decoder.layers.{i}.self_attention.linear_qkv.weight"] for i in (0, 1)]
     yield _true("layers draw different values", not torch.equal(qkv[0], qkv[1]))
@@ -575,7 +577,7 @@ def _model_parity(c, spec, sp):
         dense = dict(dense_model.named_parameters())
         for name, p in model.named_parameters():
             p1 = dense[name]
-            if getattr(p1, "init_method", "normal") != "normal":
+            if param_meta(p1).init_method != "normal":
                 p1.add_(_rand(*p1.shape, seed=zlib.crc32(name.encode()), dtype=p1.dtype) * 0.1)
                 p.copy_(_expected_shard(p1, p, c, vocab))
 
@@ -588,10 +590,10 @@ def _model_parity(c, spec, sp):
     dense = dict(dense_model.named_parameters())
     for name, p in model.named_parameters():
         g = p.grad
-        if g is not None and sp and getattr(p, "sequence_parallel", False):
+        if g is not None and sp and param_meta(p).sequence_parallel:
             g = c.tp_sum(g)  # partial over the sequence shards (finalize_model_grads sums it)
         d = dense[name]
-        if getattr(p, "unpadded_size", None) is not None:
+        if param_meta(p).unpadded_size is not None:
             yield _true(f"{name}: TP=1 padding rows get zero grad", bool((d.grad[vocab:] == 0).all()))
         yield _close(f"grad {name}", g, _expected_shard(d.grad, p, c, vocab), rtol=2e-5, atol=0.0)
     with torch.no_grad():
