@@ -60,13 +60,13 @@ class OptionalBuildExt(cuda_build_ext or build_ext):
     def run(self):
         try:
             super().run()
-        except Exception as e:  # noqa: BLE001 - compiler missing, headers missing, ...
+        except Exception as e:  # compiler missing, headers missing, ...
             self._skip(e)
 
     def build_extension(self, ext):
         try:
             super().build_extension(ext)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             self._skip(e)
 
     @staticmethod

@@ -209,7 +209,10 @@ class FakeKernels:
         v = g - xh * (g * xh).sum(-1, keepdim=True) / n
         if not rms:
             v = v - g.sum(-1, keepdim=True) / n
-        flat = lambda t: t.reshape(-1, n)  # noqa: E731
+
+        def flat(t):
+            return t.reshape(-1, n)
+
         return r * v, flat(dy * xh).sum(0), (flat(dy).sum(0) if has_bias and not rms else None)
 
     @staticmethod
@@ -255,7 +258,9 @@ def fake_kernels(monkeypatch):
     """Route the fronts' kernel path to FakeKernels for CPU tensors."""
     monkeypatch.setattr(_ext, "load", lambda: FakeKernels())
     monkeypatch.setattr(_common, "KERNEL_DTYPES", (torch.float64,))
-    ok = lambda *ts: all(t is None or t.dtype == torch.float64 for t in ts)  # noqa: E731
+    def ok(*ts):
+        return all(t is None or t.dtype == torch.float64 for t in ts)
+
     for module in (softmax, norm, activations, rope):
         monkeypatch.setattr(module, "csrc_ok_for", ok)
 

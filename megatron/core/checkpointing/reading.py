@@ -149,7 +149,7 @@ def load_rank_file(path, name):
     f = os.path.join(path, name)
     try:
         return torch.load(f, map_location="cpu", mmap=True, weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unpickling failure means a damaged file
+    except Exception as e:  # any unpickling failure means a damaged file
         raise CheckpointError(f"{f}: cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
 
 
