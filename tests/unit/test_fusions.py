@@ -258,6 +258,7 @@ def fake_kernels(monkeypatch):
     """Route the fronts' kernel path to FakeKernels for CPU tensors."""
     monkeypatch.setattr(_ext, "load", lambda: FakeKernels())
     monkeypatch.setattr(_common, "KERNEL_DTYPES", (torch.float64,))
+
     def ok(*ts):
         return all(t is None or t.dtype == torch.float64 for t in ts)
 
