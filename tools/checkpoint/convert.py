@@ -23,20 +23,20 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from megatron.core.checkpointing import (  # noqa: E402
+from megatron.core.checkpointing import (
     CheckpointError,
     CheckpointReader,
     find_checkpoint,
-    hf_bert,  # noqa: E402
+    hf_bert,
     save_global_checkpoint,
     whole_piece,
 )
-from megatron.core.checkpointing import hf_conversion as hc  # noqa: E402
-from megatron.core.checkpointing.hf_files import read_config_json, read_state_dict  # noqa: E402
-from megatron.core.errors import MegatronUserError  # noqa: E402
+from megatron.core.checkpointing import hf_conversion as hc
+from megatron.core.checkpointing.hf_files import read_config_json, read_state_dict
+from megatron.core.errors import MegatronUserError
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import hf_tokenizer  # noqa: E402
+import hf_tokenizer
 
 HF_TYPES = {"GPT": ("gpt2", "llama"), "BERT": ("bert",)}
 

@@ -24,6 +24,7 @@ from ..errors import ConfigError
 from ..models.gpt import GPTModel
 from ..pipeline_parallel.p2p import P2PCommunicator
 from ..tensor_parallel.mappings import gather_from_tensor_model_parallel_region
+from ..tensor_parallel.param_meta import param_meta
 from ..transformer.kv_cache import KVCache
 
 
@@ -56,7 +57,7 @@ def load_model(load_dir, groups, device, dtype=None):
     model = GPTModel(config, groups, pre_process=groups.is_first_stage, post_process=groups.is_last_stage,
                      device=device)
     for p in model.parameters():
-        p.copy_(local_shard(reader.global_tensor(p.init_key), p, groups.tp_rank, groups.tp_size))
+        p.copy_(local_shard(reader.global_tensor(param_meta(p).init_key), p, groups.tp_rank, groups.tp_size))
     model.eval()
     return model, config, reader.metadata
 
