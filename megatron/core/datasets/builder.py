@@ -17,6 +17,7 @@ from .bert_dataset import BertDataset
 from .blended_dataset import BlendedDataset, blending_indices
 from .gpt_dataset import GPTDataset
 from .indexed_dataset import DatasetError, IndexedDataset, normalize_prefix
+from .token_range import check_token_ids
 
 SPLITS = ("train", "valid", "test")
 _ASKED_BY = {"train": "--train-iters", "valid": "--eval-iters", "test": "--eval-iters"}
@@ -112,6 +113,7 @@ def _build_datasets(kind, config, num_samples, data_path, split, per_split):
     def open_ds(prefix):
         if prefix not in opened:
             opened[prefix] = IndexedDataset(prefix)
+            check_token_ids(opened[prefix], config.vocab_size, config.cache_dir)  # before any sample is read
         return opened[prefix]
 
     out = []
