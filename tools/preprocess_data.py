@@ -13,7 +13,6 @@ among them), then joins them: the output is byte-identical to one partition and 
 A malformed line stops with its line number (exit 2), or with --skip-malformed is reported,
 skipped and counted.
 """
-import argparse
 import functools
 import multiprocessing
 import multiprocessing.connection
@@ -38,10 +37,11 @@ from megatron.training.preprocess import (
 )
 from megatron.training.sentence_splitter import split_sentences  # noqa: E402
 from megatron.training.tokenizer import add_tokenizer_args, build_tokenizer  # noqa: E402
+from megatron.training.tool_args import ToolParser, has_text  # noqa: E402
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p = ToolParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     g = p.add_argument_group("input and output")
     g.add_argument("--input", required=True, help="jsonl file, one document per line")
     g.add_argument("--json-keys", nargs="+", default=["text"], help="fields to tokenize (default text)")
@@ -140,15 +140,6 @@ def run_partitions(args, dtype):
     return [sum(r[1][j] for r in results) for j in range(4)]
 
 
-def _has_text(path):
-    """Whether the file holds anything but whitespace (reads only up to the first such byte)."""
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 16):
-            if chunk.strip():
-                return True
-    return False
-
-
 def _refuse_empty(args, skipped):
     """No document was read: remove the empty datasets just written, and say why."""
     for key in args.json_keys:
@@ -162,7 +153,7 @@ def main(argv=None):
     try:
         if not os.path.isfile(args.input):
             raise FileNotFoundError(f"--input {args.input}: no such file")
-        if not _has_text(args.input):  # before any folder or file is made
+        if not has_text(args.input):  # before any folder or file is made
             raise MegatronUserError(f"--input {args.input}: the file is empty (or only blank lines); "
                                     "nothing to preprocess, nothing was written")
         check_writable(args.output_prefix, "--output-prefix", kind="file")

@@ -9,6 +9,7 @@
 boundary i is the rounded running sum of the normalised fractions times the document count.
 """
 import math
+import os
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -28,6 +29,7 @@ def parse_blend(items, flag="--data-path"):
     if not items:
         return None
     items = [str(x) for x in items]
+    _check_pairs(items, flag)
     weights, prefixes = None, items
     if len(items) % 2 == 0:
         parsed = [_float_or_none(x) for x in items[0::2]]
@@ -39,6 +41,15 @@ def parse_blend(items, flag="--data-path"):
     if weights is not None and not all(math.isfinite(w) and w > 0 for w in weights):
         raise DatasetError(f"{flag} weights must be positive numbers, got {weights}")
     return [normalize_prefix(p) for p in prefixes], weights
+
+
+def _check_pairs(items, flag):
+    """An odd count with a number among the items is a blend missing a weight or a path (not a
+    dataset named '0.5'): say so instead of 'not found'."""
+    if len(items) % 2 and len(items) > 1 and any(
+            _float_or_none(x) is not None and not os.path.exists(x + ".idx") for x in items):
+        raise DatasetError(f"{flag} has {len(items)} items, but a weighted blend is pairs 'W1 PATH1 W2 PATH2 ...': "
+                           "a weight or a path is missing")
 
 
 def _float_or_none(text):
