@@ -6,7 +6,6 @@
 
 A folder stands for every dataset in it (sorted by name). All inputs must share one dtype.
 """
-import argparse
 import os
 import sys
 
@@ -15,6 +14,9 @@ if __package__ in (None, ""):  # run from a checkout: make `megatron` importable
 
 from megatron.core.datasets.indexed_builder import IndexedDatasetBuilder
 from megatron.core.datasets.indexed_dataset import DatasetError, normalize_prefix, read_header
+from megatron.core.errors import MegatronUserError
+from megatron.training.paths import check_writable
+from megatron.training.tool_args import ToolParser
 
 
 def input_prefixes(inputs):
@@ -31,7 +33,7 @@ def input_prefixes(inputs):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p = ToolParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--input", nargs="+", required=True, help="dataset prefixes, or folders of them")
     p.add_argument("--output-prefix", required=True, help="writes PREFIX.bin and PREFIX.idx")
     args = p.parse_args(argv)
@@ -42,17 +44,18 @@ def main(argv=None):
         out = normalize_prefix(args.output_prefix)
         if out in prefixes:
             raise DatasetError(f"--output-prefix {out} is also an input")
+        check_writable(out, "--output-prefix", kind="file")
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         builder = IndexedDatasetBuilder(out, dtype)
         for prefix in prefixes:
             builder.add_index(prefix)
             print(f"added {prefix} ({builder.num_doc_indices - 1} documents so far)", file=sys.stderr)
         builder.finalize()
-    except (DatasetError, OSError) as e:
+    except (MegatronUserError, OSError) as e:
         if builder is not None:
             builder.abort()
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     print(f"wrote {out}.bin/.idx from {len(prefixes)} datasets")
     return 0
 

@@ -10,10 +10,9 @@ One JSON object per line; every --json-keys field (default text) becomes its own
 sentence, documents grouping their sentences (megatron/training/sentence_splitter.py has the rules).
 --partitions N splits the input by bytes into N parts processed at once (workers shared
 among them), then joins them: the output is byte-identical to one partition and one worker.
-A malformed line stops with its line number (exit 1), or with --skip-malformed is reported,
+A malformed line stops with its line number (exit 2), or with --skip-malformed is reported,
 skipped and counted.
 """
-import argparse
 import functools
 import multiprocessing
 import multiprocessing.connection
@@ -30,6 +29,7 @@ from megatron.core.datasets.indexed_dataset import (
     optimal_dtype,
 )
 from megatron.core.errors import MegatronUserError
+from megatron.training.paths import check_writable
 from megatron.training.preprocess import (
     output_prefix_for,
     partition_bounds,
@@ -37,10 +37,11 @@ from megatron.training.preprocess import (
 )
 from megatron.training.sentence_splitter import split_sentences
 from megatron.training.tokenizer import add_tokenizer_args, build_tokenizer
+from megatron.training.tool_args import ToolParser, has_text
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p = ToolParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     g = p.add_argument_group("input and output")
     g.add_argument("--input", required=True, help="jsonl file, one document per line")
     g.add_argument("--json-keys", nargs="+", default=["text"], help="fields to tokenize (default text)")
@@ -139,11 +140,23 @@ def run_partitions(args, dtype):
     return [sum(r[1][j] for r in results) for j in range(4)]
 
 
+def _refuse_empty(args, skipped):
+    """No document was read: remove the empty datasets just written, and say why."""
+    for key in args.json_keys:
+        _remove_dataset(_dataset(args.output_prefix, key, args))
+    why = f"all {skipped} non-blank lines were malformed" if skipped else "it has no non-blank line"
+    raise MegatronUserError(f"--input {args.input}: no documents to write ({why}); nothing was written")
+
+
 def main(argv=None):
     args = parse_args(argv)
     try:
         if not os.path.isfile(args.input):
             raise FileNotFoundError(f"--input {args.input}: no such file")
+        if not has_text(args.input):  # before any folder or file is made
+            raise MegatronUserError(f"--input {args.input}: the file is empty (or only blank lines); "
+                                    "nothing to preprocess, nothing was written")
+        check_writable(args.output_prefix, "--output-prefix", kind="file")
         os.makedirs(os.path.dirname(os.path.abspath(args.output_prefix)), exist_ok=True)
         tokenizer = build_tokenizer(args)  # bad tokenizer files fail here, before any work
         if args.workers > 1 and args.tokenizer_type == "HuggingFaceTokenizer":
@@ -152,14 +165,18 @@ def main(argv=None):
             prog = preprocess_range(args.input, args.output_prefix, args, args.json_keys, args.append_eod,
                                     args.workers, args.skip_malformed, args.log_interval, splitter=_splitter(args))
             docs, skipped = prog.docs, prog.skipped
+            if docs == 0:
+                _refuse_empty(args, skipped)
             prog.report(final=True)
         else:
             docs, skipped, tokens, nbytes = run_partitions(args, optimal_dtype(tokenizer.vocab_size))
+            if docs == 0:
+                _refuse_empty(args, skipped)
             print(f"done: processed {docs} documents, {tokens} tokens in {args.partitions} partitions"
                   + (f", skipped {skipped} malformed lines" if skipped else ""), file=sys.stderr)
     except (MegatronUserError, OSError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     for key in args.json_keys:
         print(f"wrote {_dataset(args.output_prefix, key, args)}.bin/.idx "
               f"(train with --data-path {_dataset(args.output_prefix, key, args)})")

@@ -14,7 +14,6 @@ normalisation, whitespace kept and byte fallback, so any text (code too) round-t
 is the end-of-document token. BertWordPiece*: a WordPiece vocabulary learned from the text
 (megatron/training/tokenizer/wordpiece_trainer.py), [PAD] [UNK] [CLS] [SEP] [MASK] = ids 0-4.
 """
-import argparse
 import json
 import os
 import sys
@@ -22,6 +21,8 @@ import sys
 if __package__ in (None, ""):  # run from a checkout: make `megatron` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from megatron.core.errors import MegatronUserError
+from megatron.training.paths import check_writable
 from megatron.training.tokenizer import (
     BertWordPieceTokenizer,
     SentencePieceTokenizer,
@@ -30,6 +31,7 @@ from megatron.training.tokenizer import (
     train_sentencepiece,
     write_vocab,
 )
+from megatron.training.tool_args import ToolParser, has_text
 
 BERT_TYPES = ("BertWordPieceLowerCase", "BertWordPieceCase")
 
@@ -51,7 +53,7 @@ def documents(paths, json_keys):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    p = ToolParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--input", nargs="+", required=True, help="text or jsonl files")
     p.add_argument("--json-keys", nargs="+", default=["text"], help="fields read from jsonl (default text)")
     p.add_argument("--tokenizer-type", default="SentencePieceTokenizer",
@@ -64,18 +66,23 @@ def main(argv=None):
     p.add_argument("--max-sentences", type=int, default=2_000_000,
                    help="SentencePiece only: sample at most this many lines")
     args = p.parse_args(argv)
+    if args.vocab_size < 1 or args.max_sentences < 1:
+        p.error("--vocab-size and --max-sentences must be at least 1")
     try:
         for path in args.input:
             if not os.path.isfile(path):
                 raise TokenizerError(f"--input {path}: no such file")
+        if not any(has_text(path) for path in args.input):
+            raise TokenizerError(f"--input {' '.join(args.input)}: no text to learn from (empty files)")
+        check_writable(args.model_prefix, "--model-prefix", kind="file")
         if args.tokenizer_type in BERT_TYPES:
             return _train_wordpiece(args)
         model = train_sentencepiece(documents(args.input, args.json_keys), args.model_prefix, args.vocab_size,
                                     args.model_type, args.max_sentences)
         tok = SentencePieceTokenizer(model)
-    except (TokenizerError, OSError) as e:
+    except (MegatronUserError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     print(f"wrote {model} ({tok.vocab_size} pieces, end-of-document id {tok.eod}); use it with "
           f"--tokenizer-type SentencePieceTokenizer --tokenizer-model {model}")
     return 0

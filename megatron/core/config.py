@@ -13,6 +13,7 @@ import torch
 
 from .errors import ConfigError
 from .pipeline_parallel.split import layer_split
+from .ranges import NON_NEGATIVE, POSITIVE, check_ranges
 
 
 def opt(default, help, flag=None, choices=None, nargs=None):
@@ -175,6 +176,7 @@ class TransformerConfig(ModelParallelConfig):
         f = lambda n: flag_of(TransformerConfig, n)  # noqa: E731
         tp = self.tensor_model_parallel_size
         self.check_sizes()
+        check_ranges(self, {"init_method_std": NON_NEGATIVE, "norm_epsilon": POSITIVE, "rotary_base": POSITIVE}, f)
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(f"{f('hidden_size')} ({self.hidden_size}) is not divisible by "
                               f"{f('num_attention_heads')} ({self.num_attention_heads}); pick a head count "

@@ -6,6 +6,7 @@ metadata names another flag (e.g. `add_bias_linear` is switched off by
 """
 import argparse
 import dataclasses
+import re
 import typing
 
 from ..core.config import ConfigError, TransformerConfig
@@ -13,6 +14,12 @@ from .config import TrainingConfig
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # a value that starts like a negative number (--split -1,2,0, --lr -1e-3) is a value, so its
+        # range check can name it, not "expected one argument": no flag starts with a digit
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
+
     def error(self, message):
         # one clear line instead of usage + message; the caller exits non-zero
         raise ConfigError(f"{message} (see --help)")

@@ -9,7 +9,18 @@ import torch
 
 from ..core.config import ConfigError, flag_of, opt
 from ..core.datasets import DatasetError, parse_blend, parse_split
+from ..core.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, check_ranges
 from .tokenizer import TOKENIZER_TYPES
+
+# numeric flags outside these ranges fail in validate(); NaN and inf fail everywhere (ranges.py)
+NUMBER_RULES = {
+    "lr": NON_NEGATIVE, "min_lr": NON_NEGATIVE, "weight_decay": NON_NEGATIVE, "clip_grad": NON_NEGATIVE,
+    "adam_beta1": FRACTION, "adam_beta2": FRACTION, "adam_eps": POSITIVE,
+    "seed": ("[]", 0, 2 ** 31 - 1),  # numpy seeds (and seed + 1) must fit 32 bits
+    "lr_warmup_iters": NON_NEGATIVE, "lr_decay_iters": AT_LEAST_ONE, "lr_wsd_decay_iters": AT_LEAST_ONE,
+    "loss_scale": POSITIVE, "initial_loss_scale": POSITIVE, "min_loss_scale": POSITIVE,
+    "eval_iters": NON_NEGATIVE,
+}
 
 
 @dataclass
@@ -121,6 +132,8 @@ class TrainingConfig:
         """Check the resolved configuration for a data-parallel size; assigns nothing."""
         f = lambda n: flag_of(TrainingConfig, n)  # noqa: E731
         self.check_sizes()
+        check_ranges(self, NUMBER_RULES, f)
+        self._validate_schedule(f)
         if self.global_batch_size is None:
             raise ConfigError(f"{f('global_batch_size')} is not set: resolve the configuration first")
         if self.global_batch_size % (self.micro_batch_size * dp_size):
@@ -151,6 +164,16 @@ class TrainingConfig:
         if self.ddp_bucket_size is not None and self.ddp_bucket_size < 1:
             raise ConfigError("--ddp-bucket-size must be at least 1")
         self._validate_data()
+
+    def _validate_schedule(self, f):
+        """The warm-up and decay lengths fit inside each other; the loss-scale floor below its start."""
+        decay = self.lr_decay_iters or self.train_iters
+        if self.lr_wsd_decay_iters is not None and self.lr_wsd_decay_iters > decay:
+            raise ConfigError(f"{f('lr_wsd_decay_iters')} ({self.lr_wsd_decay_iters}) is longer than the decay "
+                              f"({f('lr_decay_iters')} or {f('train_iters')}: {decay}); shorten it")
+        if self.fp16 and self.loss_scale is None and self.min_loss_scale > self.initial_loss_scale:
+            raise ConfigError(f"{f('min_loss_scale')} ({self.min_loss_scale}) is above {f('initial_loss_scale')} "
+                              f"({self.initial_loss_scale}); lower it")
 
     @property
     def per_split_paths(self):

@@ -8,6 +8,7 @@ from ..core.errors import MegatronUserError
 from .data import describe_datasets
 from .initialize import initialize_distributed, shutdown, world_size_from_env
 from .log import print_rank_0
+from .paths import check_outputs
 from .resolve import resolve, validate
 from .training import pretrain
 
@@ -41,6 +42,7 @@ def start(model_cfg, train_cfg, tokenizer, build_datasets):
     """Check --load, start torch.distributed, build the datasets (build_datasets(train_cfg,
     model_cfg, tokenizer) -> (train, valid, test)) for configs that configure() resolved and checked.
     -> (groups, device, datasets). Raises one of USER_ERRORS for bad input."""
+    check_outputs(train_cfg)  # an unwritable --save fails now, not at the first save
     if train_cfg.load:  # a missing, truncated or foreign checkpoint fails before any process group
         find_checkpoint(train_cfg.load, allow_empty=same_dir(train_cfg.load, train_cfg.save))
     groups, device = initialize_distributed(model_cfg, train_cfg)

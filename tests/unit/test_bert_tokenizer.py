@@ -135,5 +135,5 @@ def test_train_tokenizer_tool_writes_a_vocab_file(tmp_path):
     assert tok.vocab_size == 700 and tok.unk not in tok.tokenize(TEXTS[0] + " Café 中文")
     proc = run_tool("train_tokenizer.py", ["--tokenizer-type", "BertWordPieceCase", "--input", jsonl,
                                            "--model-prefix", tmp_path / "small", "--vocab-size", 20])
-    assert proc.returncode == 1 and "use a vocab size of at least" in proc.stderr
+    assert proc.returncode == 2 and "use a vocab size of at least" in proc.stderr
     assert not (tmp_path / "small.vocab.txt").exists()

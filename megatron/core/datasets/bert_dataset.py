@@ -50,10 +50,11 @@ class BertDatasetConfig:
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.max_target < 2:
-            raise ValueError(f"seq_length {self.seq_length} leaves fewer than 2 tokens besides the "
-                             f"{special_tokens(self.binary_head)} special tokens")
+            raise DatasetError(f"--seq-length {self.seq_length} leaves fewer than 2 tokens besides the "
+                               f"{special_tokens(self.binary_head)} special tokens of a BERT sample; raise it")
         if self.vocab_size <= len({self.cls_id, self.sep_id, self.mask_id, self.pad_id}):
-            raise ValueError(f"vocab_size {self.vocab_size} holds no token besides the special ids")
+            raise DatasetError(f"the vocabulary (size {self.vocab_size}) holds no token besides BERT's special ids; "
+                               "use the tokenizer the data was made with")
 
     @property
     def max_target(self):

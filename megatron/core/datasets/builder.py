@@ -12,6 +12,7 @@ A weighted blend of n samples is sum(ceil(n x w)) long, and each dataset is buil
 ceil(ceil(n x w) x 1.005) samples (Megatron-Core's 0.5% surplus); see docs/data.md.
 """
 import math
+import os
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -20,6 +21,7 @@ from .bert_dataset import BertDataset
 from .blended_dataset import BlendedDataset, blending_indices
 from .gpt_dataset import GPTDataset
 from .indexed_dataset import DatasetError, IndexedDataset, normalize_prefix
+from .token_range import check_token_ids
 
 SPLITS = ("train", "valid", "test")
 _ASKED_BY = {"train": "--train-iters", "valid": "--eval-iters", "test": "--eval-iters"}
@@ -31,6 +33,7 @@ def parse_blend(items, flag="--data-path"):
     if not items:
         return None
     items = [str(x) for x in items]
+    _check_pairs(items, flag)
     weights, prefixes = None, items
     if len(items) % 2 == 0:
         parsed = [_float_or_none(x) for x in items[0::2]]
@@ -42,6 +45,15 @@ def parse_blend(items, flag="--data-path"):
     if weights is not None and not all(math.isfinite(w) and w > 0 for w in weights):
         raise DatasetError(f"{flag} weights must be positive numbers, got {weights}")
     return [normalize_prefix(p) for p in prefixes], weights
+
+
+def _check_pairs(items, flag):
+    """An odd count with a number among the items is a blend missing a weight or a path (not a
+    dataset named '0.5'): say so instead of 'not found'."""
+    if len(items) % 2 and len(items) > 1 and any(
+            _float_or_none(x) is not None and not os.path.exists(x + ".idx") for x in items):
+        raise DatasetError(f"{flag} has {len(items)} items, but a weighted blend is pairs 'W1 PATH1 W2 PATH2 ...': "
+                           "a weight or a path is missing")
 
 
 def _float_or_none(text):
@@ -112,6 +124,7 @@ def _build_datasets(kind, config, num_samples, data_path, split, per_split, blen
     def open_ds(prefix):
         if prefix not in opened:
             opened[prefix] = IndexedDataset(prefix)
+            check_token_ids(opened[prefix], config.vocab_size, config.cache_dir)  # before any sample is read
         return opened[prefix]
 
     out = []

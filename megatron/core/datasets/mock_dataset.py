@@ -3,6 +3,7 @@ import numpy as np
 
 from .bert_dataset import BertDatasetConfig
 from .bert_sample import build_sample
+from .indexed_dataset import DatasetError
 
 
 class MockGPTDataset:
@@ -32,7 +33,8 @@ def mock_bert_special_ids(vocab_size):
     """Special ids for synthetic BERT data: the top four of the vocabulary (a NullTokenizer has
     none), so the text ids [0, vocab_size - 4) stay contiguous. -> dict of cls/sep/mask/pad ids."""
     if vocab_size < 6:
-        raise ValueError(f"mock BERT data needs a vocabulary of at least 6 ids, got {vocab_size}")
+        raise DatasetError(f"mock BERT data needs a vocabulary of at least 6 ids, got {vocab_size}; "
+                           "raise --vocab-size")
     return {"cls_id": vocab_size - 4, "sep_id": vocab_size - 3, "mask_id": vocab_size - 2, "pad_id": vocab_size - 1}
 
 

@@ -1,0 +1,235 @@
+"""Bad input through the real command lines, as a new user types it: every case exits 2 before the first
+iteration with exactly one `error:` line on stderr naming the flag or file, and no traceback.
+
+Cases of tests/functional/test_errors.py are not repeated here. "{d}" in an argument is the folder of
+the shared files (the `files` fixture): a small byte-level dataset, one whose out-of-vocabulary id
+first appears late, junk and empty files, a folder, a broken checkpoint.
+"""
+import json
+
+import numpy as np
+import pytest
+
+from megatron.core.datasets import IndexedDatasetBuilder
+
+from .cli import run_cli
+
+GPT, BERT = "pretrain_gpt.py", "pretrain_bert.py"
+PRE, MERGE, TOK = "tools/preprocess_data.py", "tools/merge_datasets.py", "tools/train_tokenizer.py"
+CONVERT, GENERATE = "tools/checkpoint/convert.py", "tools/generate.py"
+MOCK = ["--mock-data", "--vocab-size", "64", "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2",
+        "--seq-length", "16", "--train-iters", "2", "--eval-iters", "0", "--micro-batch-size", "2"]
+BYTE = ["--tokenizer-type", "ByteTokenizer", "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads",
+        "2", "--seq-length", "16", "--train-iters", "2", "--eval-iters", "0", "--micro-batch-size", "2"]
+DATA = BYTE + ["--data-path", "{d}/good"]
+TOKDATA = MOCK[3:] + ["--data-path", "{d}/good"]  # the tokenizer type and files follow
+GPT2 = ["--tokenizer-type", "GPT2BPETokenizer"]
+
+# id: (script, arguments, text the error line holds: the flag or the file)
+CASES = {
+    # sizes and counts at 0 or below (tracebacks before: TP 0, query groups 0, kv channels, global batch)
+    "tp 0": (GPT, MOCK + ["--tensor-model-parallel-size", "0"], "--tensor-model-parallel-size"),
+    "pp 0": (GPT, MOCK + ["--pipeline-model-parallel-size", "0"], "--pipeline-model-parallel-size"),
+    "query groups 0": (GPT, MOCK + ["--group-query-attention", "--num-query-groups", "0"], "--num-query-groups"),
+    "kv channels 0": (GPT, MOCK + ["--kv-channels", "0"], "--kv-channels"),
+    "kv channels -4": (GPT, MOCK + ["--kv-channels", "-4"], "--kv-channels"),
+    "global batch 0": (GPT, MOCK + ["--global-batch-size", "0"], "--global-batch-size"),
+    "global batch -8": (GPT, MOCK + ["--global-batch-size", "-8"], "--global-batch-size"),
+    "micro batch 0": (GPT, MOCK + ["--micro-batch-size", "0"], "--micro-batch-size"),
+    "layers 0": (GPT, MOCK + ["--num-layers", "0"], "--num-layers"),
+    "hidden -1": (GPT, MOCK + ["--hidden-size", "-1"], "--hidden-size"),
+    "seq length 0": (GPT, MOCK + ["--seq-length", "0"], "--seq-length"),
+    "ffn 0": (GPT, MOCK + ["--ffn-hidden-size", "0"], "--ffn-hidden-size"),
+    "vocab multiple 0": (GPT, MOCK + ["--make-vocab-size-divisible-by", "0"], "--make-vocab-size-divisible-by"),
+    "train iters 0": (GPT, MOCK + ["--train-iters", "0"], "--train-iters"),
+    "log interval 0": (GPT, MOCK + ["--log-interval", "0"], "--log-interval"),
+    "eval interval 0": (GPT, MOCK + ["--eval-interval", "0"], "--eval-interval"),
+    "eval iters -1": (GPT, MOCK + ["--eval-iters", "-1"], "--eval-iters"),
+    "save interval 0": (GPT, MOCK + ["--save-interval", "0"], "--save-interval"),
+    "exit interval 0": (GPT, MOCK + ["--exit-interval", "0"], "--exit-interval"),
+    "bucket 0": (GPT, MOCK + ["--ddp-bucket-size", "0"], "--ddp-bucket-size"),
+    "hysteresis 0": (GPT, MOCK + ["--hysteresis", "0"], "--hysteresis"),
+    "null vocab 0": (GPT, MOCK + ["--vocab-size", "0"], "--vocab-size"),
+    "first stage layers -1": (GPT, MOCK + ["--pipeline-model-parallel-size", "2", "--decoder-first-pipeline-num-layers",
+                                           "-1"], "--decoder-first-pipeline-num-layers"),
+    # real numbers: NaN, inf, out of range (tracebacks or silently wrong before)
+    "init std -1": (GPT, MOCK + ["--init-method-std", "-1"], "--init-method-std"),
+    "beta1 1.5": (GPT, MOCK + ["--adam-beta1", "1.5"], "--adam-beta1"),
+    "beta2 nan": (GPT, MOCK + ["--adam-beta2", "nan"], "--adam-beta2"),
+    "adam eps -1": (GPT, MOCK + ["--adam-eps", "-1"], "--adam-eps"),
+    "seed -1": (GPT, MOCK + ["--seed", "-1"], "--seed"),
+    "lr nan": (GPT, MOCK + ["--lr", "nan"], "--lr"),
+    "lr inf": (GPT, MOCK + ["--lr", "inf"], "--lr"),
+    "lr -1e-3": (GPT, MOCK + ["--lr", "-1e-3"], "--lr"),
+    "min lr nan": (GPT, MOCK + ["--min-lr", "nan"], "--min-lr"),
+    "min lr above lr": (GPT, MOCK + ["--lr", "1e-4", "--min-lr", "1e-3"], "--min-lr"),
+    "norm eps -1": (GPT, MOCK + ["--norm-epsilon", "-1"], "--norm-epsilon"),
+    "rotary base 0": (GPT, MOCK + ["--position-embedding-type", "rope", "--rotary-base", "0"], "--rotary-base"),
+    "warmup -5": (GPT, MOCK + ["--lr-warmup-iters", "-5"], "--lr-warmup-iters"),
+    "decay -5": (GPT, MOCK + ["--lr-decay-iters", "-5"], "--lr-decay-iters"),
+    "wsd decay -3": (GPT, MOCK + ["--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "-3"], "--lr-wsd-decay-iters"),
+    "wsd longer than decay": (GPT, MOCK + ["--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "50"],
+                              "--lr-wsd-decay-iters"),
+    "warmup fraction nan": (GPT, MOCK + ["--lr-warmup-fraction", "nan"], "--lr-warmup-fraction"),
+    "initial loss scale -1": (GPT, MOCK + ["--fp16", "--initial-loss-scale", "-1"], "--initial-loss-scale"),
+    "min loss scale 0": (GPT, MOCK + ["--fp16", "--min-loss-scale", "0"], "--min-loss-scale"),
+    "min loss scale above initial": (GPT, MOCK + ["--fp16", "--initial-loss-scale", "1024", "--min-loss-scale",
+                                                  "4096"], "--min-loss-scale"),
+    "loss scale nan": (GPT, MOCK + ["--fp16", "--loss-scale", "nan"], "--loss-scale"),
+    "hidden dropout nan": (GPT, MOCK + ["--hidden-dropout", "nan"], "--hidden-dropout"),
+    "attention dropout 1": (GPT, MOCK + ["--attention-dropout", "1"], "--attention-dropout"),
+    "clip grad nan": (GPT, MOCK + ["--clip-grad", "nan"], "--clip-grad"),
+    "weight decay inf": (GPT, MOCK + ["--weight-decay", "inf"], "--weight-decay"),
+    # outputs found unwritable only at the first save (or after the whole run) before; --load
+    "save under /proc": (GPT, MOCK + ["--save", "/proc/megatron-ckpt"], "--save /proc/megatron-ckpt"),
+    "save is a file": (GPT, MOCK + ["--save", "{d}/in.jsonl"], "--save"),
+    "tensorboard under a file": (GPT, MOCK + ["--tensorboard-dir", "{d}/in.jsonl/tb"], "--tensorboard-dir"),
+    "trace is a folder": (GPT, MOCK + ["--pipeline-trace", "{d}/folder"], "--pipeline-trace"),
+    "trace under a file": (GPT, MOCK + ["--pipeline-trace", "{d}/in.jsonl/trace.json"], "--pipeline-trace"),
+    "load missing": (GPT, MOCK + ["--load", "{d}/nothere"], "--load"),
+    "load empty folder": (GPT, MOCK + ["--load", "{d}/folder"], "--load"),
+    "load tracker without checkpoint": (GPT, MOCK + ["--load", "{d}/badckpt"], "iter_0000007"),
+    # data
+    "odd blend": (GPT, BYTE + ["--data-path", "0.5", "{d}/good", "0.5"], "--data-path has 3 items"),
+    "odd blend, weight inside": (GPT, BYTE + ["--data-path", "{d}/good", "0.5", "{d}/good"], "--data-path"),
+    "odd per-split blend": (GPT, BYTE + ["--train-data-path", "0.5", "{d}/good", "1"], "--train-data-path"),
+    "split -1,2,0": (GPT, DATA + ["--split", "-1,2,0"], "--split"),
+    "split of four": (GPT, DATA + ["--split", "1,2,3,4"], "--split"),
+    "data path a folder": (GPT, BYTE + ["--data-path", "{d}/folder"], "folder.idx"),
+    "data path a jsonl": (GPT, BYTE + ["--data-path", "{d}/in.jsonl"], "in.jsonl.idx"),
+    "token id past the vocabulary late": (GPT, BYTE + ["--data-path", "{d}/late"], "late: token id 5000"),
+    "cache path a file": (GPT, DATA + ["--data-cache-path", "{d}/in.jsonl"], "--data-cache-path"),
+    # tokenizer files: missing, junk, a folder
+    "gpt2 vocab missing": (GPT, TOKDATA + GPT2 + ["--vocab-file", "{d}/nothere.json", "--merge-file", "{d}/junk"],
+                           "--vocab-file"),
+    "gpt2 vocab junk": (GPT, TOKDATA + GPT2 + ["--vocab-file", "{d}/junk", "--merge-file", "{d}/junk"],
+                        "--vocab-file"),
+    "gpt2 vocab a folder": (GPT, TOKDATA + GPT2 + ["--vocab-file", "{d}/folder", "--merge-file", "{d}/junk"],
+                            "--vocab-file"),
+    "gpt2 without merges": (GPT, TOKDATA + GPT2 + ["--vocab-file", "{d}/junk"], "--merge-file"),
+    "sentencepiece junk": (GPT, TOKDATA + ["--tokenizer-type", "SentencePieceTokenizer", "--tokenizer-model",
+                                           "{d}/junk"], "--tokenizer-model"),
+    "sentencepiece a folder": (GPT, TOKDATA + ["--tokenizer-type", "SentencePieceTokenizer", "--tokenizer-model",
+                                               "{d}/folder"], "--tokenizer-model"),
+    "hf tokenizer junk": (GPT, TOKDATA + ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "{d}/junk"],
+                          "--tokenizer-model"),
+    "wordpiece vocab junk": (GPT, TOKDATA + ["--tokenizer-type", "BertWordPieceLowerCase", "--vocab-file", "{d}/junk"],
+                             "--vocab-file"),
+    # BERT's own options
+    "bert mask prob 0": (BERT, MOCK + ["--mask-prob", "0"], "--mask-prob"),
+    "bert mask prob nan": (BERT, MOCK + ["--mask-prob", "nan"], "--mask-prob"),
+    "bert short seq prob 2": (BERT, MOCK + ["--short-seq-prob", "2"], "--short-seq-prob"),
+    "bert seq length 3": (BERT, MOCK + ["--seq-length", "3"], "--seq-length"),
+    "bert mock vocab 3": (BERT, MOCK + ["--vocab-size", "3"], "--vocab-size"),
+    "bert adam eps nan": (BERT, MOCK + ["--adam-eps", "nan"], "--adam-eps"),
+    # tools
+    "preprocess empty input": (PRE, ["--input", "{d}/empty.jsonl", "--output-prefix", "{d}/out/x", "--tokenizer-type",
+                                     "ByteTokenizer"], "--input"),
+    "preprocess blank lines": (PRE, ["--input", "{d}/blank.jsonl", "--output-prefix", "{d}/out/x", "--tokenizer-type",
+                                     "ByteTokenizer"], "--input"),
+    "preprocess only malformed": (PRE, ["--input", "{d}/bad.jsonl", "--output-prefix", "{d}/out/x", "--tokenizer-type",
+                                        "ByteTokenizer", "--skip-malformed"], "--input"),
+    "preprocess prefix under a file": (PRE, ["--input", "{d}/in.jsonl", "--output-prefix", "{d}/in.jsonl/x",
+                                             "--tokenizer-type", "ByteTokenizer"], "--output-prefix"),
+    "preprocess workers 0": (PRE, ["--input", "{d}/in.jsonl", "--output-prefix", "{d}/out/x", "--tokenizer-type",
+                                   "ByteTokenizer", "--workers", "0"], "--workers"),
+    "preprocess input a folder": (PRE, ["--input", "{d}/folder", "--output-prefix", "{d}/out/x", "--tokenizer-type",
+                                        "ByteTokenizer"], "--input"),
+    "preprocess missing flag": (PRE, ["--input", "{d}/in.jsonl", "--tokenizer-type", "ByteTokenizer"],
+                                "--output-prefix"),
+    "merge folder without datasets": (MERGE, ["--input", "{d}/folder", "--output-prefix", "{d}/out/m"], "--input"),
+    "merge missing input": (MERGE, ["--input", "{d}/nothere", "--output-prefix", "{d}/out/m"], "nothere.idx"),
+    "merge prefix under a file": (MERGE, ["--input", "{d}/good", "--output-prefix", "{d}/in.jsonl/m"],
+                                  "--output-prefix"),
+    "train tokenizer vocab 0": (TOK, ["--input", "{d}/in.jsonl", "--model-prefix", "{d}/out/t", "--vocab-size", "0"],
+                                "--vocab-size"),
+    "train tokenizer prefix under a file": (TOK, ["--input", "{d}/in.jsonl", "--model-prefix", "{d}/in.jsonl/t"],
+                                            "--model-prefix"),
+    "train tokenizer empty input": (TOK, ["--input", "{d}/empty.jsonl", "--model-prefix", "{d}/out/t"], "--input"),
+    "train tokenizer bad type": (TOK, ["--input", "{d}/in.jsonl", "--model-prefix", "{d}/out/t", "--tokenizer-type",
+                                       "Byte"], "--tokenizer-type"),
+    "convert missing checkpoint": (CONVERT, ["--loader", "megatron", "--saver", "hf", "--load-dir", "{d}/nothere",
+                                             "--save-dir", "{d}/out/hf"], "nothere"),
+    "convert hf folder without config": (CONVERT, ["--loader", "hf", "--saver", "megatron", "--load-dir",
+                                                   "{d}/folder", "--save-dir", "{d}/out/mg"], "--load-dir"),
+    "generate missing checkpoint": (GENERATE, ["--load", "{d}/nothere", "--prompt-ids", "1"], "--load"),
+    "generate broken checkpoint": (GENERATE, ["--load", "{d}/badckpt", "--prompt-ids", "1"], "iter_0000007"),
+}
+
+
+def _write_dataset(prefix, documents, dtype):
+    builder = IndexedDatasetBuilder(prefix, dtype)
+    for doc in documents:
+        builder.add_document(np.asarray(doc), [len(doc)])
+    builder.finalize()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """The folder of every file the cases name (see the module docstring)."""
+    d = tmp_path_factory.mktemp("bad-inputs")
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(32, 127, size=int(rng.integers(20, 60))) for _ in range(60)]
+    _write_dataset(str(d / "good"), docs, np.uint16)
+    late = [doc.copy() for doc in docs]
+    late[57][3] = 5000  # ByteTokenizer has 257 ids; no early sample reaches this document
+    _write_dataset(str(d / "late"), late, np.uint16)
+    (d / "in.jsonl").write_text("".join(json.dumps({"text": f"document {i}: some text."}) + "\n" for i in range(20)))
+    (d / "empty.jsonl").write_text("")
+    (d / "blank.jsonl").write_text("\n   \n\n")
+    (d / "bad.jsonl").write_text('{"text": broken}\n[1, 2]\n')
+    (d / "junk").write_bytes(bytes(range(256)) * 8)
+    (d / "folder").mkdir()
+    (d / "badckpt").mkdir()
+    (d / "badckpt" / "latest_checkpointed_iteration.txt").write_text("7\n")
+    return d
+
+
+def _args(args, d):
+    return [a.replace("{d}", str(d)) for a in args]
+
+
+def run_case(script, args, d, nproc=1):
+    # index caches go to the test's folder, not the user's ~/.cache
+    return run_cli(_args(args, d), nproc=nproc, script=script, check=False, timeout=300,
+                   env={"XDG_CACHE_HOME": str(d / "cache")})
+
+
+def assert_one_error_line(proc, expected, torchrun=False):
+    """Exit 2 (torchrun: its own non-zero), one `error:` line holding expected, no traceback, no iteration."""
+    assert proc.returncode == (2 if not torchrun else proc.returncode) and proc.returncode != 0, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert expected in errors[0], errors[0]
+    output = proc.stdout + proc.stderr
+    # torchrun's launcher reports a failed child with its own traceback (ChildFailedError); no rank may
+    if torchrun:
+        assert output.count("Traceback") <= output.count("ChildFailedError"), output[-4000:]
+        assert "[rank" not in output, output[-4000:]
+    else:
+        assert "Traceback" not in output, output[-4000:]
+    assert "iteration " not in proc.stdout
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_line(files, case):
+    script, args, expected = CASES[case]
+    assert_one_error_line(run_case(script, args, files), expected)
+
+
+def test_refused_preprocess_writes_nothing(files):
+    for case in ("preprocess empty input", "preprocess blank lines", "preprocess only malformed"):
+        run_case(*CASES[case][:2], files)
+    assert not (files / "out").exists() or not list((files / "out").iterdir())
+
+
+TORCHRUN_CASES = {
+    "lr nan": (GPT, MOCK + ["--lr", "nan"], "--lr"),
+    "save under /proc": (GPT, MOCK + ["--save", "/proc/megatron-ckpt"], "--save"),
+}
+
+
+@pytest.mark.parametrize("case", list(TORCHRUN_CASES))
+def test_bad_input_under_torchrun_is_printed_once(files, case):
+    script, args, expected = TORCHRUN_CASES[case]
+    assert_one_error_line(run_case(script, args, files, nproc=2), expected, torchrun=True)
