@@ -41,8 +41,9 @@ def initialize_distributed(model_cfg, train_cfg):
         device = torch.device("cpu")
     limit = debug.timeout_seconds(train_cfg.distributed_timeout_minutes)
     if not dist.is_initialized():
-        # the group's own timeout a little later than the watchdog's: the backstop for unarmed waits
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=limit + max(2.0, 0.05 * limit)))
+        # the group's own timeout a little later than the watchdog's (the backstop for waits it does not
+        # arm), and never under a minute (start-up skew between ranks under a seconds-long test limit)
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=max(60.0, 1.05 * limit)))
     if dist.get_world_size() > 1:
         watchdog.start(limit)
     groups = initialize_model_parallel(model_cfg.tensor_model_parallel_size,

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.pipeline_parallel import ReducedLosses
+from ..core.watchdog import waiting
 
 # Megatron-LM's exit code for a run that failed result validation (rerun_state_machine's
 # EXIT_CODE_FAILED_ON_RESULT_VALIDATION): job schedulers that know it do not restart the job.
@@ -43,7 +44,8 @@ def check_finite(iteration: int, losses: ReducedLosses, grad_norm, groups, devic
     if grad_norm is not None:
         flags[1] = _bad(grad_norm) * (world - groups.rank)
     if world > 1:
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        with waiting("all-reduce (NaN check)"):
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     loss_at, norm_at = (world - int(v) if v > 0 else None for v in flags.tolist())
     if loss_at is None and norm_at is None:
         return
