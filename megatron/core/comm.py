@@ -2,12 +2,14 @@
 
 torch 2.13 renames all_gather_into_tensor / reduce_scatter_tensor to *_single and warns
 on the old names; torch 2.11 (the GPU machine) may lack the new ones. Everything that
-gathers or scatters a whole tensor goes through here.
+gathers or scatters a whole tensor goes through here. Every wait here is armed with the
+hang watchdog (megatron/core/watchdog.py): a peer that never comes ends this rank with one line.
 """
 import torch
 import torch.distributed as dist
 
 from . import debug
+from .watchdog import waiting
 
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -37,7 +39,8 @@ def all_gather_dim0(x: torch.Tensor, group) -> torch.Tensor:
         return x
     x = x.contiguous()
     out = torch.empty((x.shape[0] * size,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
-    _all_gather(out, x, group=group)
+    with waiting("all-gather", group):
+        _all_gather(out, x, group=group)
     return out
 
 
@@ -50,14 +53,16 @@ def reduce_scatter_dim0(x: torch.Tensor, group) -> torch.Tensor:
         raise ValueError(f"dim 0 ({x.shape[0]}) is not divisible by the group size {size}")
     x = x.contiguous()
     out = torch.empty((x.shape[0] // size,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
-    _reduce_scatter(out, x, group=group)
+    with waiting("reduce-scatter", group):
+        _reduce_scatter(out, x, group=group)
     return out
 
 
 def all_reduce_(x: torch.Tensor, group) -> torch.Tensor:
     """Sum in place over the group; returns x."""
     if world(group) > 1:
-        dist.all_reduce(x, group=group)
+        with waiting("all-reduce", group):
+            dist.all_reduce(x, group=group)
     return x
 
 
@@ -70,13 +75,29 @@ def _count(tag, full_bytes, n, factor):
         debug.record_traffic(tag, factor * (n - 1) * full_bytes / n)
 
 
+class Watched:
+    """An async collective's work handle whose wait() is armed with the hang watchdog."""
+
+    __slots__ = ("work", "op", "group")
+
+    def __init__(self, work, op, group):
+        self.work, self.op, self.group = work, op, group
+
+    def wait(self):
+        with waiting(self.op, self.group):
+            return self.work.wait()
+
+    def is_completed(self):
+        return self.work.is_completed()
+
+
 def all_reduce_async(x, group, tag=None):
     """Sum x in place over `group`; returns the work handle (None for a group of one)."""
     n = world(group)
     if n == 1:
         return None
     _count(tag, x.numel() * x.element_size(), n, 2)
-    return dist.all_reduce(x, group=group, async_op=True)
+    return Watched(dist.all_reduce(x, group=group, async_op=True), f"all-reduce ({tag})", group)
 
 
 def _own_slice(x, group):
@@ -95,7 +116,8 @@ def reduce_scatter_inplace_async(x, group, tag=None):
     if n == 1:
         return None
     _count(tag, x.numel() * x.element_size(), n, 1)
-    return _reduce_scatter(_own_slice(x, group), x, group=group, async_op=True)
+    return Watched(_reduce_scatter(_own_slice(x, group), x, group=group, async_op=True), f"reduce-scatter ({tag})",
+                   group)
 
 
 def all_gather_inplace_async(x, group, tag=None):
@@ -104,4 +126,4 @@ def all_gather_inplace_async(x, group, tag=None):
     if n == 1:
         return None
     _count(tag, x.numel() * x.element_size(), n, 1)
-    return _all_gather(x, _own_slice(x, group), group=group, async_op=True)
+    return Watched(_all_gather(x, _own_slice(x, group), group=group, async_op=True), f"all-gather ({tag})", group)

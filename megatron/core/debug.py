@@ -17,10 +17,16 @@ makes the matching point act: an empty or `*` field matches any iteration or ran
     enospc  raise OSError(ENOSPC), as a full disk does inside a write
     raise   raise InjectedFault: a crash simulated inside one process (unit tests), the
             disk left as a kill would leave it
+    stop    SIGSTOP this process, as a frozen rank (a hung host, a stuck driver) is: its peers
+            then wait for it (megatron/core/watchdog.py stops them); it says so on stderr first
 
 e.g. `MEGATRON_DEBUG_FAULT=ckpt.rename.after:4` kills the save of iteration 4 after the new
 checkpoint directory is in place and before the tracker names it. The checkpoint points,
-in the order a save passes them, are listed in megatron/core/checkpointing/storage.py.
+in the order a save passes them, are listed in megatron/core/checkpointing/storage.py;
+`train.iteration` is passed at the start of every training iteration.
+
+Timeout. `MEGATRON_DEBUG_TIMEOUT_SECONDS=S` replaces --distributed-timeout-minutes by S
+seconds (a float), so that tests of the hang watchdog take seconds, not minutes.
 
 Traffic. `with count_traffic() as sent: ...` counts, per tag, the bytes this process sends
 through the tagged collectives of megatron/core/comm.py inside the block (ring-algorithm
@@ -31,8 +37,10 @@ import contextlib
 import errno
 import os
 import signal
+import sys
 
 FAULT_ENV = "MEGATRON_DEBUG_FAULT"
+TIMEOUT_ENV = "MEGATRON_DEBUG_TIMEOUT_SECONDS"
 
 
 class InjectedFault(Exception):
@@ -51,7 +59,18 @@ def _raise(name):
     raise InjectedFault(name)
 
 
-_ACTIONS = {"kill": _kill, "enospc": _enospc, "raise": _raise}
+def _stop(name):
+    print(f"debug: process {os.getpid()} stops itself (SIGSTOP) at {name}", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+
+_ACTIONS = {"kill": _kill, "enospc": _enospc, "raise": _raise, "stop": _stop}
+
+
+def timeout_seconds(minutes):
+    """The distributed timeout in seconds: MEGATRON_DEBUG_TIMEOUT_SECONDS when set, else `minutes`."""
+    override = os.environ.get(TIMEOUT_ENV)
+    return float(override) if override else 60.0 * minutes
 
 
 def _matches(field, value):

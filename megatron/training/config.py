@@ -106,6 +106,17 @@ class TrainingConfig:
     no_load_rng: bool = opt(False, "Do not load the RNG states.")
     finetune: bool = opt(False, "Load only the model weights; start at iteration 0 with fresh optimizer and data.")
     exit_signal_handler: bool = opt(False, "On SIGTERM, save a checkpoint after the current iteration and exit.")
+    check_for_nan_in_loss_and_grad: bool = opt(
+        True, "Do not stop the run when a loss or the gradient norm is NaN or infinite (by default such an "
+        "iteration stops the run, exit code 17, before any checkpoint of it is written).",
+        flag="--no-check-for-nan-in-loss-and-grad")
+    distributed_timeout_minutes: int = opt(
+        10, "Timeout minutes for torch.distributed; a rank waiting longer in a collective or pipeline "
+        "send/receive exits naming the operation and the ranks it waits for.")
+    log_metrics_jsonl: Optional[str] = opt(
+        None, "This project's (not in Megatron-LM): write one JSON line per iteration (full-precision loss per "
+        "term, grad norm, learning rate, skipped) and per validation to this file (from the rank with the last "
+        "pipeline stage, TP and DP rank 0).")
 
     @property
     def params_dtype(self) -> torch.dtype:
@@ -161,6 +172,9 @@ class TrainingConfig:
             raise ConfigError("--save-interval must be at least 1")
         if self.save_interval and not self.save:
             raise ConfigError("--save-interval needs --save DIR")
+        if self.distributed_timeout_minutes < 1:
+            raise ConfigError(f"{f('distributed_timeout_minutes')} must be at least 1, "
+                              f"got {self.distributed_timeout_minutes}")
         if self.ddp_bucket_size is not None and self.ddp_bucket_size < 1:
             raise ConfigError("--ddp-bucket-size must be at least 1")
         self._validate_data()

@@ -6,6 +6,7 @@ import socket
 import torch
 import torch.distributed as dist
 
+from ..core import debug, watchdog
 from ..core.config import ConfigError
 from ..core.parallel_state import default_backend, initialize_model_parallel
 from ..core.tensor_parallel.random import model_parallel_seed
@@ -38,8 +39,13 @@ def initialize_distributed(model_cfg, train_cfg):
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
+    limit = debug.timeout_seconds(train_cfg.distributed_timeout_minutes)
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=10))
+        # the group's own timeout a little later than the watchdog's (the backstop for waits it does not
+        # arm), and never under a minute (start-up skew between ranks under a seconds-long test limit)
+        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=max(60.0, 1.05 * limit)))
+    if dist.get_world_size() > 1:
+        watchdog.start(limit)
     groups = initialize_model_parallel(model_cfg.tensor_model_parallel_size,
                                        model_cfg.pipeline_model_parallel_size,
                                        model_cfg.virtual_pipeline_model_parallel_size)
@@ -52,6 +58,7 @@ def shutdown():
     interpreter's teardown and can abort a finished run."""
     from ..core.parallel_state import destroy_model_parallel
     if dist.is_initialized():
-        dist.barrier()
+        with watchdog.waiting("barrier (shutdown)"):
+            dist.barrier()
         destroy_model_parallel()
         dist.destroy_process_group()

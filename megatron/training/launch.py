@@ -3,11 +3,13 @@ checking the configuration, start-up, and the run itself."""
 import os
 import sys
 
-from ..core.checkpointing import CheckpointError, find_checkpoint, same_dir
+from ..core import watchdog
+from ..core.checkpointing import find_checkpoint, same_dir
 from ..core.errors import MegatronUserError
 from .data import describe_datasets
 from .initialize import initialize_distributed, shutdown, world_size_from_env
 from .log import print_rank_0
+from .numerics import NonFiniteError
 from .paths import check_outputs
 from .resolve import resolve, validate
 from .training import pretrain
@@ -54,12 +56,21 @@ def start(model_cfg, train_cfg, tokenizer, build_datasets):
 
 def run_pretrain(model_cfg, train_cfg, groups, device, spec, datasets, tokenizer_name):
     """training.pretrain(...) of spec (a model_spec.ModelSpec), then shut torch.distributed down.
-    -> exit code (2 for a checkpoint that does not fit, found by every rank alike; rank 0 says why)."""
+    -> exit code (2 for a checkpoint that does not fit, found by every rank alike, rank 0 says why; 17 for a
+    NaN loss or grad norm, numerics.py; 3 for a peer that hangs, core/watchdog.py)."""
     try:
         pretrain(model_cfg, train_cfg, groups, device, spec, datasets, tokenizer_name)
-    except CheckpointError as e:
+    except USER_ERRORS as e:  # a checkpoint that does not fit, an unwritable --log-metrics-jsonl
         if groups.rank == 0:
             print(f"error: {e}", file=sys.stderr)
         return 2
+    except NonFiniteError as e:  # every rank stops at the same iteration; nothing of it was saved
+        if groups.rank == e.printer:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        shutdown()
+        return e.exit_code
+    except RuntimeError as e:
+        watchdog.unarmed_failure(e, groups.rank)  # a peer hung: one line, exit; else re-raised
+        raise
     shutdown()
     return 0

@@ -44,7 +44,7 @@ class TrainingLogger:
         self.start = time.perf_counter()
         self.interval_start = self.start
         self.iters_done, self.iters_in_interval = 0, 0
-        self.losses, self.nan_iters = [], 0  # losses: per updated iteration, {term: mean tensor}
+        self.losses, self.nan_iters = [], 0  # losses: per iteration (skipped ones too), {term: mean tensor}
         self.names = []  # the loss terms, known also when every iteration of an interval was skipped
         self.skipped, self.grad_norm = 0, None
 
@@ -53,12 +53,12 @@ class TrainingLogger:
             self.writer.add_scalar(name, value, step)
 
     def add_iteration(self, losses: ReducedLosses, grad_norm, updated):
-        """Record one iteration's {term: (sum, count)} (train_step); a skipped one (fp16
-        overflow) does not enter the loss average."""
+        """Record one iteration's {term: (sum, count)} (train_step). The loss of a skipped one
+        (fp16 overflow: its gradients overflowed, its loss is finite) enters the average too."""
         self.iters_in_interval += 1
         self.names = list(losses)
+        self.losses.append(loss_means(losses))
         if updated:
-            self.losses.append(loss_means(losses))
             self.grad_norm = grad_norm
         else:
             self.skipped += 1
@@ -73,7 +73,7 @@ class TrainingLogger:
         # the host sync happens here only; an iteration is finite when all its terms are
         rows = [[float(x[k]) for k in names] for x in self.losses]
         finite = [r for r in rows if all(math.isfinite(v) for v in r)]
-        self.nan_iters += n - len(finite)
+        self.nan_iters += len(rows) - len(finite)  # NaN losses only: a skipped fp16 step has a finite one
         means = {k: sum(r[i] for r in finite) / len(finite) if finite else float("nan")
                  for i, k in enumerate(names)}
         tflops = flops_per_iter / per_iter / world_size / 1e12
@@ -110,7 +110,8 @@ class TrainingLogger:
             line += f" {name} value: {value:.6E} |"
             self.scalar(f"{name} {split or 'validation'}", value, iteration)
             if name == "lm loss":  # a perplexity means something for the token loss only
-                ppl = math.exp(min(20.0, value))
+                # clamped against overflow as Megatron-LM does; a NaN (or inf) loss stays NaN (inf)
+                ppl = math.exp(min(20.0, value)) if math.isfinite(value) else value
                 line += f" {name} PPL: {ppl:.6E} |"
                 self.scalar(f"{name} {split or 'validation'} ppl", ppl, iteration)
         print_rank_last("-" * len(line) + "\n" + line + "\n" + "-" * len(line))

@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..core.debug import fault_point
 from ..core.distributed import DistributedDataParallel, finalize_model_grads
 from ..core.optimizer import LRScheduler, get_megatron_optimizer
 from ..core.optimizer.grad_scaler import ConstantGradScaler, DynamicGradScaler
@@ -15,7 +16,9 @@ from .checkpointing import Checkpointer
 from .data import end_of_training_sets, microbatches, validation_window
 from .flops import num_floating_point_operations, peak_tflops_per_gpu
 from .log import TrainingLogger, print_rank_0, startup_summary
+from .metrics_log import MetricsLog
 from .model_spec import ModelSpec
+from .numerics import check_finite
 
 
 def build_model(model_provider, model_cfg, groups, device):
@@ -130,6 +133,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     peak = peak_tflops_per_gpu(device, model_cfg.params_dtype)
     logger = TrainingLogger(train_cfg.train_iters, train_cfg.tensorboard_dir, peak[1] if peak else None)
     flops = num_floating_point_operations(model_cfg, train_cfg.global_batch_size)
+    metrics = MetricsLog(train_cfg.log_metrics_jsonl, groups, iteration > 0, device)
     print_rank_0(f"> training for {train_cfg.train_iters} iterations ({len(train_ds)} samples per epoch)")
     forward_backward_func = get_forward_backward_func()
     model.train()
@@ -137,6 +141,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     trace_iter = min(iteration + 2, train_cfg.train_iters) if train_cfg.pipeline_trace else None
     start = iteration
     for iteration in range(start + 1, (start if train_cfg.skip_train else train_cfg.train_iters) + 1):
+        fault_point("train.iteration", iteration, groups.rank)
         batches = microbatches(train_ds, consumed, train_cfg.global_batch_size, train_cfg.micro_batch_size,
                                groups.dp_rank, groups.dp_size, device, spec.collate)
         trace = [] if iteration == trace_iter else None
@@ -147,14 +152,19 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
             write_pipeline_trace(train_cfg.pipeline_trace, trace, groups, model_cfg, len(batches), iteration)
         consumed += train_cfg.global_batch_size
         logger.add_iteration(losses, grad_norm, updated)
+        metrics.iteration(iteration, consumed, losses, grad_norm, lr, updated,
+                          optimizer.loss_scale if train_cfg.fp16 else None)
+        if train_cfg.check_for_nan_in_loss_and_grad:  # before this iteration can be saved
+            check_finite(iteration, losses, grad_norm, groups, device)
         if iteration % train_cfg.log_interval == 0 or iteration == train_cfg.train_iters:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             logger.log(iteration, consumed, lr, train_cfg.global_batch_size, flops, groups.world_size,
                        optimizer.loss_scale if train_cfg.fp16 else None)
         if train_cfg.eval_iters > 0 and iteration % train_cfg.eval_interval == 0:
-            logger.log_validation(iteration, evaluate(model, validation_window(valid_ds, iteration, train_cfg), spec,
-                                                      groups, train_cfg, device))
+            valid = evaluate(model, validation_window(valid_ds, iteration, train_cfg), spec, groups, train_cfg, device)
+            logger.log_validation(iteration, valid)
+            metrics.validation(iteration, valid)
             logger.reset_timer()  # evaluation time is not training time
         if ckpt.after_iteration(iteration, consumed):
             break
@@ -164,5 +174,8 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     ddp.finish_param_sync()
     ckpt.finish(iteration, consumed)
     for split, ds in end_of_training_sets(datasets, iteration, train_cfg):
-        logger.log_validation(iteration, evaluate(model, ds, spec, groups, train_cfg, device), split)
+        losses = evaluate(model, ds, spec, groups, train_cfg, device)
+        logger.log_validation(iteration, losses, split)
+        metrics.validation(iteration, losses, split)
     logger.close()
+    metrics.close()

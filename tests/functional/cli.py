@@ -1,8 +1,10 @@
 """Running pretrain_gpt.py as a user would (python, or torchrun for several ranks) and reading its log."""
+import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LOSS_RE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?\| lm loss: ([0-9.Ee+-]+|nan) \|")
@@ -33,3 +35,21 @@ def term_losses(stdout, name):
 def losses(stdout):
     """{iteration: lm loss} from the iteration lines."""
     return {int(m.group(1)): float(m.group(2)) for m in LOSS_RE.finditer(stdout)}
+
+
+def run_metrics(args, nproc=1, script="pretrain_gpt.py", env=None):
+    """Run the script with --log-metrics-jsonl into a temporary file.
+    Returns (CompletedProcess, {"train": {iteration: record}, "validation": {iteration: record}})
+    with the records as megatron/training/metrics_log.py writes them (full precision)."""
+    fd, path = tempfile.mkstemp(suffix=".jsonl")
+    os.close(fd)
+    try:
+        proc = run_cli(list(args) + ["--log-metrics-jsonl", path], nproc=nproc, script=script, env=env)
+        metrics = {"train": {}, "validation": {}}
+        with open(path) as f:
+            for line in f:
+                record = json.loads(line)
+                metrics.setdefault(record["type"], {})[record["iteration"]] = record
+        return proc, metrics
+    finally:
+        os.remove(path)

@@ -2,9 +2,9 @@
 every layout equal one process's, iteration by iteration (fp32)."""
 import pytest
 
-from .cli import run_cli, term_losses
+from .cli import run_metrics
 from .test_parity import BASE as GPT_BASE
-from .test_parity import ITERS, assert_parity
+from .test_parity import assert_metrics_parity, reference
 
 BASE = GPT_BASE + ["--num-layers", "4"]  # enough layers for 2 stages x 2 chunks; the last flag wins
 TP2, PP2 = ["--tensor-model-parallel-size", "2"], ["--pipeline-model-parallel-size", "2"]
@@ -20,16 +20,6 @@ LAYOUTS = {
     "tp2-pp2-no-binary-head": (4, TP2 + PP2, ["--bert-no-binary-head"]),
 }
 
-_reference = {}
-
-
-def reference(model_flags):
-    key = tuple(model_flags)
-    if key not in _reference:
-        _reference[key] = run_cli(BASE + model_flags, script="pretrain_bert.py").stdout
-    return _reference[key]
-
-
 def loss_names(model_flags):
     if "--bert-no-binary-head" in model_flags:
         return ["lm loss"]
@@ -40,11 +30,9 @@ def loss_names(model_flags):
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_bert_layout_matches_one_process(name):
     nproc, flags, model = LAYOUTS[name]
-    ref = reference(model)
-    got = run_cli(BASE + model + flags, nproc=nproc, script="pretrain_bert.py").stdout
-    for term in loss_names(model):
-        want = term_losses(ref, term)
-        assert sorted(want) == list(range(1, ITERS + 1)), f"no {term} in the reference log"
-        assert_parity(want, term_losses(got, term))
+    ref = reference(model, "pretrain_bert.py", BASE)
+    proc, got = run_metrics(BASE + model + flags, nproc=nproc, script="pretrain_bert.py")
+    assert sorted(ref["train"][1]["losses"]) == sorted(loss_names(model))
+    assert_metrics_parity(ref, got, loss_names(model))
     if "--bert-no-binary-head" in model:
-        assert "sop loss" not in got and "nsp loss" not in got
+        assert "sop loss" not in proc.stdout and "nsp loss" not in proc.stdout

@@ -1,15 +1,18 @@
-"""Loss parity through the CLI: every layout gives the per-iteration loss of one process."""
+"""Loss parity through the CLI: every layout gives the per-iteration loss of one process.
+
+Compared at full precision from --log-metrics-jsonl: each loss term and the grad norm at every
+iteration, and the validation losses (at iterations 6 and 12)."""
 import pytest
 
 from tests.data_utils import make_sentencepiece, preprocess, sample_texts, write_jsonl
 
-from .cli import losses, run_cli
+from .cli import losses, run_cli, run_metrics
 
 ITERS = 12
 BASE = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000",
         "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
         "--seq-length", "64", "--micro-batch-size", "2", "--global-batch-size", "8",
-        "--train-iters", str(ITERS), "--log-interval", "1", "--eval-iters", "0",
+        "--train-iters", str(ITERS), "--log-interval", "1", "--eval-iters", "1", "--eval-interval", "6",
         "--hidden-dropout", "0", "--attention-dropout", "0", "--lr", "2e-3",
         "--lr-warmup-iters", "2", "--seed", "7"]
 LLAMA = ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
@@ -19,15 +22,53 @@ LLAMA = ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--s
 _reference = {}
 
 
-def reference(model_flags):
-    key = tuple(model_flags)
+def reference(model_flags, script="pretrain_gpt.py", base=BASE):
+    """The one-process run's metrics (cli.run_metrics), run once per model flags."""
+    key = (script, tuple(model_flags))
     if key not in _reference:
-        _reference[key] = losses(run_cli(BASE + model_flags).stdout)
-        assert sorted(_reference[key]) == list(range(1, ITERS + 1))
+        _reference[key] = run_metrics(base + model_flags, script=script)[1]
+        assert sorted(_reference[key]["train"]) == list(range(1, ITERS + 1))
     return _reference[key]
 
 
+FIRST_TOL, RUN_TOL = 2e-6, 1e-5  # relative, at iteration 1 and at any iteration or validation
+# Adam turns reordering noise in near-zero gradients into sign flips of their updates: in the 4-layer
+# model (DEEP) the grad norm of any layout (TP=2 alike, not only PP) drifts from the reference by up to
+# 1e-2 by iteration 11 while its loss stays within RUN_TOL; so grad norms are held to RUN_TOL through
+# NORM_ITERS (a wrong norm shows at iteration 1: the TP-duplicated-norm mutation is 0.2 off there).
+NORM_ITERS = 5
+
+
+def max_relative_differences(ref, got, terms=("lm loss",)):
+    """{quantity: largest relative difference} between two runs' metrics (cli.run_metrics):
+    "first" (losses and grad norm at iteration 1), "train" (every iteration's losses, grad norms
+    through NORM_ITERS), "validation"."""
+    assert sorted(got["train"]) == sorted(ref["train"]), f"iterations differ: {sorted(got['train'])}"
+    assert sorted(got["validation"]) == sorted(ref["validation"]), "validations differ"
+
+    def rel(a, b):
+        return abs(a - b) / abs(b)
+
+    def train(it):
+        r, g = ref["train"][it], got["train"][it]
+        norm = [rel(g["grad_norm"], r["grad_norm"])] if it <= NORM_ITERS else []
+        return max([rel(g["losses"][t], r["losses"][t]) for t in terms] + norm)
+    return {"first": train(1), "train": max(train(it) for it in ref["train"]),
+            "validation": max([rel(got["validation"][it]["losses"][t], v["losses"][t])
+                               for it, v in ref["validation"].items() for t in terms], default=0.0)}
+
+
+def assert_metrics_parity(ref, got, terms=("lm loss",)):
+    """Losses (each of terms) and grad norms within FIRST_TOL at iteration 1, losses within RUN_TOL
+    at every iteration and grad norms through NORM_ITERS, validation losses within RUN_TOL."""
+    diff = max_relative_differences(ref, got, terms)
+    print(f"max relative differences: {diff}")
+    assert diff["first"] <= FIRST_TOL, f"iteration 1: relative {diff['first']:.2e} > {FIRST_TOL}"
+    assert diff["train"] <= RUN_TOL and diff["validation"] <= RUN_TOL, f"relative differences {diff} > {RUN_TOL}"
+
+
 def assert_parity(ref, got):
+    """Printed losses ({iteration: value}, 7 digits) of two runs: relative 1e-5 at iteration 1, 1e-4 after."""
     assert sorted(got) == sorted(ref), f"iterations differ: {sorted(got)} vs {sorted(ref)}"
     first = abs(got[1] - ref[1]) / abs(ref[1])
     assert first <= 1e-5, f"iteration 1: {got[1]} vs {ref[1]} (relative {first:.2e})"
@@ -68,29 +109,29 @@ LAYOUTS = {
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_gpt_layout_matches_one_process(name):
     nproc, flags, model = LAYOUTS[name]
-    got = losses(run_cli(BASE + model + flags, nproc=nproc).stdout)
-    assert_parity(reference(model), got)
+    got = run_metrics(BASE + model + flags, nproc=nproc)[1]
+    assert_metrics_parity(reference(model), got)
 
 
 @pytest.mark.slow
 def test_llama_style_tp2_dp2_sequence_parallel_matches_one_process():
     flags = ["--tensor-model-parallel-size", "2", "--sequence-parallel"]
-    got = losses(run_cli(BASE + LLAMA + flags, nproc=4).stdout)
-    assert_parity(reference(LLAMA), got)
+    got = run_metrics(BASE + LLAMA + flags, nproc=4)[1]
+    assert_metrics_parity(reference(LLAMA), got)
 
 
 @pytest.mark.slow
 def test_llama_style_uneven_pipeline_matches_one_process():
     # untied output layer on the last stage only, rope, and a 1 + 3 layer split
     flags = PP2 + ["--decoder-first-pipeline-num-layers", "1"]
-    got = losses(run_cli(BASE + LLAMA + DEEP + flags, nproc=2).stdout)
-    assert_parity(reference(LLAMA + DEEP), got)
+    got = run_metrics(BASE + LLAMA + DEEP + flags, nproc=2)[1]
+    assert_metrics_parity(reference(LLAMA + DEEP), got)
 
 
 @pytest.mark.slow
 def test_loss_falls_and_layouts_differ_from_other_seeds():
     # guards the parity tests against a loss that never moves or ignores the seed
-    ref = reference([])
+    ref = {it: r["losses"]["lm loss"] for it, r in reference([])["train"].items()}
     assert ref[ITERS] < ref[1] - 0.05
     other = losses(run_cli([a if a != "7" else "8" for a in BASE]).stdout)
     assert abs(other[1] - ref[1]) / ref[1] > 1e-4
@@ -135,8 +176,10 @@ def test_blended_data_path_tp2_dp2_matches_one_process(real_data):
     d, data = real_data
     flags = [x for x in BASE if x not in ("--mock-data",)]
     flags = flags[:flags.index("--tokenizer-type")] + flags[flags.index("--vocab-size") + 2:] + data
-    ref = losses(run_cli(flags + ["--data-cache-path", str(d / "cache1")]).stdout)
-    assert sorted(ref) == list(range(1, ITERS + 1)) and ref[ITERS] < ref[1] - 0.05
-    proc = run_cli(flags + ["--tensor-model-parallel-size", "2", "--data-cache-path", str(d / "cache4")], nproc=4)
+    ref = run_metrics(flags + ["--data-cache-path", str(d / "cache1")])[1]
+    lm = {it: r["losses"]["lm loss"] for it, r in ref["train"].items()}
+    assert sorted(lm) == list(range(1, ITERS + 1)) and lm[ITERS] < lm[1] - 0.05
+    proc, got = run_metrics(flags + ["--tensor-model-parallel-size", "2", "--data-cache-path", str(d / "cache4")],
+                            nproc=4)
     assert "blend of 2 datasets" in proc.stdout
-    assert_parity(ref, losses(proc.stdout))
+    assert_metrics_parity(ref, got)

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..watchdog import waiting
 from .losses import TOKEN_LOSS, LossDeclaration, ReducedLosses, global_counts, masked_sums
 from .p2p import P2PCommunicator, backward_through, free_output
 from .schedules import SCHEDULES, default_schedule
@@ -164,7 +165,8 @@ def forward_backward(model, batches, forward_step, groups, loss_terms: LossDecla
     total = run_actions(actions, chunks, batches, forward_step, groups, comm, counts, names, forward_only, trace,
                         stats, loss_scale)
     if groups.is_last_stage and groups.dp_size > 1:
-        dist.all_reduce(total, group=groups.dp)
+        with waiting("all-reduce (losses)", groups.dp):
+            dist.all_reduce(total, group=groups.dp)
     return {name: (total[i], counts[i]) for i, name in enumerate(names)}
 
 

@@ -13,6 +13,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ..watchdog import waiting
+
 LossDeclaration = Mapping[str, Optional[str]]
 """{term name: batch key of its mask [b, ...], or None to count one per sample}, in logging order."""
 
@@ -40,7 +42,8 @@ def global_counts(batches: Sequence[dict], groups, declared: LossDeclaration) ->
         return torch.tensor(float(batch["tokens"].shape[0]), device=batch["tokens"].device)
     counts = torch.stack([torch.stack([count(b, key) for b in batches]).sum() for key in declared.values()])
     if groups.dp_size > 1:
-        dist.all_reduce(counts, group=groups.dp)
+        with waiting("all-reduce (loss counts)", groups.dp):
+            dist.all_reduce(counts, group=groups.dp)
     return counts
 
 

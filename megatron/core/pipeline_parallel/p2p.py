@@ -14,6 +14,9 @@ import torch
 import torch.distributed as dist
 from torch.autograd import Variable
 
+from .. import comm
+from ..watchdog import waiting
+
 _WARMED = weakref.WeakSet()  # pipeline groups that have run a collective
 
 
@@ -29,7 +32,7 @@ class P2PCommunicator:
             # one collective with every rank of the group present, before the first batched
             # p2p: NCCL builds the group's communicator on first use and its batched
             # send/recv must not be that first use (torch.distributed.batch_isend_irecv docs)
-            dist.all_reduce(torch.zeros(1, device=self.device), group=groups.pp)
+            comm.all_reduce_(torch.zeros(1, device=self.device), groups.pp)
             _WARMED.add(groups.pp)
 
     def buffer(self) -> torch.Tensor:
@@ -38,7 +41,7 @@ class P2PCommunicator:
     def exchange(self, ops: list[tuple[str, torch.Tensor, int]]) -> None:
         """ops: (kind, tensor, peer pipeline rank), kind "send" or "recv", posted in list
         order as one batch and all waited for. Receives land in their given tensors."""
-        p2p_ops = []
+        p2p_ops, peers = [], []
         for kind, tensor, peer in ops:
             if tuple(tensor.shape) != self.shape or tensor.dtype != self.dtype:
                 raise RuntimeError(
@@ -48,9 +51,11 @@ class P2PCommunicator:
                 tensor = tensor.contiguous()
             fn = dist.isend if kind == "send" else dist.irecv
             p2p_ops.append(dist.P2POp(fn, tensor, self.groups.pp_ranks[peer], self.groups.pp))
+            peers.append((kind, self.groups.pp_ranks[peer]))
         if p2p_ops:
-            for req in dist.batch_isend_irecv(p2p_ops):
-                req.wait()
+            with waiting("pipeline send/receive", p2p=peers):  # a frozen neighbour ends this rank, in one line
+                for req in dist.batch_isend_irecv(p2p_ops):
+                    req.wait()
 
 
 def free_output(tensor: torch.Tensor) -> None:
