@@ -110,11 +110,10 @@ def load_checkpoint(path, model, optimizer, groups, train_cfg, device):
 
     Returns (iteration, consumed samples), both 0 with --finetune.
     """
-    t = train_cfg
     reader = CheckpointReader(path)
     meta = reader.metadata
     _check_keys(reader, model)
-    load_optim = not (t.finetune or t.no_load_optim) and meta.get("optimizer") is not None \
+    load_optim = not (train_cfg.finetune or train_cfg.no_load_optim) and meta.get("optimizer") is not None \
         and all(reader.has(k, "exp_avg") for k in reader.keys("param"))
     ranges_of = {}
     for sp in optimizer.state_pieces():
@@ -134,15 +133,15 @@ def load_checkpoint(path, model, optimizer, groups, train_cfg, device):
                                     for lo, hi in ranges_of.get(id(p), []))
     if load_optim:
         optimizer.load_scalar_state(meta["optimizer"])
-    _maybe_load_rng(reader, meta, groups, t, device)
-    iteration, consumed = (0, 0) if t.finetune else (meta["iteration"], meta["consumed_samples"])
+    _maybe_load_rng(reader, meta, groups, train_cfg, device)
+    iteration, consumed = (0, 0) if train_cfg.finetune else (meta["iteration"], meta["consumed_samples"])
     print_rank_0(f"> loaded checkpoint {path} (saved at {meta['layout']}) at iteration {iteration}, "
                  f"{consumed} consumed samples; optimizer state {'loaded' if load_optim else 'NOT loaded'}")
     return iteration, consumed
 
 
-def _maybe_load_rng(reader, meta, groups, t, device):
-    if t.finetune or t.no_load_rng:
+def _maybe_load_rng(reader, meta, groups, train_cfg, device):
+    if train_cfg.finetune or train_cfg.no_load_rng:
         return
     saved = meta["layout"]
     same = (saved["tp"], saved["pp"], saved["dp"]) == (groups.tp_size, groups.pp_size, groups.dp_size)

@@ -42,28 +42,29 @@ def build_datasets(train_cfg, model_cfg, tokenizer):
     return _from_files(build_gpt_datasets, config, t, counts)
 
 
-def sample_counts(t):
+def sample_counts(train_cfg):
     """(train, valid, test) samples, as Megatron-LM sizes them: train_iters x G; validation
     (train_iters // eval_interval + 1) x eval_iters x G (one window per evaluation in training,
     one at its end; eval_iters x G with --skip-train); test eval_iters x G (G: global batch)."""
-    g = t.global_batch_size
-    evaluations = 1 if t.skip_train else t.train_iters // t.eval_interval + 1
-    return t.train_iters * g, evaluations * t.eval_iters * g, t.eval_iters * g
+    g = train_cfg.global_batch_size
+    evaluations = 1 if train_cfg.skip_train else train_cfg.train_iters // train_cfg.eval_interval + 1
+    return train_cfg.train_iters * g, evaluations * train_cfg.eval_iters * g, train_cfg.eval_iters * g
 
 
-def _mock(make, t, counts):
+def _mock(make, train_cfg, counts):
     """(train, valid, test) synthetic datasets (seeds seed, seed + 1, seed + 2); test None without
     --eval-iters."""
     train, valid, test = counts
-    return make(train, t.seed), make(max(1, valid), t.seed + 1), make(test, t.seed + 2) if test else None
+    seed = train_cfg.seed
+    return make(train, seed), make(max(1, valid), seed + 1), make(test, seed + 2) if test else None
 
 
-def _from_files(build, config, t, counts):
+def _from_files(build, config, train_cfg, counts):
     """(train, valid, test) from files with build (build_gpt_datasets or build_bert_datasets), one
     sample of each read now so that a tokenizer mismatch fails before training."""
-    per_split = t.per_split_paths if any(t.per_split_paths) else None
-    datasets = tuple(build(config, counts, data_path=t.data_path, split=t.split, per_split=per_split,
-                           blend_order=t.blend_order))
+    per_split = train_cfg.per_split_paths if any(train_cfg.per_split_paths) else None
+    datasets = tuple(build(config, counts, data_path=train_cfg.data_path, split=train_cfg.split, per_split=per_split,
+                           blend_order=train_cfg.blend_order))
     for ds in datasets:
         if ds is not None:
             ds[0]
@@ -83,23 +84,23 @@ class _Window:
         return self.dataset[(self.offset + i) % len(self.dataset)]
 
 
-def validation_window(dataset, iteration, t, at_end=False):
+def validation_window(dataset, iteration, train_cfg, at_end=False):
     """The validation samples the evaluation at `iteration` reads, walking forward as Megatron-LM:
     the j-th evaluation in training (iteration j x eval_interval) reads global batches
     [(j - 1) x eval_iters, j x eval_iters), the one at the end of training the next eval_iters,
     with --skip-train the first. The position follows from the iteration alone (as Megatron-LM
     derives consumed_valid_samples), so a resumed run keeps walking where it stopped."""
-    done = 0 if t.skip_train else iteration // t.eval_interval - (0 if at_end else 1)
-    return _Window(dataset, done * t.eval_iters * t.global_batch_size)
+    done = 0 if train_cfg.skip_train else iteration // train_cfg.eval_interval - (0 if at_end else 1)
+    return _Window(dataset, done * train_cfg.eval_iters * train_cfg.global_batch_size)
 
 
-def end_of_training_sets(datasets, iteration, t):
+def end_of_training_sets(datasets, iteration, train_cfg):
     """[(split, dataset)] evaluated once after training, as Megatron-LM: the validation set's next
     window, then the test set from its start; none after an early exit (--exit-interval, SIGTERM)."""
     _, valid, test = datasets
-    if t.eval_iters == 0 or not (t.skip_train or iteration >= t.train_iters):
+    if train_cfg.eval_iters == 0 or not (train_cfg.skip_train or iteration >= train_cfg.train_iters):
         return []
-    sets = [("validation", validation_window(valid, iteration, t, at_end=True))] if valid is not None else []
+    sets = [("validation", validation_window(valid, iteration, train_cfg, at_end=True))] if valid is not None else []
     return sets + ([("test", test)] if test is not None else [])
 
 

@@ -15,13 +15,12 @@ import torch
 
 def num_floating_point_operations(config, batch_size):
     """Model FLOPs of one training iteration over `batch_size` samples of config.seq_length."""
-    c = config
-    h, s, L = c.hidden_size, c.seq_length, c.num_layers
-    kv = c.num_query_groups * c.kv_channels
-    q = c.num_attention_heads * c.kv_channels
+    h, s, L = config.hidden_size, config.seq_length, config.num_layers
+    kv = config.num_query_groups * config.kv_channels
+    q = config.num_attention_heads * config.kv_channels
     per_layer = (2 * h * (q + 2 * kv) + 4 * s * q + 2 * q * h
-                 + 2 * h * c.ffn_hidden_size * (3 if c.swiglu else 2))
-    per_token = L * per_layer + 2 * h * c.padded_vocab_size
+                 + 2 * h * config.ffn_hidden_size * (3 if config.swiglu else 2))
+    per_token = L * per_layer + 2 * h * config.padded_vocab_size
     return 3 * batch_size * s * per_token
 
 

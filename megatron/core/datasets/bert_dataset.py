@@ -117,10 +117,10 @@ class BertDataset:
                                "--seq-length or preprocess with --split-sentences")
 
     def _build(self):
-        c = self.config
+        config = self.config
         mapping = helpers.build_bert_mapping(self.doc_starts, self.doc_ends, self.indexed.sequence_lengths,
-                                             _EPOCH_CAP, self.num_samples, c.max_target, c.short_seq_prob,
-                                             c.seed, c.min_num_sent)
+                                             _EPOCH_CAP, self.num_samples, config.max_target, config.short_seq_prob,
+                                             config.seed, config.min_num_sent)
         return {"mapping": mapping}
 
     def __len__(self):

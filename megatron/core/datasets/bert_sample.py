@@ -119,15 +119,14 @@ def build_sample(sentences, target, rng, config, random_document=None):
     config: a BertDatasetConfig (seq_length, binary_head, binary_head_task, masked_lm_prob,
     vocab_size and the special ids). random_document: for NSP, see make_pair.
     """
-    c = config
-    if c.binary_head:
-        a, b, is_random = make_pair(sentences, target, rng, c.binary_head_task, random_document)
+    if config.binary_head:
+        a, b, is_random = make_pair(sentences, target, rng, config.binary_head_task, random_document)
     else:
         a, b, is_random = np.concatenate(sentences), np.zeros(0, dtype=np.int64), 0
     a, b = truncate_pair(a, b, target, rng)
-    text, types, padding_mask, candidates = assemble(a, b, c.binary_head, c.seq_length, c.cls_id, c.sep_id,
-                                                     c.pad_id)
-    labels, loss_mask = mask_tokens(text, candidates, rng, c.masked_lm_prob, c.vocab_size, c.mask_id,
-                                    (c.cls_id, c.sep_id, c.mask_id, c.pad_id))
+    text, types, padding_mask, candidates = assemble(a, b, config.binary_head, config.seq_length, config.cls_id,
+                                                     config.sep_id, config.pad_id)
+    labels, loss_mask = mask_tokens(text, candidates, rng, config.masked_lm_prob, config.vocab_size, config.mask_id,
+                                    (config.cls_id, config.sep_id, config.mask_id, config.pad_id))
     return {"text": text, "types": types, "labels": labels, "loss_mask": loss_mask,
             "padding_mask": padding_mask, "is_random": np.array(is_random, dtype=np.int64)}

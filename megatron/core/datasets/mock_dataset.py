@@ -68,8 +68,9 @@ class MockBertDataset:
         return np.split(ids.astype(np.int64), np.cumsum(lengths)[:-1])
 
     def __getitem__(self, idx):
-        c = self.config
-        rng = np.random.default_rng([c.seed, idx])
-        target = int(rng.integers(2, c.max_target + 1)) if rng.random() < c.short_seq_prob else c.max_target
-        return build_sample(self._document(rng, target), target, rng, c,
-                            lambda r: self._document(r, 2 * c.max_target))
+        config = self.config
+        rng = np.random.default_rng([config.seed, idx])
+        short = rng.random() < config.short_seq_prob
+        target = int(rng.integers(2, config.max_target + 1)) if short else config.max_target
+        return build_sample(self._document(rng, target), target, rng, config,
+                            lambda r: self._document(r, 2 * config.max_target))
