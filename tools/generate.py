@@ -39,6 +39,8 @@ def parse(argv):
     prompt.add_argument("--prompt-ids", help="space-separated token ids")
     prompt.add_argument("--prompt", help="text, tokenised with the checkpoint's tokenizer")
     p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--inference-max-seq-length", type=int, default=None,
+                   help="longest prompt + generated tokens (default: the checkpoint's, 2560)")
     p.add_argument("--greedy", action="store_true", help="argmax decoding (default unless sampling flags are given)")
     p.add_argument("--temperature", type=float, default=None)
     p.add_argument("--top-k", type=int, default=0)
@@ -71,6 +73,11 @@ def main(argv=None):
     ids = [int(t) for t in a.prompt_ids.split()] if a.prompt_ids is not None else tok.tokenize(a.prompt)
     if not ids or max(ids) >= config.vocab_size or min(ids) < 0:
         print(f"error: the prompt needs token ids in [0, {config.vocab_size})", file=sys.stderr)
+        return 2
+    limit = a.inference_max_seq_length or metadata["args"].get("training", {}).get("inference_max_seq_length") or 2560
+    if len(ids) + a.max_new_tokens > limit:
+        print(f"error: prompt ({len(ids)} tokens) + --max-new-tokens ({a.max_new_tokens}) exceeds "
+              f"--inference-max-seq-length ({limit}); raise it or ask for fewer tokens", file=sys.stderr)
         return 2
     sampling = a.temperature is not None or a.top_k > 0 or a.top_p < 1.0
     out = generate(model, torch.tensor([ids], device=device), a.max_new_tokens, greedy=a.greedy or not sampling,

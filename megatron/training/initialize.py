@@ -39,7 +39,8 @@ def initialize_distributed(model_cfg, train_cfg):
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=10))
+        timeout = datetime.timedelta(minutes=train_cfg.distributed_timeout_minutes)
+        dist.init_process_group(backend=backend, timeout=timeout)
     groups = initialize_model_parallel(model_cfg.tensor_model_parallel_size,
                                        model_cfg.pipeline_model_parallel_size,
                                        model_cfg.virtual_pipeline_model_parallel_size)
