@@ -60,13 +60,13 @@ class OptionalBuildExt(cuda_build_ext or build_ext):
     def run(self):
         try:
             super().run()
-        except Exception as e:  # noqa: BLE001 - compiler missing, headers missing, ...
+        except Exception as e:  # compiler missing, headers missing, ...
             self._skip(e)
 
     def build_extension(self, ext):
         try:
             super().build_extension(ext)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             self._skip(e)
 
     @staticmethod
@@ -84,7 +84,7 @@ setup(
     ext_modules=dataset_helpers() + cuda_exts,
     cmdclass={"build_ext": OptionalBuildExt},
     python_requires=">=3.9",
-    install_requires=["torch>=2.4", "numpy", "sentencepiece", "tensorboard"],
+    install_requires=["torch>=2.4", "numpy", "sentencepiece", "tensorboard", "regex"],
     # hf: HuggingFace tokenizers (--tokenizer-type HuggingFaceTokenizer) and checkpoint conversion
     # (tools/checkpoint/convert.py); the tests that need them skip without them
     extras_require={"test": ["pytest", "pytest-timeout", "transformers", "ruff"], "hf": ["tokenizers", "transformers"]},

@@ -24,8 +24,8 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from megatron.core.datasets import helpers  # noqa: E402
-from megatron.core.datasets.gpt_dataset import _document_index  # noqa: E402
+from megatron.core.datasets import helpers
+from megatron.core.datasets.gpt_dataset import _document_index
 
 
 def best_of(fn, reps):

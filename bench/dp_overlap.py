@@ -21,13 +21,13 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron.core.config import TransformerConfig  # noqa: E402
-from megatron.core.models.gpt import GPTModel  # noqa: E402
-from megatron.core.parallel_state import initialize_model_parallel  # noqa: E402
-from megatron.core.pipeline_parallel import loss_means  # noqa: E402
-from megatron.core.tensor_parallel.random import model_parallel_seed  # noqa: E402
-from megatron.training.config import TrainingConfig  # noqa: E402
-from megatron.training.training import setup_model_and_optimizer, train_step  # noqa: E402
+from megatron.core.config import TransformerConfig
+from megatron.core.models.gpt import GPTModel
+from megatron.core.parallel_state import initialize_model_parallel
+from megatron.core.pipeline_parallel import loss_means
+from megatron.core.tensor_parallel.random import model_parallel_seed
+from megatron.training.config import TrainingConfig
+from megatron.training.training import setup_model_and_optimizer, train_step
 
 
 def _step(model, batch):

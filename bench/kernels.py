@@ -27,7 +27,9 @@ S, B, H, HEADS, D, FFN = 4096, 1, 4096, 32, 128, 11008
 
 
 def _inputs(op, dtype):
-    r = lambda *shape: torch.randn(*shape, device="cuda", dtype=dtype).requires_grad_()  # noqa: E731
+    def r(*shape):
+        return torch.randn(*shape, device="cuda", dtype=dtype).requires_grad_()
+
     if op == "masked softmax":
         mask = torch.rand(B, 1, 1024, 1024, device="cuda") < 0.1
         return [r(B, HEADS, 1024, 1024), mask]

@@ -142,6 +142,38 @@ void build_blending_indices(py::array_t<int16_t, py::array::c_style> &dataset_in
   }
 }
 
+// Megatron-LM's blending order (the default): sample i goes to the dataset whose share is most
+// behind, weight * max(i, 1) - taken (ties: lowest index). Same arguments and outputs as above.
+void build_greedy_blending_indices(py::array_t<int16_t, py::array::c_style> &dataset_index_,
+                                   py::array_t<int64_t, py::array::c_style> &dataset_sample_index_,
+                                   const py::array_t<double, py::array::c_style | py::array::forcecast> &weights_,
+                                   int64_t size) {
+  auto dataset_index = dataset_index_.mutable_unchecked<1>();
+  auto sample_index = dataset_sample_index_.mutable_unchecked<1>();
+  auto weights = weights_.unchecked<1>();
+  const int64_t k = weights.shape(0);
+  if (k < 1 || k > 32767) throw std::invalid_argument("need between 1 and 32767 datasets");
+  if (dataset_index.shape(0) < size || sample_index.shape(0) < size)
+    throw std::invalid_argument("output arrays are shorter than size");
+  std::vector<int64_t> taken(k, 0);
+  py::gil_scoped_release release;
+  for (int64_t i = 0; i < size; ++i) {
+    const double x = std::max(static_cast<double>(i), 1.0);
+    int64_t best = 0;
+    double best_error = weights(0) * x - static_cast<double>(taken[0]);
+    for (int64_t d = 1; d < k; ++d) {
+      const double error = weights(d) * x - static_cast<double>(taken[d]);
+      if (error > best_error) {
+        best_error = error;
+        best = d;
+      }
+    }
+    dataset_index(i) = static_cast<int16_t>(best);
+    sample_index(i) = taken[best];
+    ++taken[best];
+  }
+}
+
 // splitmix64 (Steele, Lea, Flood 2014): the one RNG of the BERT mapping, written again in helpers.py
 // so both implementations draw the same numbers. std:: engines and distributions are avoided
 // because their output is not specified across standard libraries.
@@ -259,6 +291,8 @@ PYBIND11_MODULE(helpers_cpp, m) {
           build_blending_indices(index, sample_index, weights, size);
         },
         py::arg("dataset_index"),
+        py::arg("dataset_sample_index"), py::arg("weights"), py::arg("size"));
+  m.def("build_greedy_blending_indices", &build_greedy_blending_indices, py::arg("dataset_index"),
         py::arg("dataset_sample_index"), py::arg("weights"), py::arg("size"));
   m.def("build_mapping", &build_mapping, py::arg("doc_starts"), py::arg("doc_ends"), py::arg("sizes"),
         py::arg("num_epochs"), py::arg("max_num_samples"), py::arg("max_target"), py::arg("short_seq_prob"),

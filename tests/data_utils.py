@@ -11,6 +11,8 @@ import subprocess
 import sys
 from collections import Counter
 
+import numpy as np
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 EDGE_CASES = ["", "x", "héllo wörld — ünïcode ✓ 日本語テキスト", "emoji 🙂🚀 and\ttabs\nand\n\nnewlines",
@@ -80,6 +82,7 @@ def make_hf_tokenizer(folder, vocab_file, merge_file):
     tok = Tokenizer(models.BPE.from_file(vocab_file, merge_file))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>"])  # as Hugging Face's GPT-2 tokenizer (Megatron-LM's GPT2BPETokenizer)
     path = os.path.join(folder, "tokenizer.json")
     tok.save(path)
     return path
@@ -98,3 +101,20 @@ def preprocess(jsonl, prefix, tokenizer_args, *extra):
                                            *tokenizer_args, *extra])
     assert proc.returncode == 0, proc.stderr[-3000:]
     return f"{prefix}_text_document"
+
+
+def make_data(prefix, n_docs=200, seed=0, low=0, high=1000):
+    """An IndexedDataset of n_docs random documents (0 to 119 tokens in [low, high), then `high`)."""
+    from megatron.core.datasets import IndexedDatasetBuilder
+    rng = np.random.default_rng(seed)
+    b = IndexedDatasetBuilder(str(prefix), np.uint16)
+    for _ in range(n_docs):
+        doc = rng.integers(low, high, int(rng.integers(0, 120))).tolist() + [high]
+        b.add_document(doc, [len(doc)])
+    b.finalize()
+    return str(prefix)
+
+
+def all_tokens(ds, n):
+    """The first n samples' tokens of a GPTDataset, stacked: [n, seq_length + 1]."""
+    return np.stack([ds[i]["tokens"] for i in range(n)])

@@ -54,7 +54,7 @@ def _worker(rank, world_size, port, tp, pp, timeout, fn, args, results):
         groups = parallel_state.initialize_model_parallel(tp, pp)
         value = fn(groups, *args)
         cleanup()
-    except BaseException:  # noqa: BLE001 - everything goes back to the parent
+    except BaseException:  # everything goes back to the parent
         # report before tearing down: the teardown makes the peers fail too, and the
         # parent should hear about the root cause first
         results.put((rank, False, traceback.format_exc()))

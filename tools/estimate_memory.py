@@ -17,14 +17,14 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron.core.comm import PlanGroup  # noqa: E402
-from megatron.core.distributed.ddp import DEFAULT_BUCKET_SIZE  # noqa: E402
-from megatron.core.distributed.param_and_grad_buffer import bucket_layout  # noqa: E402
-from megatron.core.errors import MegatronUserError  # noqa: E402
-from megatron.core.models.gpt import GPTModel  # noqa: E402
-from megatron.core.parallel_state import validate_parallel_sizes  # noqa: E402
-from megatron.training.arguments import parse_args  # noqa: E402
-from megatron.training.resolve import resolve, validate  # noqa: E402
+from megatron.core.comm import PlanGroup
+from megatron.core.distributed.ddp import DEFAULT_BUCKET_SIZE
+from megatron.core.distributed.param_and_grad_buffer import bucket_layout
+from megatron.core.errors import MegatronUserError
+from megatron.core.models.gpt import GPTModel
+from megatron.core.parallel_state import validate_parallel_sizes
+from megatron.training.arguments import parse_args
+from megatron.training.resolve import resolve, validate
 
 
 def activation_bytes_per_layer(c, micro_batch, tp, sp):

@@ -13,15 +13,15 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
+import torch
+import torch.distributed as dist
 
-from megatron.core.checkpointing import find_checkpoint, read_metadata  # noqa: E402
-from megatron.core.config import ConfigError  # noqa: E402
-from megatron.core.errors import MegatronUserError  # noqa: E402
-from megatron.core.inference.generation import generate, load_model  # noqa: E402
-from megatron.core.parallel_state import ParallelConfigError, initialize_model_parallel  # noqa: E402
-from megatron.training.tokenizer import ByteTokenizer, NullTokenizer  # noqa: E402
+from megatron.core.checkpointing import find_checkpoint, read_metadata
+from megatron.core.config import ConfigError
+from megatron.core.errors import MegatronUserError
+from megatron.core.inference.generation import generate, load_model
+from megatron.core.parallel_state import ParallelConfigError, initialize_model_parallel
+from megatron.training.tokenizer import ByteTokenizer, NullTokenizer
 
 
 def tokenizer_of(metadata):

@@ -13,8 +13,8 @@ import sys
 if __package__ in (None, ""):  # run from a checkout: make `megatron` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron.core.datasets.indexed_builder import IndexedDatasetBuilder  # noqa: E402
-from megatron.core.datasets.indexed_dataset import DatasetError, normalize_prefix, read_header  # noqa: E402
+from megatron.core.datasets.indexed_builder import IndexedDatasetBuilder
+from megatron.core.datasets.indexed_dataset import DatasetError, normalize_prefix, read_header
 
 
 def input_prefixes(inputs):

@@ -23,20 +23,20 @@ import sys
 if __package__ in (None, ""):  # run from a checkout: make `megatron` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron.core.datasets.indexed_builder import IndexedDatasetBuilder  # noqa: E402
+from megatron.core.datasets.indexed_builder import IndexedDatasetBuilder
 from megatron.core.datasets.indexed_dataset import (
     data_file_path,
     index_file_path,
-    optimal_dtype,  # noqa: E402
+    optimal_dtype,
 )
-from megatron.core.errors import MegatronUserError  # noqa: E402
+from megatron.core.errors import MegatronUserError
 from megatron.training.preprocess import (
     output_prefix_for,
     partition_bounds,
-    preprocess_range,  # noqa: E402
+    preprocess_range,
 )
-from megatron.training.sentence_splitter import split_sentences  # noqa: E402
-from megatron.training.tokenizer import add_tokenizer_args, build_tokenizer  # noqa: E402
+from megatron.training.sentence_splitter import split_sentences
+from megatron.training.tokenizer import add_tokenizer_args, build_tokenizer
 
 
 def parse_args(argv=None):

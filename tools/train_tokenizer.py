@@ -22,7 +22,7 @@ import sys
 if __package__ in (None, ""):  # run from a checkout: make `megatron` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron.training.tokenizer import (  # noqa: E402
+from megatron.training.tokenizer import (
     BertWordPieceTokenizer,
     SentencePieceTokenizer,
     TokenizerError,

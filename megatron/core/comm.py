@@ -4,10 +4,10 @@ torch 2.13 renames all_gather_into_tensor / reduce_scatter_tensor to *_single an
 on the old names; torch 2.11 (the GPU machine) may lack the new ones. Everything that
 gathers or scatters a whole tensor goes through here.
 """
-import collections
-
 import torch
 import torch.distributed as dist
+
+from . import debug
 
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -63,13 +63,11 @@ def all_reduce_(x: torch.Tensor, group) -> torch.Tensor:
 
 # Bytes each rank sends, per tag, under the ring algorithm: all-reduce 2(n-1)/n of the
 # buffer, reduce-scatter and all-gather (n-1)/n of the full buffer. Counted at every call
-# made through the functions below, so tests can check the traffic against theory.
-traffic = collections.Counter()
-
-
+# made through the functions below, so tests can check the traffic against theory
+# (debug.count_traffic).
 def _count(tag, full_bytes, n, factor):
     if tag is not None:
-        traffic[tag] += factor * (n - 1) * full_bytes / n
+        debug.record_traffic(tag, factor * (n - 1) * full_bytes / n)
 
 
 def all_reduce_async(x, group, tag=None):

@@ -6,11 +6,11 @@ exp_avg_sq per parameter, Adam's step count and the loss scaler's state, the RNG
 every rank, the iteration and consumed samples (data resumes at the next sample), and the
 arguments. The LR schedule's position is saved (fp16-skipped iterations do not advance it).
 
-Who writes what (no piece is written twice): the optimizer's pieces (whole parameters, or
-DP-sharded flat ranges with the distributed optimizer) are written by their owner; with
-the plain optimizer only DP rank 0 writes; TP-replicated tensors (norms, row-parallel
-biases) only TP rank 0; the last pipeline stage's tied copy of word_embeddings.weight
-(same init_key as the first stage's) is never written.
+Who writes what (no piece is written twice): the optimizer's state pieces (whole parameters,
+or DP-sharded flat ranges with the distributed optimizer) are written by their owner; with
+the plain optimizer only DP rank 0 writes; of copies held by several TP ranks or pipeline
+stages, the one param_meta.counted_once picks (TP rank 0 for TP-replicated tensors; never
+the last stage's tied copy of word_embeddings.weight, which shares the first's init_key).
 """
 import dataclasses
 import signal
@@ -31,21 +31,16 @@ from ..core.checkpointing import (
     same_dir,
     write_rank_file,
 )
+from ..core.optimizer import STATE_NAMES, StatePiece
+from ..core.tensor_parallel.param_meta import counted_once, param_meta
 from ..core.tensor_parallel.random import get_rng_tracker
 from .log import print_rank_0
 
 
-def _tied_copies(model):
-    """ids of parameters that duplicate another stage's (the last stage's word embeddings)."""
-    return {id(m.word_embeddings.weight) for m in model.modules()
-            if getattr(m, "pre_process", True) is False and hasattr(m, "word_embeddings")}
-
-
-def _writes(piece, groups, sharded, skip):
-    p = piece.param
-    if id(p) in skip or (not sharded and groups.dp_rank != 0):
-        return False
-    return getattr(p, "tensor_model_parallel", False) or groups.tp_rank == 0
+def _writes(param, groups, optimizer):
+    """Whether this rank writes its state of `param`: one DP rank (each its own slices with the
+    distributed optimizer), and one of the TP / pipeline copies (counted_once)."""
+    return (optimizer.distributed_optimizer or groups.dp_rank == 0) and counted_once(param, groups)
 
 
 def _config_dict(cfg):
@@ -71,29 +66,24 @@ def save_checkpoint(root, iteration, consumed, model, optimizer, groups, model_c
     """
     start = time.perf_counter()
     tp_rank, tp = groups.tp_rank, groups.tp_size
-    skip = _tied_copies(model)
     pieces = []
-    for pc in optimizer.pieces:
-        if not _writes(pc, groups, optimizer.sharded, skip):
-            continue
-        state = optimizer.optimizer.state[pc.main]
-        for name, value in (("param", pc.main), ("exp_avg", state["exp_avg"]), ("exp_avg_sq", state["exp_avg_sq"])):
-            pieces.append(make_piece(pc.param.init_key, name, pc.param, tp_rank, tp, pc.lo, pc.hi, value))
+    for sp in optimizer.state_pieces():
+        if _writes(sp.param, groups, optimizer):
+            key = param_meta(sp.param).init_key
+            pieces += [make_piece(key, name, sp.param, tp_rank, tp, sp.start, sp.end, value)
+                       for name, value in sp.tensors.items()]
     if groups.rank == 0:
         begin_save(root, iteration)
     dist.barrier()
     write_rank_file(root, iteration, groups.rank, {"pieces": pieces, "rng": _rng_state(device)})
     dist.barrier()
     if groups.rank == 0:
-        steps = [optimizer.optimizer.state[pc.main]["step"] for pc in optimizer.pieces]
-        scaler = optimizer.grad_scaler
         commit(root, iteration, {
             "consumed_samples": consumed,
             "lr_scheduler": scheduler.state_dict() if scheduler is not None else None,
             "args": {"model": _config_dict(model_cfg), "training": _config_dict(train_cfg)},
             "layout": _layout(groups, train_cfg),
-            "optimizer": {"step": float(steps[0]) if steps else 0.0,
-                          "grad_scaler": scaler.state_dict() if hasattr(scaler, "state_dict") else None},
+            "optimizer": optimizer.scalar_state(),
         }, groups.world_size)
     dist.barrier()
     print_rank_0(f"> saved checkpoint at iteration {iteration} to {root} ({time.perf_counter() - start:.1f} s)")
@@ -102,7 +92,7 @@ def save_checkpoint(root, iteration, consumed, model, optimizer, groups, model_c
 def _check_keys(reader, model):
     """Every model tensor is in the checkpoint, and every checkpoint tensor in the model
     (the union over all ranks: a pipeline stage holds only its layers)."""
-    mine = {p.init_key for p in model.parameters()}
+    mine = {param_meta(p).init_key for p in model.parameters()}
     for key in sorted(mine):
         if not reader.has(key):
             raise CheckpointError(f"checkpoint {reader.path} has no tensor {key!r} "
@@ -126,30 +116,25 @@ def load_checkpoint(path, model, optimizer, groups, train_cfg, device, scheduler
     meta = reader.metadata
     _check_keys(reader, model)
     load_optim = not (t.finetune or t.no_load_optim) and meta.get("optimizer") is not None \
-        and all(reader.has(k, "exp_avg") for k in reader)
-    pieces_of = {}
-    for pc in optimizer.pieces:
-        pieces_of.setdefault(id(pc.param), []).append(pc)
+        and all(reader.has(k, "exp_avg") for k in reader.keys("param"))
+    ranges_of = {}
+    for sp in optimizer.state_pieces():
+        ranges_of.setdefault(id(sp.param), []).append((sp.start, sp.end))
     tp_rank, tp = groups.tp_rank, groups.tp_size
     for p in model.parameters():  # shapes are checked (local_shard) before anything changes
-        local_shard(torch.empty(reader.shape(p.init_key), device="meta"), p, tp_rank, tp)
+        local_shard(torch.empty(reader.shape(param_meta(p).init_key), device="meta"), p, tp_rank, tp)
     for p in model.parameters():
-        value = local_shard(reader.global_tensor(p.init_key), p, tp_rank, tp)
+        key = param_meta(p).init_key
+        value = local_shard(reader.global_tensor(key), p, tp_rank, tp)
         p.data.copy_(value)
         states = {"param": value}
         if load_optim:
-            for s in ("exp_avg", "exp_avg_sq"):
-                states[s] = local_shard(reader.global_tensor(p.init_key, s), p, tp_rank, tp)
-        for pc in pieces_of.get(id(p), []):
-            pc.main.data.copy_(states["param"].reshape(-1)[pc.lo:pc.hi])
-            if load_optim:
-                st = optimizer.optimizer.state[pc.main]
-                st["exp_avg"].copy_(states["exp_avg"].reshape(-1)[pc.lo:pc.hi])
-                st["exp_avg_sq"].copy_(states["exp_avg_sq"].reshape(-1)[pc.lo:pc.hi])
-                st["step"].fill_(meta["optimizer"]["step"])
-    scaler_state = (meta.get("optimizer") or {}).get("grad_scaler")
-    if load_optim and scaler_state and hasattr(optimizer.grad_scaler, "load_state_dict"):
-        optimizer.grad_scaler.load_state_dict(scaler_state)
+            for s in STATE_NAMES[1:]:
+                states[s] = local_shard(reader.global_tensor(key, s), p, tp_rank, tp)
+        optimizer.load_state_pieces(StatePiece(p, lo, hi, {s: v.reshape(-1)[lo:hi] for s, v in states.items()})
+                                    for lo, hi in ranges_of.get(id(p), []))
+    if load_optim:
+        optimizer.load_scalar_state(meta["optimizer"])
     _maybe_load_rng(reader, meta, groups, t, device)
     iteration, consumed = (0, 0) if t.finetune else (meta["iteration"], meta["consumed_samples"])
     if scheduler is not None and not t.finetune:  # the schedule skips fp16-skipped iterations: its position is saved
@@ -195,7 +180,7 @@ class Checkpointer:
         t = self.t
         if not t.load:
             return 0, 0
-        path = find_checkpoint(t.load, allow_empty=same_dir(t.load, t.save))
+        path = find_checkpoint(t.load, allow_empty=same_dir(t.load, t.save), report=print_rank_0)
         if path is None:
             print_rank_0(f"> no checkpoint in {t.load}: training from scratch")
             return 0, 0

@@ -48,6 +48,8 @@ class TrainingConfig:
     eval_interval: Optional[int] = opt(
         None, "Evaluate on the validation set every this many iterations (default: only at the end).")
     eval_iters: int = opt(100, "Validation batches per evaluation (0 disables evaluation).")
+    skip_train: bool = opt(False, "Run no training iteration: evaluate the validation and test sets once, "
+                           "at the loaded checkpoint's iteration, and exit.")
     tensorboard_dir: Optional[str] = opt(None, "Write TensorBoard logs here.")
     exit_interval: Optional[int] = opt(None, "Stop after an iteration that is a multiple of this.")
     exit_duration_in_mins: Optional[float] = opt(
@@ -67,6 +69,9 @@ class TrainingConfig:
         None, "Validation data (prefix or weighted blend), used whole.", nargs="+")
     test_data_path: Optional[list[str]] = opt(None, "Test data (prefix or weighted blend), used whole.", nargs="+")
     split: str = opt("969,30,1", "Train,valid,test shares of the documents of each --data-path dataset.")
+    blend_order: str = opt("megatron", "Order of a blend's samples: Megatron-LM's greedy rule, or Tijdeman's "
+                           "(every prefix within one sample of the weights; docs/data.md).",
+                           choices=["megatron", "tijdeman"])
     data_cache_path: Optional[str] = opt(None, "Where built dataset indices (and the embedded corpus) are cached "
                                          "(default $XDG_CACHE_HOME/megatron-3d or ~/.cache/megatron-3d).")
     tokenizer_type: Optional[str] = opt(

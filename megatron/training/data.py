@@ -1,7 +1,8 @@
 """Datasets from the configuration, and global batches sliced over data-parallel ranks and microbatches.
 
 Iteration k uses samples [c, c + G) of the dataset (c = samples consumed so far,
-G = global batch). They are cut into chunks of micro x DP; DP rank r takes slice
+G = global batch). Validation walks forward as Megatron-LM's does (validation_window); the test
+set is read once, from its start, after training. They are cut into chunks of micro x DP; DP rank r takes slice
 [r x micro, (r+1) x micro) of each chunk. Which samples form a global batch therefore
 never depends on the layout; the datasets themselves are built the same on every rank.
 """
@@ -26,69 +27,116 @@ def index_cache_dir(train_cfg):
 
 
 def build_datasets(train_cfg, model_cfg, tokenizer):
-    """(train, valid) datasets for the configured source; valid is None with --eval-iters 0.
+    """(train, valid, test) datasets for the configured source; valid and test are None with
+    --eval-iters 0, test also when there is no test data (no --test-data-path, or --split gives
+    the test split no documents).
 
     Raises DatasetError (one line) for missing, corrupt or too small data.
     """
     t, s = train_cfg, model_cfg.seq_length
-    num_train, num_valid = _sample_counts(t)
+    counts = sample_counts(t)
     if t.mock_data:
-        return (MockGPTDataset(num_train, s, tokenizer.vocab_size, t.seed, tokenizer.eod),
-                MockGPTDataset(max(1, num_valid), s, tokenizer.vocab_size, t.seed + 1, tokenizer.eod))
+        return _mock(lambda n, seed: MockGPTDataset(n, s, tokenizer.vocab_size, seed, tokenizer.eod), t, counts)
     config = GPTDatasetConfig(seq_length=s, seed=t.seed, cache_dir=index_cache_dir(t),
                               vocab_size=tokenizer.vocab_size)
-    return _train_and_valid(build_gpt_datasets, config, t, num_train, num_valid)
+    return _from_files(build_gpt_datasets, config, t, counts)
 
 
-def _sample_counts(t):
-    """(train, valid) samples the run reads; evaluation re-reads the first eval_iters batches."""
-    return t.train_iters * t.global_batch_size, t.eval_iters * t.global_batch_size
+def sample_counts(t):
+    """(train, valid, test) samples, as Megatron-LM sizes them: train_iters x G; validation
+    (train_iters // eval_interval + 1) x eval_iters x G (one window per evaluation in training,
+    one at its end; eval_iters x G with --skip-train); test eval_iters x G (G: global batch)."""
+    g = t.global_batch_size
+    evaluations = 1 if t.skip_train else (t.train_iters // t.eval_interval if t.eval_interval else 0) + 1
+    return t.train_iters * g, evaluations * t.eval_iters * g, t.eval_iters * g
 
 
-def _train_and_valid(build, config, t, num_train, num_valid):
-    """(train, valid) from files with build (build_gpt_datasets or build_bert_datasets), one sample of
-    each read now so that a tokenizer mismatch fails before training."""
+def _mock(make, t, counts):
+    """(train, valid, test) synthetic datasets (seeds seed, seed + 1, seed + 2); test None without
+    --eval-iters."""
+    train, valid, test = counts
+    return make(train, t.seed), make(max(1, valid), t.seed + 1), make(test, t.seed + 2) if test else None
+
+
+def _from_files(build, config, t, counts):
+    """(train, valid, test) from files with build (build_gpt_datasets or build_bert_datasets), one
+    sample of each read now so that a tokenizer mismatch fails before training."""
     per_split = t.per_split_paths if any(t.per_split_paths) else None
-    train, valid, _ = build(config, (num_train, num_valid, 0), data_path=t.data_path, split=t.split,
-                            per_split=per_split)
-    for ds in (train, valid):
+    datasets = tuple(build(config, counts, data_path=t.data_path, split=t.split, per_split=per_split,
+                           blend_order=t.blend_order))
+    for ds in datasets:
         if ds is not None:
             ds[0]
-    return train, valid
+    return datasets
+
+
+class _Window:
+    """dataset seen from sample `offset` on (wrapping): sample i -> dataset[(offset + i) % len]."""
+
+    def __init__(self, dataset, offset):
+        self.dataset, self.offset = dataset, offset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        return self.dataset[(self.offset + i) % len(self.dataset)]
+
+
+def validation_window(dataset, iteration, t, at_end=False):
+    """The validation samples the evaluation at `iteration` reads, walking forward as Megatron-LM:
+    the j-th evaluation in training (iteration j x eval_interval) reads global batches
+    [(j - 1) x eval_iters, j x eval_iters), the one at the end of training the next eval_iters,
+    with --skip-train the first. The position follows from the iteration alone (as Megatron-LM
+    derives consumed_valid_samples), so a resumed run keeps walking where it stopped."""
+    done = 0 if t.skip_train or not t.eval_interval else iteration // t.eval_interval - (0 if at_end else 1)
+    return _Window(dataset, done * t.eval_iters * t.global_batch_size)
+
+
+def end_of_training_sets(datasets, iteration, t):
+    """[(split, dataset)] evaluated once after training, as Megatron-LM: the validation set's next
+    window, then the test set from its start; none after an early exit (--exit-interval, SIGTERM)."""
+    _, valid, test = datasets
+    if t.eval_iters == 0 or not (t.skip_train or iteration >= t.train_iters):
+        return []
+    sets = [("validation", validation_window(valid, iteration, t, at_end=True))] if valid is not None else []
+    return sets + ([("test", test)] if test is not None else [])
 
 
 def build_bert_datasets_from_config(train_cfg, model_cfg, tokenizer, binary_head=True, binary_head_task="sop",
                                     masked_lm_prob=0.15, short_seq_prob=0.1):
-    """(train, valid) BERT datasets, as build_datasets; valid is None with --eval-iters 0.
+    """(train, valid, test) BERT datasets, as build_datasets.
 
     The special ids come from the tokenizer (cls, sep, mask, pad, vocab_size), except with
     --mock-data, whose synthetic samples use their own at the top of the vocabulary
     (mock_bert_special_ids), so a NullTokenizer works.
     """
     t, s = train_cfg, model_cfg.seq_length
-    num_train, num_valid = _sample_counts(t)
+    counts = sample_counts(t)
     options = {"masked_lm_prob": masked_lm_prob, "short_seq_prob": short_seq_prob, "binary_head": binary_head,
                "binary_head_task": binary_head_task}
     if t.mock_data:
-        return (MockBertDataset(num_train, s, tokenizer.vocab_size, t.seed, **options),
-                MockBertDataset(max(1, num_valid), s, tokenizer.vocab_size, t.seed + 1, **options))
+        return _mock(lambda n, seed: MockBertDataset(n, s, tokenizer.vocab_size, seed, **options), t, counts)
     config = BertDatasetConfig(seq_length=s, seed=t.seed, cache_dir=index_cache_dir(t),
                                vocab_size=tokenizer.vocab_size, cls_id=tokenizer.cls, sep_id=tokenizer.sep,
                                mask_id=tokenizer.mask, pad_id=tokenizer.pad, **options)
-    return _train_and_valid(build_bert_datasets, config, t, num_train, num_valid)
+    return _from_files(build_bert_datasets, config, t, counts)
 
 
 def describe_datasets(datasets):
     """One line per dataset for the start-up log."""
     lines = []
-    for name, ds in zip(("train", "valid"), datasets):
+    for name, ds in zip(("train", "valid", "test"), datasets):
         if ds is None:
+            lines += ["> test: none (no test data: no --test-data-path, or no test documents in --split)"] \
+                if name == "test" and datasets[1] is not None else []
             continue
         parts = getattr(ds, "datasets", None)
         if parts is None:
             lines.append(f"> {name}: {_describe(ds)}")
             continue
-        lines.append(f"> {name}: blend of {len(parts)} datasets, {len(ds)} samples")
+        order = "" if ds.order == "megatron" else f", {ds.order} order (--blend-order {ds.order})"
+        lines.append(f"> {name}: blend of {len(parts)} datasets, {len(ds)} samples{order}")
         for w, share, part in zip(ds.weights, ds.shares(), parts):
             lines.append(f">    weight {w:.3f} (drawn {share:.3f}): {_describe(part) if part else 'not drawn'}")
     return lines

@@ -39,7 +39,7 @@ def configure(model_cfg, train_cfg):
 
 def start(model_cfg, train_cfg, tokenizer, build_datasets):
     """Check --load, start torch.distributed, build the datasets (build_datasets(train_cfg,
-    model_cfg, tokenizer) -> (train, valid)) for configs that configure() resolved and checked.
+    model_cfg, tokenizer) -> (train, valid, test)) for configs that configure() resolved and checked.
     -> (groups, device, datasets). Raises one of USER_ERRORS for bad input."""
     if train_cfg.load:  # a missing, truncated or foreign checkpoint fails before any process group
         find_checkpoint(train_cfg.load, allow_empty=same_dir(train_cfg.load, train_cfg.save))

@@ -102,16 +102,17 @@ class TrainingLogger:
     def reset_timer(self):
         self.interval_start = time.perf_counter()
 
-    def log_validation(self, iteration, losses: dict[str, float]):
-        """losses: {term: mean validation loss} (training.evaluate)."""
-        line = f" validation loss at iteration {iteration} |"
+    def log_validation(self, iteration, losses: dict[str, float], split=None):
+        """losses: {term: mean loss} (training.evaluate). split: None during training; "validation"
+        or "test" after it (Megatron-LM's "... on test set" line)."""
+        line = f" validation loss at iteration {iteration}{f' on {split} set' if split else ''} |"
         for name, value in losses.items():
             line += f" {name} value: {value:.6E} |"
-            self.scalar(f"{name} validation", value, iteration)
+            self.scalar(f"{name} {split or 'validation'}", value, iteration)
             if name == "lm loss":  # a perplexity means something for the token loss only
                 ppl = math.exp(min(20.0, value))
                 line += f" {name} PPL: {ppl:.6E} |"
-                self.scalar(f"{name} validation ppl", ppl, iteration)
+                self.scalar(f"{name} {split or 'validation'} ppl", ppl, iteration)
         print_rank_last("-" * len(line) + "\n" + line + "\n" + "-" * len(line))
 
     def close(self):

@@ -3,8 +3,10 @@
 One document per line; each --json-keys field becomes {output_prefix}_{key}_document.bin/.idx,
 one sequence per document. With a sentence splitter (--split-sentences) it becomes
 {output_prefix}_{key}_sentence.bin/.idx instead: each sentence is one sequence and the document
-index groups a document's sentences, as Megatron-LM writes BERT data (empty sentences, and
-documents left with none, are dropped; eod goes at the end of the last sentence).
+index groups a document's sentences, as Megatron-LM writes BERT data (empty sentences are
+dropped; eod goes at the end of the last sentence). A document with no tokens (empty text, or no
+sentence left) is kept as an empty document: a document boundary with no sequence and no eod,
+as Megatron-LM's preprocess_data.py writes it.
 Memory stays flat: lines are read lazily, at most `4 x workers` batches are in flight, and the
 writer spills its index to disk (indexed_builder.py). Output order is input order, so any
 number of workers (and partitions) writes the same bytes.
@@ -81,7 +83,8 @@ def encode_document(tokenizer, line, json_keys, append_eod, splitter=None):
     """A jsonl line -> {key: (int array, sequence lengths)}, or a str saying what is wrong.
 
     Without a splitter the document is one sequence; with one (text -> list of sentences), each
-    non-empty sentence is one. eod, if asked, ends the last sequence.
+    non-empty sentence is one. eod, if asked, ends the last sequence. A document without tokens has
+    no sequence (lengths []) and so no eod either.
     """
     try:
         doc = json.loads(line.decode("utf-8"))
@@ -98,10 +101,8 @@ def encode_document(tokenizer, line, json_keys, append_eod, splitter=None):
         if not isinstance(doc[key], str):
             return f"{key!r} is of type {type(doc[key]).__name__}, not a string"
         try:
-            if splitter is None:
-                seqs = [list(tokenizer.tokenize(doc[key]))]
-            else:
-                seqs = [ids for ids in map(tokenizer.tokenize, splitter(doc[key])) if len(ids)]
+            texts = [doc[key]] if splitter is None else splitter(doc[key])
+            seqs = [ids for ids in map(tokenizer.tokenize, texts) if len(ids)]
         except (ValueError, TypeError) as e:
             return f"{key!r} cannot be tokenized ({e})"
         if append_eod and seqs:
@@ -189,8 +190,7 @@ def _write(results, builders, progress, input_path, skip_malformed):
             print(f"warning: {input_path} line {lineno}: {encoded}; skipped", file=sys.stderr)
             continue
         for key, (ids, lengths) in encoded.items():
-            if lengths:  # a split document with no sentence left is dropped
-                builders[key].add_document(ids, lengths)
+            builders[key].add_document(ids, lengths)  # lengths [] writes an empty document
         progress.add(nbytes, sum(len(ids) for ids, _ in encoded.values()))
 
 

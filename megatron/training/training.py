@@ -8,13 +8,12 @@ import torch.distributed as dist
 from torch import nn
 
 from ..core.distributed import DistributedDataParallel, finalize_model_grads
-from ..core.optimizer import LRScheduler
+from ..core.optimizer import LRScheduler, get_megatron_optimizer
 from ..core.optimizer.grad_scaler import ConstantGradScaler, DynamicGradScaler
-from ..core.optimizer.megatron_optimizer import MegatronOptimizer
 from ..core.pipeline_parallel import TOKEN_LOSS, default_schedule, get_forward_backward_func
 from ..core.tensor_parallel.initialization import initialize_parameters
 from .checkpointing import Checkpointer
-from .data import microbatches
+from .data import end_of_training_sets, microbatches, validation_window
 from .flops import num_floating_point_operations, peak_tflops_per_gpu
 from .log import TrainingLogger, print_rank_0, startup_summary
 from .model_spec import ModelSpec
@@ -135,14 +134,14 @@ def setup_model_and_optimizer(model_cfg, train_cfg, groups, device, model_provid
     ddp = DistributedDataParallel(model, groups.dp, train_cfg.ddp_bucket_size, train_cfg.overlap_grad_reduce,
                                   train_cfg.use_distributed_optimizer, train_cfg.overlap_param_gather,
                                   train_cfg.grad_reduce_in_bf16)
-    optimizer = MegatronOptimizer(ddp, groups, train_cfg.lr, train_cfg.weight_decay,
-                                  (train_cfg.adam_beta1, train_cfg.adam_beta2), train_cfg.adam_eps,
-                                  train_cfg.clip_grad, build_grad_scaler(train_cfg))
+    optimizer = get_megatron_optimizer(ddp, groups, train_cfg.lr, train_cfg.weight_decay,
+                                       (train_cfg.adam_beta1, train_cfg.adam_beta2), train_cfg.adam_eps,
+                                       train_cfg.clip_grad, build_grad_scaler(train_cfg))
     return model, ddp, optimizer, build_scheduler(optimizer, train_cfg)
 
 
 def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, tokenizer_name):
-    """Train spec's model on datasets = (train, valid); every pipeline stage loads the same
+    """Train spec's model on datasets = (train, valid, test); every pipeline stage loads the same
     batches. Progress, losses and validation go to the log (log.TrainingLogger)."""
     model, ddp, optimizer, scheduler = setup_model_and_optimizer(model_cfg, train_cfg, groups, device,
                                                                  spec.model_provider)
@@ -150,7 +149,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                     ddp.memory_bytes() + (optimizer.memory_bytes(),))
     ckpt = Checkpointer(model_cfg, train_cfg, model, optimizer, groups, device, scheduler)
     iteration, consumed = ckpt.load()
-    train_ds, valid_ds = datasets
+    train_ds, valid_ds, _ = datasets
     peak = peak_tflops_per_gpu(device, model_cfg.params_dtype)
     logger = TrainingLogger(train_cfg.train_iters, train_cfg.tensorboard_dir, peak[1] if peak else None)
     flops = num_floating_point_operations(model_cfg, train_cfg.global_batch_size)
@@ -160,7 +159,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     # +2: past first-call costs
     trace_iter = min(iteration + 2, train_cfg.train_iters) if train_cfg.pipeline_trace else None
     start = iteration
-    for iteration in range(start + 1, train_cfg.train_iters + 1):
+    for iteration in range(start + 1, (start if train_cfg.skip_train else train_cfg.train_iters) + 1):
         batches = microbatches(train_ds, consumed, train_cfg.global_batch_size, train_cfg.micro_batch_size,
                                groups.dp_rank, groups.dp_size, device, spec.collate)
         trace = [] if iteration == trace_iter else None
@@ -176,9 +175,9 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                 torch.cuda.synchronize()
             logger.log(iteration, consumed, lr, train_cfg.global_batch_size, flops, groups.world_size,
                        optimizer.loss_scale if train_cfg.fp16 else None)
-        if train_cfg.eval_iters > 0 and (train_cfg.eval_interval and iteration % train_cfg.eval_interval == 0
-                                         or iteration == train_cfg.train_iters):
-            logger.log_validation(iteration, evaluate(model, valid_ds, spec, groups, train_cfg, device))
+        if train_cfg.eval_iters > 0 and train_cfg.eval_interval and iteration % train_cfg.eval_interval == 0:
+            logger.log_validation(iteration, evaluate(model, validation_window(valid_ds, iteration, train_cfg), spec,
+                                                      groups, train_cfg, device))
             logger.reset_timer()  # evaluation time is not training time
         if ckpt.after_iteration(iteration, consumed):
             break
@@ -191,4 +190,6 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
             break
     ddp.finish_param_sync()
     ckpt.finish(iteration, consumed)
+    for split, ds in end_of_training_sets(datasets, iteration, train_cfg):
+        logger.log_validation(iteration, evaluate(model, ds, spec, groups, train_cfg, device), split)
     logger.close()

@@ -40,13 +40,14 @@ def _our_logits(groups, ckpt):
     from megatron.core.inference.generation import config_from_checkpoint
     from megatron.core.models.bert import BertModel
     from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
+    from megatron.core.tensor_parallel.param_meta import param_meta
     torch.set_num_threads(1)
     reader = CheckpointReader(find_checkpoint(ckpt))
     config = config_from_checkpoint(reader.metadata["args"]["model"], groups.tp_size)
     model = BertModel(config, groups, add_binary_head=reader.has("pooler.weight"))
     with torch.no_grad():
         for p in model.parameters():
-            p.copy_(local_shard(reader.global_tensor(p.init_key), p, groups.tp_rank, groups.tp_size))
+            p.copy_(local_shard(reader.global_tensor(param_meta(p).init_key), p, groups.tp_rank, groups.tp_size))
         ids, types, mask = _inputs()
         logits, binary = model.eval()(ids, mask, types)
         logits = gather_from_tensor_model_parallel_region(logits, groups.tp)[..., :VOCAB]

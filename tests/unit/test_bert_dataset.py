@@ -374,8 +374,9 @@ def test_mock_bert_dataset_and_training_entry():
         assert s["text"][0] == ids["cls_id"] and s["text"][n - 1] == ids["sep_id"] and s["text"].shape == (32,)
         assert s["loss_mask"].sum() >= 1 and (unmasked(s)[1:n] < 996).sum() == n - 3
     np.testing.assert_array_equal(m[4]["text"], MockBertDataset(50, 32, 1000, seed=3)[4]["text"])
-    train_cfg = SimpleNamespace(mock_data=True, train_iters=3, eval_iters=0, global_batch_size=4, seed=5)
-    train, valid = build_bert_datasets_from_config(train_cfg, SimpleNamespace(seq_length=16),
+    train_cfg = SimpleNamespace(mock_data=True, train_iters=3, eval_iters=0, global_batch_size=4, seed=5,
+                                eval_interval=10, skip_train=False)
+    train, valid, _ = build_bert_datasets_from_config(train_cfg, SimpleNamespace(seq_length=16),
                                                    SimpleNamespace(vocab_size=128), True, "nsp", 0.15, 0.1)
     assert len(train) == 12 and collate_bert([train[0], valid[0]])["tokens"].shape == (2, 16)
 
@@ -384,9 +385,10 @@ def test_training_entry_reads_files_with_the_tokenizer_ids(corpus, tmp_path):
     prefix, vocab, _ = corpus
     train_cfg = SimpleNamespace(mock_data=False, train_iters=5, eval_iters=1, global_batch_size=8, seed=5,
                                 data_path=[prefix], split="90,10,0", per_split_paths=[None, None, None],
-                                data_cache_path=str(tmp_path))
+                                data_cache_path=str(tmp_path), eval_interval=10, skip_train=False,
+                                blend_order="megatron")
     tokenizer = SimpleNamespace(vocab_size=vocab, cls=CLS, sep=SEP, mask=MASK, pad=PAD)
-    train, valid = build_bert_datasets_from_config(train_cfg, SimpleNamespace(seq_length=48), tokenizer,
+    train, valid, _ = build_bert_datasets_from_config(train_cfg, SimpleNamespace(seq_length=48), tokenizer,
                                                    True, "sop", 0.15, 0.1)
     assert len(train) >= 40 and len(valid) >= 8 and train.built
     assert train.config.max_target == 45 and train[0]["text"][0] == CLS

@@ -4,14 +4,15 @@ import pytest
 import torch
 
 from megatron.core.checkpointing import CheckpointError, assemble, local_shard, make_piece
-from megatron.core.tensor_parallel.initialization import set_tp_attrs, take_shard
+from megatron.core.tensor_parallel.initialization import take_shard
+from megatron.core.tensor_parallel.param_meta import set_init_key, set_tensor_parallel
 
 
 def fake_param(shape, key, dim=None, stride=1, unpadded=None):
     p = torch.nn.Parameter(torch.empty(shape))
-    p.init_key = key
+    set_init_key(p, key)
     if dim is not None:
-        set_tp_attrs(p, dim, stride, unpadded)
+        set_tensor_parallel(p, dim, stride, unpadded)
     return p
 
 

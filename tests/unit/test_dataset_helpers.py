@@ -81,9 +81,9 @@ def test_blending_cpp_equals_numpy_and_tracks_weights(seed):
     w = rng.random(k) ** 3 + 1e-3
     w /= w.sum()
     size = int(rng.integers(1, 4000))
-    ref = helpers.build_blending_indices(w, size, impl="numpy")
+    ref = helpers.build_blending_indices(w, size, impl="numpy", order="tijdeman")
     if helpers.helpers_cpp is not None:
-        got = helpers.build_blending_indices(w, size, impl="cpp")
+        got = helpers.build_blending_indices(w, size, impl="cpp", order="tijdeman")
         assert np.array_equal(got[0], ref[0]) and np.array_equal(got[1], ref[1])
     dataset_index, sample_index = ref
     bound = 1 - 1 / (2 * k - 2) if k > 1 else 0
@@ -93,6 +93,6 @@ def test_blending_cpp_equals_numpy_and_tracks_weights(seed):
 
 
 def test_megatron_style_two_way_blend():
-    dataset_index, _ = helpers.build_blending_indices([0.3, 0.7], 10, impl="numpy")
+    dataset_index, _ = helpers.build_blending_indices([0.3, 0.7], 10, impl="numpy", order="tijdeman")
     assert np.bincount(dataset_index).tolist() == [3, 7]
     assert shares_bound([0.3, 0.7], dataset_index) <= 0.5

@@ -16,15 +16,15 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from megatron.core.checkpointing import (  # noqa: E402
+from megatron.core.checkpointing import (
     CheckpointError,
     CheckpointReader,
     find_checkpoint,
-    hf_bert,  # noqa: E402
+    hf_bert,
     save_global_checkpoint,
     whole_piece,
 )
-from megatron.core.checkpointing import hf_conversion as hc  # noqa: E402
+from megatron.core.checkpointing import hf_conversion as hc
 
 HF_TYPES = {"GPT": ("gpt2", "llama"), "BERT": ("bert",)}
 

@@ -25,18 +25,18 @@ import torch
 
 from ..errors import CheckpointError
 from ..tensor_parallel.initialization import take_shard
+from ..tensor_parallel.param_meta import param_meta
 
 
 def param_rule(param, tp_rank, tp_size):
     """(global unpadded shape, dim, stride, padded size along dim) of a model parameter."""
-    shape = list(param.shape)
-    if not getattr(param, "tensor_model_parallel", False):
+    shape, meta = list(param.shape), param_meta(param)
+    if not meta.tensor_parallel:
         return shape, None, 1, None
-    dim = param.partition_dim
+    dim = meta.partition_dim
     padded = shape[dim] * tp_size
-    unpadded = getattr(param, "unpadded_size", None)
-    shape[dim] = unpadded if unpadded is not None else padded
-    return shape, dim, param.partition_stride, padded
+    shape[dim] = meta.unpadded_size if meta.unpadded_size is not None else padded
+    return shape, dim, meta.partition_stride, padded
 
 
 def make_piece(key, state, param, tp_rank, tp_size, lo, hi, data):
@@ -115,7 +115,8 @@ def local_shard(global_tensor, param, tp_rank, tp_size):
     """This rank's TP shard of a global tensor for `param`, padded to the loading layout."""
     shape, dim, stride, padded = param_rule(param, tp_rank, tp_size)
     if list(global_tensor.shape) != shape:
-        raise CheckpointError(f"checkpoint tensor {param.init_key!r} has shape {list(global_tensor.shape)}, "
+        key = param_meta(param).init_key
+        raise CheckpointError(f"checkpoint tensor {key!r} has shape {list(global_tensor.shape)}, "
                               f"the model expects {shape} (was it saved with other model flags?)")
     if dim is None:
         return global_tensor

@@ -1,26 +1,48 @@
-"""Checkpoint directories on a shared filesystem: atomic writes and validated reads.
+"""Checkpoint directories on a shared filesystem: saves that never lose the last good checkpoint.
 
-    <dir>/latest_checkpointed_iteration.txt      the last COMPLETE checkpoint's iteration
-    <dir>/iter_0000010/metadata.json             written last: format, iteration, args, file sizes
+    <dir>/latest_checkpointed_iteration.txt      the tracker: the last committed checkpoint's iteration
+    <dir>/iter_0000010/metadata.json             written last: format, iteration, args, each file's
+                                                 size and CRC-32 (zlib.crc32, the standard library)
     <dir>/iter_0000010/rank_00003.pt             rank 3's pieces (see pieces.py) and RNG states
 
-Atomicity: every rank writes into iter_XXXXXXX.tmp/; after a barrier rank 0 writes
-metadata.json, renames the directory into place and only then replaces the tracker (via
-a temporary file and os.replace). A process killed at any point leaves the tracker
-naming the previous complete checkpoint; a stale .tmp directory is removed by the next save.
+A save passes these fault points (megatron/core/debug.py), in this order:
+
+    ckpt.begin              rank 0: leftovers removed, iter_X.tmp/ about to be made
+    ckpt.rank_file.before   every rank: about to write rank_R.pt into iter_X.tmp/
+    ckpt.rank_file.write    its bytes written, not yet fsynced (a partial file)
+    ckpt.rank_file.after    rank_R.pt and its checksum (rank_R.pt.crc32) durable
+    ckpt.metadata.before    rank 0, after a barrier: metadata.json about to be written
+    ckpt.metadata.after     iter_X.tmp/ complete
+    ckpt.swap.aside         only when iter_X exists (saved again): renamed to iter_X.old
+    ckpt.journal.after      the tracker-to-be written (latest_checkpointed_iteration.txt.tmp)
+    ckpt.rename.after       iter_X.tmp renamed to iter_X; the tracker still names the previous one
+    ckpt.tracker.after      the tracker names iter_X; iter_X.old not yet deleted
+    ckpt.delete.during      iter_X.old partly deleted
+    ckpt.commit.done        the save complete
+
+No committed checkpoint is deleted before its replacement is in place and named, and a kill
+at any point leaves one that reading.py finds (the tracker's; a complete checkpoint whose
+commit was interrupted, saying so; or the one renamed aside). The next save removes the
+leftovers: *.tmp directories and each iter_X.old whose iter_X exists. A save that cannot
+write (disk full, read-only) raises CheckpointError after removing its partial iter_X.tmp/
+(and moving an aside checkpoint back), so the previous checkpoint stays the latest.
 """
 import json
 import os
 import shutil
+import zlib
 
 import torch
 
+from ..debug import fault_point
 from .pieces import CheckpointError
 
 FORMAT = "megatron-3d-checkpoint/1"
 TRACKER = "latest_checkpointed_iteration.txt"
+JOURNAL = TRACKER + ".tmp"  # the tracker-to-be of a commit in progress
 METADATA = "metadata.json"
-FAULT_ENV = "MEGATRON_CKPT_TEST_FAULT"  # tests only: "<iteration>:<rank>" -> die after the rank file
+ASIDE = ".old"  # a checkpoint being replaced by a new save of its iteration
+CRC = ".crc32"  # a rank file's checksum, until rank 0 folds it into metadata.json
 
 
 def iter_dir(root, iteration):
@@ -39,140 +61,144 @@ def _fsync_dir(path):
         os.close(fd)
 
 
-def _write_durable(path, write):
+class _Checksummed:
+    """A write-only file that keeps the CRC-32 of what passes through it (for torch.save)."""
+
+    def __init__(self, f):
+        self.f, self.crc = f, 0
+
+    def write(self, data):
+        self.crc = zlib.crc32(data, self.crc)
+        return self.f.write(data)
+
+    def flush(self):
+        self.f.flush()
+
+
+def _write_durable(path, write, fault=()):
+    """write(file), fsync; -> the CRC-32 of the bytes written. fault: (point, iteration, rank)
+    passed after the bytes are written, before they are durable."""
     with open(path, "wb") as f:
-        write(f)
+        out = _Checksummed(f)
+        write(out)
+        if fault:
+            fault_point(*fault)
         f.flush()
         os.fsync(f.fileno())
+    return out.crc
+
+
+def _read_text(path):
+    with open(path) as f:
+        return f.read().strip()
+
+
+def _save_failed(root, iteration, error):
+    """Remove the save's partial temporary directory; -> the one-line CheckpointError."""
+    tmp = iter_dir(root, iteration) + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tracker = os.path.join(root, TRACKER)
+    latest = _read_text(tracker) if os.path.isfile(tracker) else None
+    kept = f"the checkpoint of iteration {latest} is still the latest" if latest else "no checkpoint was written"
+    where = f" ({error.filename})" if getattr(error, "filename", None) else ""
+    return CheckpointError(f"--save {root}: cannot save iteration {iteration}: {error.strerror or error}{where}; "
+                           f"{os.path.basename(tmp)} removed, {kept}")
+
+
+def _remove_leftovers(root):
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        stale_aside = name.endswith(ASIDE) and os.path.isdir(path[:-len(ASIDE)])
+        if os.path.isdir(path) and (name.endswith(".tmp") or stale_aside):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def begin_save(root, iteration):
     """Rank 0, before the barrier that precedes the rank files: a fresh temporary directory."""
     tmp = iter_dir(root, iteration) + ".tmp"
-    os.makedirs(root, exist_ok=True)
-    for name in os.listdir(root):  # leftovers of a save that was killed
-        if name.endswith(".tmp"):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-    os.makedirs(tmp)
+    try:
+        os.makedirs(root, exist_ok=True)
+        _remove_leftovers(root)  # of saves that were killed
+        fault_point("ckpt.begin", iteration, 0)
+        os.makedirs(tmp)
+    except OSError as e:
+        raise _save_failed(root, iteration, e) from None
     return tmp
 
 
 def write_rank_file(root, iteration, rank, payload):
-    """Every rank: its pieces and RNG states, into the temporary directory."""
+    """Every rank: its pieces and RNG states, into the temporary directory, with their checksum."""
     path = os.path.join(iter_dir(root, iteration) + ".tmp", rank_file(rank))
-    _write_durable(path, lambda f: torch.save(payload, f))
-    fault = os.environ.get(FAULT_ENV)
-    if fault and fault == f"{iteration}:{rank}":
-        os._exit(43)  # simulate a kill between shard writes (tests)
+    try:
+        fault_point("ckpt.rank_file.before", iteration, rank)
+        crc = _write_durable(path, lambda f: torch.save(payload, f), ("ckpt.rank_file.write", iteration, rank))
+        _write_durable(path + CRC, lambda f: f.write(str(crc).encode()))
+    except OSError as e:
+        raise _save_failed(root, iteration, e) from None
+    fault_point("ckpt.rank_file.after", iteration, rank)
 
 
 def commit(root, iteration, metadata, world_size):
-    """Rank 0, after every rank file is on disk: metadata, rename into place, tracker."""
+    """Rank 0, after every rank file is on disk: metadata, then the new checkpoint swapped in
+    and named by the tracker. Raises CheckpointError (nothing committed) when it cannot write."""
+    tmp = iter_dir(root, iteration) + ".tmp"
+    names = [rank_file(r) for r in range(world_size)]
+    try:
+        fault_point("ckpt.metadata.before", iteration, 0)
+        metadata = dict(metadata, format=FORMAT, iteration=iteration,
+                        files={n: os.path.getsize(os.path.join(tmp, n)) for n in names},
+                        crc32={n: int(_read_text(os.path.join(tmp, n + CRC))) for n in names})
+        _write_durable(os.path.join(tmp, METADATA), lambda f: f.write(json.dumps(metadata, indent=1).encode()))
+        for n in names:
+            os.remove(os.path.join(tmp, n + CRC))
+    except OSError as e:
+        raise _save_failed(root, iteration, e) from None
+    fault_point("ckpt.metadata.after", iteration, 0)
+    _swap_in(root, iteration)
+
+
+def _swap_in(root, iteration):
     tmp, final = iter_dir(root, iteration) + ".tmp", iter_dir(root, iteration)
-    metadata = dict(metadata, format=FORMAT, iteration=iteration,
-                    files={rank_file(r): os.path.getsize(os.path.join(tmp, rank_file(r)))
-                           for r in range(world_size)})
-    _write_durable(os.path.join(tmp, METADATA), lambda f: f.write(json.dumps(metadata, indent=1).encode()))
-    if os.path.exists(final):  # saving the same iteration again
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    _fsync_dir(root)
-    tracker_tmp = os.path.join(root, TRACKER + ".tmp")
-    _write_durable(tracker_tmp, lambda f: f.write(str(iteration).encode()))
-    os.replace(tracker_tmp, os.path.join(root, TRACKER))
-    _fsync_dir(root)
-
-
-def same_dir(a, b):
-    """--load and --save name the same directory (the resume-or-start pattern)."""
-    return bool(a and b) and os.path.realpath(a) == os.path.realpath(b)
-
-
-def find_checkpoint(root, allow_empty=False):
-    """The directory of the checkpoint the tracker names, fully validated, or None when
-    `allow_empty` and `root` holds no checkpoint at all. Raises CheckpointError with a
-    one-line reason otherwise. Reads only metadata and file sizes (cheap, any process)."""
-    if not os.path.isdir(root):
-        if allow_empty and not os.path.exists(root):
-            return None
-        raise CheckpointError(f"--load {root}: no such checkpoint directory")
-    tracker = os.path.join(root, TRACKER)
-    if not os.path.exists(tracker):
-        names = os.listdir(root)
-        if any(n.startswith("iter_") and not n.endswith(".tmp") for n in names):
-            raise CheckpointError(f"--load {root}: has iter_* directories but no {TRACKER}; "
-                                  "write the iteration to load into it")
-        if "config.json" in names:
-            raise CheckpointError(f"--load {root}: looks like a HuggingFace model, not a megatron-3d "
-                                  "checkpoint; convert it with tools/checkpoint/convert.py --loader hf")
-        if allow_empty:
-            return None
-        raise CheckpointError(f"--load {root}: no checkpoint ({TRACKER} is missing)")
-    text = open(tracker).read().strip()
-    if not text.isdigit():
-        raise CheckpointError(f"--load {root}: {TRACKER} holds {text[:40]!r}, not an iteration number")
-    path = iter_dir(root, int(text))
-    meta_path = os.path.join(path, METADATA)
-    if not os.path.exists(meta_path):
-        raise CheckpointError(f"--load {root}: {TRACKER} names iteration {int(text)} but "
-                              f"{meta_path} is missing (incomplete or deleted checkpoint)")
+    aside, journal = final + ASIDE, os.path.join(root, JOURNAL)
+    moved = False
     try:
-        meta = json.load(open(meta_path))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{meta_path}: not valid JSON ({e}); the checkpoint is damaged") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise CheckpointError(f"{meta_path}: not a {FORMAT} checkpoint (format "
-                              f"{meta.get('format') if isinstance(meta, dict) else None!r})")
-    for name, size in meta["files"].items():
-        f = os.path.join(path, name)
-        if not os.path.exists(f):
-            raise CheckpointError(f"{f}: missing; the checkpoint is incomplete")
-        if os.path.getsize(f) != size:
-            raise CheckpointError(f"{f}: {os.path.getsize(f)} bytes, metadata says {size} (truncated?)")
-    return path
-
-
-def read_metadata(path):
-    return json.load(open(os.path.join(path, METADATA)))
-
-
-def load_rank_file(path, name):
-    """One rank file, memory-mapped (only the pieces used are read from disk)."""
-    f = os.path.join(path, name)
+        if os.path.isdir(final):  # saved again: keep the old one until the new one is named
+            shutil.rmtree(aside, ignore_errors=True)  # older than `final`
+            os.rename(final, aside)
+            moved = True
+            fault_point("ckpt.swap.aside", iteration, 0)
+        _write_durable(journal, lambda f: f.write(str(iteration).encode()))
+        fault_point("ckpt.journal.after", iteration, 0)
+        os.rename(tmp, final)
+    except OSError as e:
+        if moved:
+            os.rename(aside, final)
+        if os.path.exists(journal):
+            os.remove(journal)
+        raise _save_failed(root, iteration, e) from None
+    _fsync_dir(root)
+    fault_point("ckpt.rename.after", iteration, 0)
     try:
-        return torch.load(f, map_location="cpu", mmap=True, weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unpickling failure means a damaged file
-        raise CheckpointError(f"{f}: cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+        os.replace(journal, os.path.join(root, TRACKER))
+        _fsync_dir(root)
+    except OSError as e:
+        raise CheckpointError(f"--save {root}: iteration {iteration} is saved in {final} but {TRACKER} "
+                              f"cannot be updated ({e.strerror}); resuming finds it") from None
+    fault_point("ckpt.tracker.after", iteration, 0)
+    if os.path.isdir(aside):
+        _delete(aside, iteration)
+    fault_point("ckpt.commit.done", iteration, 0)
 
 
-class CheckpointReader:
-    """Every piece of a checkpoint, indexed by (key, state); global tensors on demand."""
-
-    def __init__(self, path):
-        self.path = path
-        self.metadata = read_metadata(path)
-        self.rank_payloads = {}
-        self.index = {}
-        for name in sorted(self.metadata["files"]):
-            payload = load_rank_file(path, name)
-            self.rank_payloads[name] = payload
-            for p in payload.get("pieces", []):
-                self.index.setdefault((p["key"], p["state"]), []).append(p)
-
-    def keys(self, state="param"):
-        return sorted(k for k, s in self.index if s == state)
-
-    def has(self, key, state="param"):
-        return (key, state) in self.index
-
-    def shape(self, key, state="param"):
-        return self.index[(key, state)][0]["shape"]
-
-    def global_tensor(self, key, state="param"):
-        from .pieces import assemble
-        if (key, state) not in self.index:
-            raise CheckpointError(f"checkpoint {self.path} has no tensor {key!r} ({state})")
-        return assemble(self.index[(key, state)], f"{key!r} ({state})")
+def _delete(path, iteration):
+    try:
+        for i, name in enumerate(sorted(os.listdir(path))):  # metadata.json first: incomplete at once
+            os.remove(os.path.join(path, name))
+            if i == 0:
+                fault_point("ckpt.delete.during", iteration, 0)
+        os.rmdir(path)
+    except OSError:
+        pass  # the checkpoint is committed; the next save removes what is left
 
 
 def save_global_checkpoint(root, pieces, args, iteration=0):

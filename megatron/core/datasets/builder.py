@@ -2,11 +2,14 @@
 
     --data-path PREFIX                     one dataset, split by documents with --split
     --data-path 0.3 PREFIX_A 0.7 PREFIX_B  a blend: each split blends the datasets' same split
-    --data-path PREFIX_A PREFIX_B          a blend weighted by the tokens of each split
+    --data-path PREFIX_A PREFIX_B          a blend weighted by each dataset's samples in one epoch
+                                           of the split (and at most their sum long)
     --train-data-path ... --valid-data-path ... --test-data-path ...   one blend per split, unsplit
 
---split 969,30,1 gives each split a contiguous range of documents, as Megatron-LM does:
+--split 969,30,1 gives each split a contiguous range of documents, as Megatron-Core does:
 boundary i is the rounded running sum of the normalised fractions times the document count.
+A weighted blend of n samples is sum(ceil(n x w)) long, and each dataset is built for
+ceil(ceil(n x w) x 1.005) samples (Megatron-Core's 0.5% surplus); see docs/data.md.
 """
 import math
 from typing import Callable, NamedTuple
@@ -20,6 +23,7 @@ from .indexed_dataset import DatasetError, IndexedDataset, normalize_prefix
 
 SPLITS = ("train", "valid", "test")
 _ASKED_BY = {"train": "--train-iters", "valid": "--eval-iters", "test": "--eval-iters"}
+MID_LEVEL_SURPLUS = 0.005  # Megatron-Core's --mid-level-dataset-surplus default
 
 
 def parse_blend(items, flag="--data-path"):
@@ -60,12 +64,15 @@ def parse_split(text):
 
 
 def split_ranges(fractions, num_documents):
-    """Megatron-LM's document boundaries: [(start, stop)] for train, valid, test."""
-    bounds = [0]
+    """Megatron-Core's document boundaries: [(start, stop)] for train, valid, test.
+
+    Boundary i is round(running sum of the first i fractions x N), Python's round (half to even),
+    as Megatron-Core's builder rounds each book-end of its split matrix.
+    """
+    bounds, total = [0], 0.0
     for f in fractions:
-        bounds.append(bounds[-1] + int(round(f * float(num_documents))))
-    excess = bounds[-1] - num_documents
-    bounds[1:] = [b - excess for b in bounds[1:]]
+        total += f
+        bounds.append(int(round(total * float(num_documents))))
     return [(bounds[i], bounds[i + 1]) for i in range(3)]
 
 
@@ -73,40 +80,33 @@ class _Kind(NamedTuple):
     """What differs between GPT and BERT data for the builder."""
     dataset: Callable   # (indexed, documents, num_samples, split, config) -> dataset
     documents: Callable  # indexed -> how many documents --split divides
-    tokens: Callable    # (indexed, ascending document range) -> its token count (blend weights)
+    one_epoch: int      # num_samples that builds exactly one epoch (an unweighted blend's components)
 
 
-def _sentence_tokens(ds, docs):
-    """Tokens of an ascending range of BERT documents: lists of sentences (the .idx document
-    index), not sequences as GPT's."""
-    if len(docs) == 0:
-        return 0
-    first, end = ds.document_indices[docs[0]], ds.document_indices[docs[-1] + 1]
-    return ds.sequence_lengths[first:end].sum(dtype=np.int64)
+_GPT = _Kind(GPTDataset, len, 0)
+_BERT = _Kind(BertDataset, lambda ds: ds.num_documents, 1)  # BERT adds whole epochs until >= 1 row
 
 
-_GPT = _Kind(GPTDataset, len, lambda ds, docs: ds.sequence_lengths[docs].sum(dtype=np.int64))
-_BERT = _Kind(BertDataset, lambda ds: ds.num_documents, _sentence_tokens)
-
-
-def build_gpt_datasets(config, num_samples, data_path=None, split="969,30,1", per_split=None):
-    """[train, valid, test] datasets (None where num_samples is 0).
+def build_gpt_datasets(config, num_samples, data_path=None, split="969,30,1", per_split=None, blend_order="megatron"):
+    """[train, valid, test] datasets (None where num_samples is 0, or for a test split with no data).
 
     config: GPTDatasetConfig; num_samples: 3 sample counts; data_path: a --data-path list;
-    per_split: 3 lists (--train/valid/test-data-path), used whole, instead of data_path.
+    per_split: 3 lists (--train/valid/test-data-path), used whole, instead of data_path;
+    blend_order: "megatron" (greedy) or "tijdeman" (see helpers.build_blending_indices).
     """
-    return _build_datasets(_GPT, config, num_samples, data_path, split, per_split)
+    return _build_datasets(_GPT, config, num_samples, data_path, split, per_split, blend_order)
 
 
-def build_bert_datasets(config, num_samples, data_path=None, split="969,30,1", per_split=None):
-    """[train, valid, test] BertDatasets (None where num_samples is 0), as build_gpt_datasets.
+def build_bert_datasets(config, num_samples, data_path=None, split="969,30,1", per_split=None,
+                        blend_order="megatron"):
+    """[train, valid, test] BertDatasets, as build_gpt_datasets.
 
     config: BertDatasetConfig. --split divides each dataset's documents (lists of sentences).
     """
-    return _build_datasets(_BERT, config, num_samples, data_path, split, per_split)
+    return _build_datasets(_BERT, config, num_samples, data_path, split, per_split, blend_order)
 
 
-def _build_datasets(kind, config, num_samples, data_path, split, per_split):
+def _build_datasets(kind, config, num_samples, data_path, split, per_split, blend_order):
     opened = {}
 
     def open_ds(prefix):
@@ -122,38 +122,75 @@ def _build_datasets(kind, config, num_samples, data_path, split, per_split):
             continue
         if per_split is not None:
             blend = parse_blend(per_split[i], f"--{name}-data-path")
+            if blend is None and name == "test":  # as Megatron: no test data, no test evaluation
+                out.append(None)
+                continue
             if blend is None:
                 raise DatasetError(f"{n} {name} samples are needed ({_ASKED_BY[name]}) but no "
                                    f"--{name}-data-path was given")
-            weights = blend[1] or [None] * len(blend[0])
-            parts = [(p, w, np.arange(kind.documents(open_ds(p)))) for p, w in zip(blend[0], weights)]
+            prefixes, weights = blend
+            parts = [(open_ds(p), np.arange(kind.documents(open_ds(p)))) for p in prefixes]
+            blended = len(parts) > 1  # Megatron-Core uses a lone per-split prefix as it is, weighted or not
         else:
             prefixes, weights = parse_blend(data_path)
             fractions = parse_split(split)
             parts = []
-            for k, p in enumerate(prefixes):
+            for p in prefixes:
                 count = kind.documents(open_ds(p))
                 a, b = split_ranges(fractions, count)[i]
-                if a == b:
+                parts.append((open_ds(p), np.arange(a, b)))
+            if name == "test" and any(len(docs) == 0 for _, docs in parts):
+                out.append(None)  # a small dataset's 0.1% test share is often empty: no test evaluation
+                continue
+            for p, (_, docs) in zip(prefixes, parts):
+                if len(docs) == 0:
                     raise DatasetError(
                         f"--split {split} gives the {name} split of {p} no documents (it has "
-                        f"{count}), but {n} {name} samples are needed ({_ASKED_BY[name]}); give the "
-                        f"{name} split a share of --split{' or set --eval-iters 0' if name != 'train' else ''}")
-                parts.append((p, weights[k] if weights else None, np.arange(a, b)))
-        out.append(_blend_or_single(kind, config, name, n, [(open_ds(p), w, docs) for p, w, docs in parts]))
+                        f"{kind.documents(open_ds(p))}), but {n} {name} samples are needed ({_ASKED_BY[name]}); "
+                        f"give the {name} split a share of --split"
+                        f"{' or set --eval-iters 0' if name != 'train' else ''}")
+            blended = len(parts) > 1 or weights is not None
+        if not blended:
+            ds, docs = parts[0]
+            out.append(kind.dataset(ds, docs, n, name, config))
+        else:
+            out.append(_blend(kind, config, name, n, parts, weights, blend_order))
     return out
 
 
-def _blend_or_single(kind, config, name, n, parts):
-    if len(parts) == 1:
-        ds, _, docs = parts[0]
-        return kind.dataset(ds, docs, n, name, config)
-    weights = [w for _, w, _ in parts]
-    if weights[0] is None:  # unweighted: in proportion to each dataset's tokens in this split
-        weights = [float(kind.tokens(ds, docs)) for ds, _, docs in parts]
-    weights = np.array(weights, dtype=np.float64) / float(sum(weights))
-    dataset_index, dataset_sample_index = blending_indices(weights, n, config.cache_dir)
-    counts = np.bincount(dataset_index, minlength=len(parts))
-    datasets = [kind.dataset(ds, docs, int(c), name, config) if c else None
-                for (ds, _, docs), c in zip(parts, counts)]
-    return BlendedDataset(datasets, weights, dataset_index, dataset_sample_index)
+def component_sizes(weights, n, surplus=MID_LEVEL_SURPLUS):
+    """Megatron-Core's samples per blended dataset: ceil(ceil(n x w) x (1 + surplus)) for
+    normalised weights w; surplus 0 gives the samples the blend plans to draw (its length is their
+    sum), the default 0.005 the samples each component dataset is built for."""
+    return [int(math.ceil(math.ceil(n * w) * (1 + surplus))) for w in weights]
+
+
+def _blend(kind, config, name, n, parts, weights, order):
+    """A BlendedDataset of n samples (fewer for an unweighted blend whose datasets hold less) over
+    parts [(indexed, documents)], as Megatron-Core's builder sizes it."""
+    if weights is not None:
+        weights = _normalize(weights)
+        datasets = [kind.dataset(ds, docs, size, name, config)
+                    for (ds, docs), size in zip(parts, component_sizes(weights, n))]
+        size = sum(component_sizes(weights, n, surplus=0.0))
+    else:  # weighted by each dataset's one-epoch sample count, at most their sum
+        datasets = [kind.dataset(ds, docs, kind.one_epoch, name, config) for ds, docs in parts]
+        weights = [len(d) for d in datasets]
+        if not all(weights):
+            empty = parts[weights.index(0)][0].path_prefix
+            raise DatasetError(f"{empty}: its {name} split holds less than one sample, so it cannot weigh in an "
+                               "unweighted blend; give weights ('W1 PATH1 W2 PATH2 ...') or leave it out")
+        size = min(n, sum(weights))
+    weights = _normalize(weights)
+    dataset_index, dataset_sample_index = blending_indices(weights, size, config.cache_dir, order)
+    for k, drawn in enumerate(np.bincount(dataset_index, minlength=len(datasets))):
+        if drawn > len(datasets[k]):
+            raise DatasetError(f"the {name} blend draws {drawn} samples from {datasets[k].indexed.path_prefix}, "
+                               f"which has {len(datasets[k])}")
+    return BlendedDataset(datasets, weights, dataset_index, dataset_sample_index, order)
+
+
+def _normalize(weights):
+    """Megatron-Core's normalize: float64 weights over their numpy sum, as Python floats."""
+    w = np.array(weights, dtype=np.float64)
+    return (w / np.sum(w)).tolist()

@@ -12,6 +12,8 @@ try:
     from . import helpers_cpp
 except ImportError:  # not built (pip install -e . compiles it): the numpy path works, slower
     helpers_cpp = None
+if helpers_cpp is not None and not hasattr(helpers_cpp, "build_greedy_blending_indices"):
+    helpers_cpp = None  # built from an older csrc/helpers.cpp: use numpy (and warn) until it is rebuilt
 
 _warned = False
 INT32_MAX = np.iinfo(np.int32).max
@@ -76,26 +78,54 @@ def build_sample_idx_numpy(sizes, document_index, seq_length, num_epochs, tokens
     return out
 
 
-def build_blending_indices(weights, size, impl=None):
+BLEND_ORDERS = ("megatron", "tijdeman")
+
+
+def build_blending_indices(weights, size, impl=None, order="megatron"):
     """Which dataset, and which of its samples, each of `size` blended samples comes from.
 
-    weights: [k] positive, summing to 1. After every prefix of n samples, dataset d has been
-    taken within 1 - 1/(2k - 2) of weights[d] x n times (Tijdeman's chairman assignment; see
-    csrc/helpers.cpp). Returns (dataset_index int16 [size], dataset_sample_index int64 [size]).
+    weights: [k] positive, summing to 1. order "megatron" (Megatron-LM's greedy rule): sample i
+    goes to the dataset with the largest weights[d] x max(i, 1) - taken[d] (ties: lowest index);
+    a dataset can lag its share by about 1.6 samples. order "tijdeman": after every prefix of n
+    samples, dataset d has been taken within 1 - 1/(2k - 2) of weights[d] x n times (Tijdeman's
+    chairman assignment; see csrc/helpers.cpp). Returns (dataset_index int16 [size],
+    dataset_sample_index int64 [size]).
     """
     weights = np.ascontiguousarray(weights, dtype=np.float64)
     if len(weights) < 1 or not (weights > 0).all():
         raise ValueError(f"blending weights must be positive, got {weights.tolist()}")
+    if order not in BLEND_ORDERS:
+        raise ValueError(f"blend order must be one of {BLEND_ORDERS}, got {order!r}")
     if _pick(impl) == "cpp":
         dataset_index = np.zeros(size, dtype=np.int16)
         dataset_sample_index = np.zeros(size, dtype=np.int64)
-        helpers_cpp.build_blending_indices(dataset_index, dataset_sample_index, weights, int(size))
+        build = helpers_cpp.build_blending_indices if order == "tijdeman" else helpers_cpp.build_greedy_blending_indices
+        build(dataset_index, dataset_sample_index, weights, int(size))
         return dataset_index, dataset_sample_index
-    return build_blending_indices_numpy(weights, size)
+    if order == "tijdeman":
+        return build_blending_indices_numpy(weights, size)
+    return build_greedy_blending_indices_numpy(weights, size)
+
+
+def build_greedy_blending_indices_numpy(weights, size):
+    """The reference for Megatron-LM's order, in Python floats (the C++'s operations in order)."""
+    w = [float(x) for x in weights]
+    taken = [0] * len(w)
+    choice, nth = [0] * size, [0] * size
+    for i in range(size):
+        x = max(float(i), 1.0)  # Megatron-LM's rule: samples 0 and 1 both measure against 1
+        best, best_error = 0, w[0] * x - float(taken[0])
+        for d in range(1, len(w)):
+            error = w[d] * x - float(taken[d])
+            if error > best_error:
+                best, best_error = d, error
+        choice[i], nth[i] = best, taken[best]
+        taken[best] += 1
+    return np.array(choice, dtype=np.int16), np.array(nth, dtype=np.int64)
 
 
 def build_blending_indices_numpy(weights, size):
-    """The reference: the same choices in Python floats (IEEE doubles, the C++'s operations in order)."""
+    """The reference for Tijdeman's order: Python floats (IEEE doubles, the C++'s operations in order)."""
     w = [float(x) for x in weights]
     k = len(w)
     sigma = 1.0 / float(2 * k - 2) if k > 1 else 0.0

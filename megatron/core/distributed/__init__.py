@@ -1,3 +1,3 @@
 """Gradient reduction across data-parallel (and TP, for sequence-parallel weights) ranks."""
 from .ddp import DistributedDataParallel
-from .finalize import finalize_model_grads, grad_of
+from .finalize import finalize_model_grads

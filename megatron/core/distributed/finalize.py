@@ -3,12 +3,14 @@
 With a DistributedDataParallel attached, the DP reduction is its buckets'; without,
 every .grad is summed over the DP group in coalesced chunks. Losses are already
 normalised by the token count of the whole global batch, so a sum (not a mean) gives
-the full-batch gradient.
+the full-batch gradient. Which parameters need the TP and pipeline sums is their
+ParamMeta's (tensor_parallel/param_meta.py).
 """
+import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from ..pipeline_parallel.tied_embeddings import allreduce_tied_embedding_grads
+from ..tensor_parallel.param_meta import param_meta
 
 _CHUNK_ELEMS = 64 * 1024 * 1024
 
@@ -32,9 +34,25 @@ def _all_reduce_coalesced(tensors, group):
             chunk, size = ([t], t.numel()) if t is not None else ([], 0)
 
 
-def grad_of(param):
-    """Where a parameter's gradient lives: the DDP buffer view if attached, else .grad."""
-    return param.main_grad if hasattr(param, "main_grad") else param.grad
+def _grad_of(ddp):
+    """Where gradients live: DDP's buffer views (`main_grad`) when it is attached, else .grad."""
+    return (lambda p: p.main_grad) if ddp is not None else (lambda p: p.grad)
+
+
+def allreduce_tied_embedding_grads(model, groups, grad_of):
+    """Sum the tied word embedding's gradient over groups.embd (first and last pipeline stage).
+
+    Both copies start equal (same init_key), so with the same summed gradient and the same
+    optimizer step they stay equal. Middle stages hold no copy and do nothing.
+    """
+    if groups.pp_size == 1:
+        return
+    for p in model.parameters():
+        if param_meta(p).tied_embedding:
+            grad = grad_of(p)
+            if grad is None:  # a stage whose microbatches never touched it: contribute zero
+                grad = p.grad = torch.zeros_like(p)
+            dist.all_reduce(grad, group=groups.embd)
 
 
 def finalize_model_grads(model, groups, ddp=None):
@@ -51,10 +69,11 @@ def finalize_model_grads(model, groups, ddp=None):
         ddp.finish_grad_sync()
     elif groups.dp_size > 1:
         _all_reduce_coalesced([p.grad for p in model.parameters() if p.grad is not None], groups.dp)
+    grad_of = _grad_of(ddp)
     if groups.tp_size > 1:
         sp = [grad_of(p) for p in model.parameters()
-              if getattr(p, "sequence_parallel", False) and grad_of(p) is not None]
+              if param_meta(p).sequence_parallel and grad_of(p) is not None]
         if sp:
             _all_reduce_coalesced(sp, groups.tp)
     # last, as in Megatron-LM: after the DP reduction (which may be overlapped) is complete
-    allreduce_tied_embedding_grads(model, groups)
+    allreduce_tied_embedding_grads(model, groups, grad_of)

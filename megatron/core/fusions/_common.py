@@ -15,7 +15,7 @@ def importable(module):
     """True when `module` imports (cached; an optional package that is broken counts as absent)."""
     try:
         importlib.import_module(module)
-    except Exception:  # noqa: BLE001 - ImportError, or a package whose import fails (e.g. CUDA mismatch)
+    except Exception:  # ImportError, or a package whose import fails (e.g. CUDA mismatch)
         return False
     return True
 

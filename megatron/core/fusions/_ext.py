@@ -36,7 +36,7 @@ def sources(root=CSRC):
 def _prebuilt():
     """The module setup.py built, or None."""
     try:
-        import megatron_fused_kernels as module  # noqa: F401  (built by setup.py)
+        import megatron_fused_kernels as module  # built by setup.py
     except ImportError:
         return None
     return module
@@ -53,7 +53,7 @@ def _build():
         module = cpp_extension.load(NAME, sources(), extra_cflags=CXX_FLAGS + [flag],
                                     extra_cuda_cflags=NVCC_FLAGS + [flag],
                                     verbose=os.environ.get("MEGATRON_FUSED_KERNELS_VERBOSE") == "1")
-    except Exception as e:  # noqa: BLE001 - any build failure means "use another implementation"
+    except Exception as e:  # any build failure means "use another implementation"
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return None, f"build failed ({first[:200]}); set MEGATRON_FUSED_KERNELS_VERBOSE=1 to see the compiler"
     return module, "built on first use (cached)"

@@ -17,6 +17,7 @@ from ..checkpointing import CheckpointError, CheckpointReader, find_checkpoint, 
 from ..config import TransformerConfig
 from ..models.gpt import GPTModel
 from ..tensor_parallel.mappings import gather_from_tensor_model_parallel_region
+from ..tensor_parallel.param_meta import param_meta
 from ..transformer.kv_cache import KVCache
 
 
@@ -45,7 +46,7 @@ def load_model(load_dir, groups, device, dtype=None):
         config.params_dtype = dtype
     model = GPTModel(config, groups, device=device)
     for p in model.parameters():
-        p.copy_(local_shard(reader.global_tensor(p.init_key), p, groups.tp_rank, groups.tp_size))
+        p.copy_(local_shard(reader.global_tensor(param_meta(p).init_key), p, groups.tp_rank, groups.tp_size))
     model.eval()
     return model, config, reader.metadata
 

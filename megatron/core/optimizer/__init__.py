@@ -1,5 +1,13 @@
 """Mixed-precision, optionally distributed AdamW; global-norm clipping; LR schedule; loss scaling."""
 from .clip_grads import clip_grads_, get_grad_norm, global_norm
+from .distributed_optimizer import DistributedOptimizer
 from .grad_scaler import ConstantGradScaler, DynamicGradScaler
 from .lr_scheduler import LRScheduler
-from .megatron_optimizer import MegatronOptimizer
+from .megatron_optimizer import STATE_NAMES, MegatronOptimizer, StatePiece
+
+
+def get_megatron_optimizer(ddp, groups, lr, weight_decay, betas=(0.9, 0.95), eps=1e-8, clip_grad=1.0,
+                           grad_scaler=None):
+    """The optimizer for `ddp`: DistributedOptimizer when it was built with use_distributed_optimizer."""
+    cls = DistributedOptimizer if ddp.use_distributed_optimizer else MegatronOptimizer
+    return cls(ddp, groups, lr, weight_decay, betas, eps, clip_grad, grad_scaler)

@@ -2,17 +2,7 @@
 import torch
 import torch.distributed as dist
 
-
-def counted_once(param, tp_rank, pp_rank):
-    """Whether this rank contributes `param` to the global norm.
-
-    TP-split parameters: every TP rank holds a different shard, so all count. TP-replicated
-    parameters (norms, row-parallel biases, position embeddings) count on TP rank 0 only.
-    A tied embedding held on both the first and last pipeline stage counts on the first.
-    """
-    if getattr(param, "shared_embedding", False) and pp_rank != 0:
-        return False
-    return getattr(param, "tensor_model_parallel", False) or tp_rank == 0
+from ..tensor_parallel.param_meta import counted_once
 
 
 def global_norm(grads, reduce_groups, device):
@@ -31,9 +21,10 @@ def get_grad_norm(params, groups):
     """L2 norm of all `.grad`s of the model (fp32 tensor, on the grads' device).
 
     Sums squares locally, then all-reduces over the model-parallel group (TP x PP). The
-    grads must already be reduced over DP (identical on every DP rank).
+    grads must already be reduced over DP (identical on every DP rank). Replicated
+    copies count once (param_meta.counted_once).
     """
-    grads = [p.grad for p in params if p.grad is not None and counted_once(p, groups.tp_rank, groups.pp_rank)]
+    grads = [p.grad for p in params if p.grad is not None and counted_once(p, groups)]
     return global_norm(grads, [groups.mp], next(iter(params)).device)
 
 

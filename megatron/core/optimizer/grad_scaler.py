@@ -10,6 +10,12 @@ class ConstantGradScaler:
     def update(self, found_inf):
         pass
 
+    def state_dict(self):
+        return None  # nothing changes: --loss-scale gives it again
+
+    def load_state_dict(self, state):
+        pass
+
 
 class DynamicGradScaler:
     """Megatron-LM's dynamic scaler.

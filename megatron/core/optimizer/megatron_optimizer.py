@@ -1,16 +1,39 @@
-"""AdamW on fp32 main parameters, for any model dtype, plain or sharded over DP.
+"""AdamW on fp32 main parameters, for any model dtype, and the state API checkpoints use.
 
-The optimizer works on "pieces": for the plain optimizer, each parameter whole; for the
-distributed optimizer, the part of each parameter inside this DP rank's shard of its
-bucket (see param_and_grad_buffer). Each piece has an fp32 main copy (an alias of the
-parameter's own storage when the model is fp32, so no second copy exists) whose .grad
-is the matching view of the DDP gradient buffer. After the step, bf16/fp16 pieces are
-copied back into the parameters and, when sharded, each bucket is all-gathered over DP.
+The optimizer works on "pieces": here each parameter whole; in the distributed optimizer
+(distributed_optimizer.py) the part of each parameter inside this DP rank's shard of its
+bucket. Each piece has an fp32 main copy (an alias of the parameter's own storage when
+the model is fp32, so no second copy exists) whose .grad is the matching view of the DDP
+gradient buffer. After the step, bf16/fp16 pieces are copied back into the parameters.
+
+Outside this package, optimizer state is seen only as StatePieces (state_pieces /
+load_state_pieces) and scalar_state / load_scalar_state: no one reads AdamW's internals.
 """
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 
-from .clip_grads import clip_by_norm_, counted_once, global_norm
+from ..tensor_parallel.param_meta import counted_once, has_weight_decay
+from .clip_grads import clip_by_norm_, global_norm
+
+ADAM_STATES = ("exp_avg", "exp_avg_sq")
+STATE_NAMES = ("param",) + ADAM_STATES
+
+
+@dataclass
+class StatePiece:
+    """Optimizer state of the flat range [start, end) of one parameter's local (TP) shard.
+
+    tensors: state name -> 1-D fp32 tensor of end - start values; "param" is the fp32
+    main value, "exp_avg" / "exp_avg_sq" Adam's moments. From state_pieces() these are
+    the live tensors: read them, and write through load_state_pieces.
+    """
+
+    param: torch.nn.Parameter
+    start: int
+    end: int
+    tensors: dict[str, torch.Tensor]
 
 
 class _Piece:
@@ -20,39 +43,46 @@ class _Piece:
 
 
 class MegatronOptimizer:
-    """Mixed-precision (optionally distributed) AdamW over the buffers of `ddp`.
+    """Mixed-precision AdamW over the buffers of `ddp` (each DP rank updates every parameter).
 
-    groups: the rank grid; the grad norm is summed over groups.mp (and groups.dp when
-    sharded); overflow checks (fp16) over the whole world.
-    grad_scaler: None (bf16/fp32) or a Constant/DynamicGradScaler (fp16).
+    groups: the rank grid; the grad norm is summed over groups.mp; overflow checks (fp16)
+    over the whole world. grad_scaler: None (bf16/fp32) or a Constant/DynamicGradScaler (fp16).
     """
+
+    distributed_optimizer = False
 
     def __init__(self, ddp, groups, lr, weight_decay, betas=(0.9, 0.95), eps=1e-8,
                  clip_grad=1.0, grad_scaler=None):
+        if ddp.use_distributed_optimizer != self.distributed_optimizer:
+            raise ValueError(f"{type(self).__name__} does not match a DDP built with use_distributed_optimizer="
+                             f"{ddp.use_distributed_optimizer}: build it with get_megatron_optimizer")
         self.ddp, self.groups = ddp, groups
         self.clip_grad, self.grad_scaler = clip_grad, grad_scaler
-        self.sharded = ddp.use_distributed_optimizer
-        self.pieces = []
-        for buf in ddp.buffers:
-            for bucket in buf.buckets:
-                lo_b, hi_b = bucket.shard() if self.sharded else (bucket.start, bucket.end)
-                for p in bucket.params:
-                    off = buf.offset(p)
-                    lo, hi = max(off, lo_b), min(off + p.numel(), hi_b)
-                    if lo < hi:
-                        self.pieces.append(self._make_piece(p, lo - off, hi - off))
-        decay = [pc.main for pc in self.pieces if pc.param.ndim > 1]
-        no_decay = [pc.main for pc in self.pieces if pc.param.ndim <= 1]
+        self._pieces = [self._make_piece(p, lo, hi) for p, lo, hi in self._ranges()]
+        self._index = {(id(pc.param), pc.lo, pc.hi): pc for pc in self._pieces}
+        decay = [pc.main for pc in self._pieces if has_weight_decay(pc.param)]
+        no_decay = [pc.main for pc in self._pieces if not has_weight_decay(pc.param)]
         device = ddp.buffers[0].grad_data.device
         self.device = device
         self.optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=lr, betas=betas, eps=eps, fused=True)
-        for pc in self.pieces:  # allocate the Adam state now: memory is accounted at start-up
+        for pc in self._pieces:  # allocate the Adam state now: memory is accounted at start-up
             self.optimizer.state[pc.main] = {
                 "step": torch.zeros((), dtype=torch.float32, device=device),
                 "exp_avg": torch.zeros_like(pc.main), "exp_avg_sq": torch.zeros_like(pc.main)}
-        self._counted = [counted_once(pc.param, groups.tp_rank, groups.pp_rank) for pc in self.pieces]
+        self._counted = [counted_once(pc.param, groups) for pc in self._pieces]
+
+    def _ranges(self):
+        """(param, lo, hi) flat ranges this rank updates, in buffer order: every parameter whole."""
+        return [(p, 0, p.numel()) for buf in self.ddp.buffers for bucket in buf.buckets for p in bucket.params
+                if p.numel()]
+
+    def _norm_groups(self):
+        return [self.groups.mp]
+
+    def _after_update(self):
+        """Called once the parameters hold their new values (the distributed optimizer gathers)."""
 
     @staticmethod
     def _make_piece(param, lo, hi):
@@ -76,19 +106,16 @@ class MegatronOptimizer:
     def loss_scale(self):
         return self.grad_scaler.scale if self.grad_scaler is not None else 1.0
 
-    def _norm_groups(self):
-        return [self.groups.mp] + ([self.groups.dp] if self.sharded else [])
-
     def step(self):
         """Unscale and check (fp16), clip by the global norm, update, copy back, gather.
 
         Returns (updated, grad_norm): updated is False when fp16 grads overflowed (the
         step is skipped and the scale backs off); grad_norm is a tensor or None.
         """
-        for pc in self.pieces:
+        for pc in self._pieces:
             if pc.grad_view.dtype != torch.float32:
                 pc.main.grad.copy_(pc.grad_view)
-        grads = [pc.main.grad for pc in self.pieces]
+        grads = [pc.main.grad for pc in self._pieces]
         if self.grad_scaler is not None:
             found_inf = torch.zeros(1, device=self.device)
             if grads:
@@ -102,19 +129,53 @@ class MegatronOptimizer:
         norm = global_norm([g for g, c in zip(grads, self._counted) if c], self._norm_groups(), self.device)
         clip_by_norm_(grads, self.clip_grad, norm)
         self.optimizer.step()
-        for pc in self.pieces:
+        for pc in self._pieces:
             if pc.param.dtype != torch.float32:
                 pc.param.detach().view(-1)[pc.lo:pc.hi].copy_(pc.main.detach())
-        if self.sharded:
-            self.ddp.start_param_sync()
+        self._after_update()
         return True, norm
+
+    # ---- state API (checkpoints)
+    def state_pieces(self) -> list[StatePiece]:
+        """This rank's optimizer state, one StatePiece per (parameter, flat range) it updates."""
+        return [StatePiece(pc.param, pc.lo, pc.hi,
+                           {"param": pc.main.detach(), **{k: self.optimizer.state[pc.main][k] for k in ADAM_STATES}})
+                for pc in self._pieces]
+
+    @torch.no_grad()
+    def load_state_pieces(self, pieces):
+        """Copy each piece's tensors into this rank's matching piece (same parameter and range).
+
+        A piece may carry a subset of STATE_NAMES (e.g. "param" only, without Adam's state).
+        Writing "param" of an fp32 model writes the parameter (the main value is its storage).
+        """
+        for sp in pieces:
+            pc = self._index.get((id(sp.param), sp.start, sp.end))
+            if pc is None:
+                raise ValueError(f"no optimizer piece for range [{sp.start}, {sp.end}) of a {list(sp.param.shape)} "
+                                 "parameter on this rank")
+            for name, value in sp.tensors.items():
+                target = pc.main if name == "param" else self.optimizer.state[pc.main][name]
+                target.copy_(value.reshape(-1))
+
+    def scalar_state(self) -> dict:
+        """{"step": Adam's step count (float), "grad_scaler": the loss scaler's state or None}."""
+        steps = [self.optimizer.state[pc.main]["step"] for pc in self._pieces]
+        return {"step": float(steps[0]) if steps else 0.0,
+                "grad_scaler": self.grad_scaler.state_dict() if self.grad_scaler is not None else None}
+
+    def load_scalar_state(self, state):
+        for pc in self._pieces:
+            self.optimizer.state[pc.main]["step"].fill_(state["step"])
+        if state.get("grad_scaler") and self.grad_scaler is not None:
+            self.grad_scaler.load_state_dict(state["grad_scaler"])
 
     def memory_bytes(self):
         """Bytes of optimizer state on this rank: fp32 main copies (when not aliases) + Adam moments."""
         total = 0
-        for pc in self.pieces:
+        for pc in self._pieces:
             if pc.param.dtype != torch.float32:
                 total += pc.main.numel() * 4
             state = self.optimizer.state[pc.main]
-            total += sum(state[k].numel() * state[k].element_size() for k in ("exp_avg", "exp_avg_sq"))
+            total += sum(state[k].numel() * state[k].element_size() for k in ADAM_STATES)
         return total

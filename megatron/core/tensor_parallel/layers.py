@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import comm
-from .initialization import set_init, set_tp_attrs
 from .mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_tensor_model_parallel_region,
@@ -18,6 +17,7 @@ from .mappings import (
     reduce_scatter_to_sequence_parallel_region,
     scatter_to_tensor_model_parallel_region,
 )
+from .param_meta import set_init, set_sequence_parallel, set_tensor_parallel
 
 
 class _SequenceParallelLinear(torch.autograd.Function):
@@ -71,11 +71,11 @@ class ColumnParallelLinear(nn.Module):
             raise ValueError("gather_output is not supported with sequence_parallel")
         out = _divide(output_size, self.tp, "output size")
         self.weight = nn.Parameter(torch.empty(out, input_size, dtype=params_dtype, device=device))
-        set_tp_attrs(self.weight, 0, stride)
+        set_tensor_parallel(self.weight, 0, stride)
         set_init(self.weight, "normal", init_std)
         if bias:
             self.bias = nn.Parameter(torch.empty(out, dtype=params_dtype, device=device))
-            set_tp_attrs(self.bias, 0, stride)
+            set_tensor_parallel(self.bias, 0, stride)
             set_init(self.bias, "zeros")
         else:
             self.register_parameter("bias", None)
@@ -110,13 +110,13 @@ class RowParallelLinear(nn.Module):
             raise ValueError("sequence_parallel needs input_is_parallel=True")
         inp = _divide(input_size, self.tp, "input size")
         self.weight = nn.Parameter(torch.empty(output_size, inp, dtype=params_dtype, device=device))
-        set_tp_attrs(self.weight, 1)
+        set_tensor_parallel(self.weight, 1)
         set_init(self.weight, "normal", init_std)
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size, dtype=params_dtype, device=device))
             set_init(self.bias, "zeros")
             # each rank adds the bias to its own sequence shard: its grad is partial
-            self.bias.sequence_parallel = sequence_parallel
+            set_sequence_parallel(self.bias, sequence_parallel)
         else:
             self.register_parameter("bias", None)
 
@@ -151,7 +151,7 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_start = per_rank * comm.rank(group)
         self.vocab_end = self.vocab_start + per_rank
         self.weight = nn.Parameter(torch.empty(per_rank, hidden_size, dtype=params_dtype, device=device))
-        set_tp_attrs(self.weight, 0, unpadded_size=unpadded_vocab_size)
+        set_tensor_parallel(self.weight, 0, unpadded_size=unpadded_vocab_size)
         set_init(self.weight, "normal", init_std)
 
     def forward(self, ids):

@@ -1,7 +1,7 @@
 """LayerNorm and RMSNorm whose weights are replicated over TP.
 
 With sequence parallelism each TP rank normalises only its sequence shard, so the
-weights' gradients are partial: they carry `sequence_parallel=True` and are summed
+weights' gradients are partial: they are marked sequence_parallel (param_meta) and summed
 over the TP group in finalize_model_grads. The math is the norm front's
 (megatron/core/fusions/norm.py): a fused kernel when one fits, else plain torch.
 """
@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..fusions import norm as norm_front
-from ..tensor_parallel.initialization import set_init
+from ..tensor_parallel.param_meta import set_init, set_sequence_parallel
 
 
 class LayerNorm(nn.Module):
@@ -24,7 +24,8 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.empty(hidden_size, dtype=params_dtype, device=device))
         set_init(self.weight, "ones")
         set_init(self.bias, "zeros")
-        self.weight.sequence_parallel = self.bias.sequence_parallel = sequence_parallel
+        set_sequence_parallel(self.weight, sequence_parallel)
+        set_sequence_parallel(self.bias, sequence_parallel)
 
     def forward(self, x):
         return norm_front.layer_norm(x, self.weight, self.bias, self.eps, self.impl)
@@ -40,7 +41,7 @@ class RMSNorm(nn.Module):
         self.impl = norm_front.select(fusion, device or "cpu", params_dtype)
         self.weight = nn.Parameter(torch.empty(hidden_size, dtype=params_dtype, device=device))
         set_init(self.weight, "ones")
-        self.weight.sequence_parallel = sequence_parallel
+        set_sequence_parallel(self.weight, sequence_parallel)
 
     def forward(self, x):
         return norm_front.rms_norm(x, self.weight, self.eps, self.impl)

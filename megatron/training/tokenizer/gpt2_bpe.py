@@ -3,18 +3,24 @@
 Text -> regex pre-tokens (words, numbers, punctuation runs, whitespace) -> each pre-token's
 UTF-8 bytes as printable unicode symbols (bytes_to_unicode) -> merges applied by rank ->
 ids from vocab.json. The end-of-document id is that of "<|endoftext|>".
+
+The literal text "<|endoftext|>" inside a document is that id, not the characters: Megatron-LM's
+current GPT2BPETokenizer is Hugging Face's GPT-2 tokenizer, which matches "<|endoftext|>" as a
+special token before pre-tokenizing, so a corpus that marks document ends in its text keeps them.
+The pre-tokenizer needs the `regex` package (Unicode letter and number classes); the stdlib
+`re` would split some text differently, so there is no fallback.
 """
 import json
 from functools import lru_cache
 
 from .base import TokenizerError, require_file
 
-try:  # the `regex` module has \p{L} / \p{N}, as GPT-2's pattern needs
-    import regex as _re
-    _PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
-except ImportError:  # the stdlib approximation: letters = word chars minus digits and "_"
-    import re as _re
-    _PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+"""
+try:  # a dependency (setup.py); checked when the tokenizer is used, so other tokenizers work without it
+    import regex
+except ImportError:
+    regex = None
+
+_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 EOD_TOKEN = "<|endoftext|>"
 
@@ -40,7 +46,10 @@ def bytes_to_unicode():
 
 def pretokenize(text):
     """GPT-2's split of text into pre-tokens (merges never cross them)."""
-    return _re.findall(_PATTERN, text)
+    if regex is None:
+        raise TokenizerError("GPT2BPETokenizer needs the `regex` package (pip install regex): GPT-2's "
+                             "pre-tokenizer uses its \\p{L} / \\p{N} classes")
+    return regex.findall(_PATTERN, text)
 
 
 def _read_merges(merge_file, vocab):
@@ -65,6 +74,7 @@ class GPT2BPETokenizer:
     """Byte-level BPE from a GPT-2 style vocab.json (symbol -> id) and merges.txt (ranked pairs)."""
 
     def __init__(self, vocab_file, merge_file):
+        pretokenize("")  # fails now, with the fix, if `regex` is missing
         for flag, path in (("--vocab-file", vocab_file), ("--merge-file", merge_file)):
             require_file(flag, path, "--tokenizer-type GPT2BPETokenizer")
         try:
@@ -113,10 +123,15 @@ class GPT2BPETokenizer:
         return parts
 
     def tokenize(self, text):
+        """text -> ids; each literal "<|endoftext|>" is the eod id, the text between them is
+        encoded piece by piece (see the module docstring)."""
         ids = []
-        for token in pretokenize(text):
-            symbols = "".join(self.byte_encoder[b] for b in token.encode("utf-8"))
-            ids.extend(self.encoder[p] for p in self.bpe(symbols))
+        for k, piece in enumerate(text.split(EOD_TOKEN)):
+            if k:
+                ids.append(self.eod)
+            for token in pretokenize(piece):
+                symbols = "".join(self.byte_encoder[b] for b in token.encode("utf-8"))
+                ids.extend(self.encoder[p] for p in self.bpe(symbols))
         return ids
 
     def detokenize(self, ids):

@@ -39,7 +39,7 @@ class HuggingFaceTokenizer:
         self.path = path
         try:
             self._tok = Tokenizer.from_file(file)
-        except Exception as e:  # noqa: BLE001 - the Rust side raises its own exception types
+        except Exception as e:  # the Rust side raises its own exception types
             raise TokenizerError(f"--tokenizer-model {file} could not be read: {e}") from None
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         candidates = [_eos_from_config(os.path.dirname(os.path.abspath(file)))] + list(EOD_CANDIDATES)

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...tensor_parallel import mappings
-from ...tensor_parallel.initialization import set_init, set_tp_attrs
+from ...tensor_parallel.param_meta import set_init, set_sequence_parallel, set_tensor_parallel
 from ...transformer.norm import build_norm
 from ..common.language_module import LanguageModule
 
@@ -25,7 +25,8 @@ class ReplicatedLinear(nn.Module):
         self.bias = nn.Parameter(torch.empty(out_features, dtype=params_dtype, device=device))
         set_init(self.weight, "normal", init_std)
         set_init(self.bias, "zeros")
-        self.weight.sequence_parallel = self.bias.sequence_parallel = sequence_parallel
+        set_sequence_parallel(self.weight, sequence_parallel)
+        set_sequence_parallel(self.bias, sequence_parallel)
 
     def forward(self, x):
         return F.linear(x, self.weight, self.bias)
@@ -44,7 +45,7 @@ class BertLMHead(nn.Module):
         per_rank = config.padded_vocab_size // config.tensor_model_parallel_size
         self.bias = nn.Parameter(torch.empty(per_rank, dtype=config.params_dtype, device=device))
         set_init(self.bias, "zeros")
-        set_tp_attrs(self.bias, 0, unpadded_size=config.vocab_size)
+        set_tensor_parallel(self.bias, 0, unpadded_size=config.vocab_size)
 
     def forward(self, hidden, word_embeddings):
         x = self.layernorm(F.gelu(self.dense(hidden), approximate="tanh" if self.config.openai_gelu else "none"))

@@ -15,8 +15,8 @@ from torch import nn
 from ...pipeline_parallel.split import stage_layers
 from ...tensor_parallel import mappings
 from ...tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
-from ...tensor_parallel.initialization import set_init, set_tp_attrs
 from ...tensor_parallel.layers import ColumnParallelLinear, VocabParallelEmbedding
+from ...tensor_parallel.param_meta import set_init, set_init_key, set_tensor_parallel, set_tied_embedding
 from ...transformer.block import TransformerBlock
 from ...transformer.layer import hidden_dropout
 from ...transformer.rope import rope_cos_sin
@@ -50,8 +50,8 @@ class LanguageModule(nn.Module):
                 params_dtype=config.params_dtype, device=device)
             if self.share_embeddings and pre_process != post_process:
                 # the tied table lives on the first and the last stage: finalize_model_grads sums
-                # its grads over groups.embd; the grad norm counts it once (clip_grads.counted_once)
-                self.word_embeddings.weight.shared_embedding = True
+                # its grads over groups.embd; the grad norm counts it once (param_meta.counted_once)
+                set_tied_embedding(self.word_embeddings.weight)
         if pre_process and config.position_embedding_type == "learned_absolute":
             self.position_embeddings = nn.Parameter(torch.empty(
                 config.max_position_embeddings, config.hidden_size, dtype=config.params_dtype, device=device))
@@ -62,14 +62,14 @@ class LanguageModule(nn.Module):
                 config.hidden_size, config.padded_vocab_size, group=tp, bias=False,
                 init_std=config.init_method_std, sequence_parallel=config.sequence_parallel,
                 params_dtype=config.params_dtype, device=device)
-            set_tp_attrs(self.output_layer.weight, 0, unpadded_size=config.vocab_size)
+            set_tensor_parallel(self.output_layer.weight, 0, unpadded_size=config.vocab_size)
 
     def _assign_init_keys(self):
         """Layout-free parameter names: layers numbered over the whole model (for PP)."""
         offset = self.decoder.layer_offset
         for name, p in self.named_parameters():
-            p.init_key = re.sub(r"decoder\.layers\.(\d+)\.",
-                                lambda m: f"decoder.layers.{int(m.group(1)) + offset}.", name)
+            set_init_key(p, re.sub(r"decoder\.layers\.(\d+)\.",
+                                   lambda m: f"decoder.layers.{int(m.group(1)) + offset}.", name))
 
     def set_input_tensor(self, tensor):
         """The previous stage's output [s(/TP), b, h], used by the next forward when not pre_process."""

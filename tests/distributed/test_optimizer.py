@@ -48,8 +48,6 @@ def _groups_of(groups):
     from megatron.core.distributed import DistributedDataParallel
     from megatron.core.optimizer import MegatronOptimizer
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-    for p in model.parameters():
-        p.tensor_model_parallel = False
     opt = MegatronOptimizer(DistributedDataParallel(model, groups.dp), groups, 1e-3, 0.1)
     return [(g["weight_decay"], sorted(p.numel() for p in g["params"])) for g in opt.param_groups]
 

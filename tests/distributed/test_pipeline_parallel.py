@@ -26,6 +26,7 @@ from megatron.core.pipeline_parallel import (
 )
 from megatron.core.pipeline_parallel.simulator import simulate
 from megatron.core.tensor_parallel.initialization import initialize_parameters
+from megatron.core.tensor_parallel.param_meta import param_meta
 from megatron.core.tensor_parallel.random import model_parallel_seed
 from megatron.training.training import build_model, train_step
 from tests.harness import spawn
@@ -71,7 +72,7 @@ def _reference(cfg, groups, batches):
         loss_sum = (full(b["tokens"], labels=b["labels"]) * b["loss_mask"]).sum()
         (loss_sum / tokens).backward()
         total += loss_sum.item()
-    return total / tokens.item(), {p.init_key: p.grad for p in full.parameters()}
+    return total / tokens.item(), {param_meta(p).init_key: p.grad for p in full.parameters()}
 
 
 def _check_schedule(groups, fails, name, layers, V, M, untie):
@@ -87,9 +88,9 @@ def _check_schedule(groups, fails, name, layers, V, M, untie):
     if groups.is_last_stage and abs(loss.item() - ref_loss) > 1e-6 * abs(ref_loss):
         fails.append(f"{tag}: loss {loss.item()} vs one process {ref_loss}")
     for p in model.parameters():
-        if not torch.allclose(p.grad, ref_grads[p.init_key], rtol=1e-5, atol=1e-8):
-            err = (p.grad - ref_grads[p.init_key]).abs().max().item()
-            fails.append(f"{tag} rank {groups.rank}: grad of {p.init_key} differs (max abs {err:.2e})")
+        if not torch.allclose(p.grad, ref_grads[param_meta(p).init_key], rtol=1e-5, atol=1e-8):
+            err = (p.grad - ref_grads[param_meta(p).init_key]).abs().max().item()
+            fails.append(f"{tag} rank {groups.rank}: grad of {param_meta(p).init_key} differs (max abs {err:.2e})")
     plan = simulate(build_schedule(groups.pp_size, M, V or 1, name))
     if stats["peak_in_flight"] != plan.peak_in_flight[groups.pp_rank]:
         fails.append(f"{tag} rank {groups.rank}: {stats['peak_in_flight']} microbatches in flight, "
@@ -134,8 +135,8 @@ def _uneven_split_places_layers_by_global_number(groups, fails):
     cfg = dataclasses.replace(_config(2, 4), decoder_first_pipeline_num_layers=1)
     cfg.validate()
     model = build_model(_provider, cfg, groups, "cpu")
-    keys = sorted({int(p.init_key.split(".")[2])
-            for p in model.parameters() if p.init_key.startswith("decoder.layers.")})
+    keys = sorted({int(param_meta(p).init_key.split(".")[2])
+            for p in model.parameters() if param_meta(p).init_key.startswith("decoder.layers.")})
     if (len(model.decoder.layers), keys) != [(1, [0]), (3, [1, 2, 3])][groups.pp_rank]:
         fails.append(f"uneven 1 + 3 split, rank {groups.rank}: {len(model.decoder.layers)} layers, keys {keys}")
 

@@ -1,7 +1,7 @@
 """DDP buckets, the distributed optimizer and fp16 loss scaling, on real gloo processes."""
 import torch
 
-from megatron.core import comm
+from megatron.core import debug
 from megatron.core.config import TransformerConfig
 from megatron.core.models.gpt import GPTModel
 from megatron.core.pipeline_parallel import forward_backward, loss_means
@@ -44,11 +44,11 @@ def _traffic(groups):
     out = []
     for distributed in (False, True):
         model, ddp, opt, sched = _setup(groups, use_distributed_optimizer=distributed, ddp_bucket_size=5000)
-        comm.traffic.clear()
-        train_step(model, ddp, opt, sched, _batches(groups), _step, groups, 1)
+        with debug.count_traffic() as sent:
+            train_step(model, ddp, opt, sched, _batches(groups), _step, groups, 1)
         grad_bytes = sum(b.grad_data.numel() * b.grad_data.element_size() for b in ddp.buffers)
         param_bytes = sum(b.param_data.numel() * b.param_data.element_size() for b in ddp.buffers) if distributed else 0
-        out.append((distributed, dict(comm.traffic), grad_bytes, param_bytes, len(ddp.buckets)))
+        out.append((distributed, dict(sent), grad_bytes, param_bytes, len(ddp.buckets)))
     return out
 
 

@@ -1,0 +1,93 @@
+"""Debug hooks for tests and fault drills: injected faults and counted collective traffic.
+
+Neither changes what a run computes, and both cost nothing while off: a fault point is one
+environment lookup at a rare moment (a checkpoint save), a traffic record one loop over an
+empty list. Library code calls only `fault_point` and `record_traffic`; tests and operators
+turn them on.
+
+Fault points. Code marks the moments where a crash matters with
+`fault_point(name, iteration, rank)`. Setting
+
+    MEGATRON_DEBUG_FAULT=<name>[:<iteration>[:<rank>[:<action>]]][,<more entries>]
+
+makes the matching point act: an empty or `*` field matches any iteration or rank. Actions:
+
+    kill    (default) SIGKILL this process, exactly as `kill -9` would: nothing is flushed,
+            no handler runs; a torchrun job's other ranks are then stopped by torchrun
+    enospc  raise OSError(ENOSPC), as a full disk does inside a write
+    raise   raise InjectedFault: a crash simulated inside one process (unit tests), the
+            disk left as a kill would leave it
+
+e.g. `MEGATRON_DEBUG_FAULT=ckpt.rename.after:4` kills the save of iteration 4 after the new
+checkpoint directory is in place and before the tracker names it. The checkpoint points,
+in the order a save passes them, are listed in megatron/core/checkpointing/storage.py.
+
+Traffic. `with count_traffic() as sent: ...` counts, per tag, the bytes this process sends
+through the tagged collectives of megatron/core/comm.py inside the block (ring-algorithm
+figures; see comm.py), so tests can compare the traffic against theory.
+"""
+import collections
+import contextlib
+import errno
+import os
+import signal
+
+FAULT_ENV = "MEGATRON_DEBUG_FAULT"
+
+
+class InjectedFault(Exception):
+    """A `raise` fault point fired (never caught by library code)."""
+
+
+def _kill(name):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _enospc(name):
+    raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (injected at {name})")
+
+
+def _raise(name):
+    raise InjectedFault(name)
+
+
+_ACTIONS = {"kill": _kill, "enospc": _enospc, "raise": _raise}
+
+
+def _matches(field, value):
+    return field in ("", "*") or (value is not None and field == str(value))
+
+
+def fault_point(name, iteration=None, rank=None):
+    """Act (see the module docstring) when MEGATRON_DEBUG_FAULT names this point for this
+    iteration and rank; return at once otherwise. Talks to no process group."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec:
+        return
+    for entry in spec.split(","):
+        point, it, rk, action = (entry.strip().split(":") + ["", "", ""])[:4]
+        if action not in ("", *_ACTIONS):
+            raise ValueError(f"{FAULT_ENV}={spec!r}: unknown action {action!r} (one of {', '.join(_ACTIONS)})")
+        if point == name and _matches(it, iteration) and _matches(rk, rank):
+            _ACTIONS[action or "kill"](name)
+
+
+_recorders = []  # the open count_traffic() counters, innermost last
+
+
+@contextlib.contextmanager
+def count_traffic():
+    """Inside the block, count the bytes sent per tag: yields a collections.Counter
+    {tag: bytes} that fills as tagged collectives run. Blocks may nest; each counts."""
+    counter = collections.Counter()
+    _recorders.append(counter)
+    try:
+        yield counter
+    finally:
+        _recorders.remove(counter)
+
+
+def record_traffic(tag, sent_bytes):
+    """Called by megatron/core/comm.py at each tagged collective; a no-op outside count_traffic()."""
+    for counter in _recorders:
+        counter[tag] += sent_bytes

@@ -1,0 +1,103 @@
+"""What each parameter is: the one place that records and answers it.
+
+Parameters differ in how they are initialised, split over TP, reduced and counted.
+Each nn.Parameter carries one typed record, ParamMeta, written where the parameter is
+made (parallel layers, norms, models) through the set_* functions here and read only
+through `param_meta` and the rules below: initialisation, finalize_model_grads, the
+optimizer (weight decay, grad norm) and checkpoints all ask this module.
+
+"Counted once": a value or gradient that several ranks hold identical copies of must
+enter a global sum (grad norm) or a checkpoint from one rank only. TP-replicated
+parameters count on TP rank 0; the tied word embedding, held by the first and the last
+pipeline stage, counts on the first.
+"""
+import dataclasses
+from dataclasses import dataclass
+
+# the record's slot on the nn.Parameter; only this module touches it
+_SLOT = "_megatron_param_meta"
+
+
+@dataclass(frozen=True)
+class ParamMeta:
+    """Per-parameter facts; change them with the set_* functions, never in place."""
+
+    init_key: str | None = None        # layout-free name: seeds the init, keys the checkpoint
+    init_method: str = "normal"        # 'normal' (init_std), 'zeros' or 'ones'
+    init_std: float | None = None
+    tensor_parallel: bool = False      # split over TP: every TP rank holds a different shard
+    partition_dim: int | None = None   # the split dimension
+    partition_stride: int = 1          # blocks along partition_dim split separately (SwiGLU [gate; up]: 2)
+    unpadded_size: int | None = None   # rows along partition_dim holding real values; the rest is vocab padding
+    sequence_parallel: bool = False    # TP-replicated, fed a sequence shard: its grad is summed over TP
+    tied_embedding: bool = False       # the word embedding on the first and the last pipeline stage
+    no_weight_decay: bool = False      # AdamW leaves it undecayed
+    # expert_parallel (a parameter of one expert, reduced over the expert-DP group) goes here with MoE
+
+
+def _default(param):
+    # Megatron-LM's decay rule: 1-D parameters (biases, norm weights) are not decayed
+    return ParamMeta(no_weight_decay=param.ndim <= 1)
+
+
+def param_meta(param) -> ParamMeta:
+    """The record of `param` (a default, replicated one for a parameter no layer marked)."""
+    meta = param.__dict__.get(_SLOT)
+    return meta if meta is not None else _default(param)
+
+
+def _update(param, **changes):
+    param.__dict__[_SLOT] = dataclasses.replace(param_meta(param), **changes)
+
+
+def set_init(param, method, std=None):
+    """method: 'normal' (std), 'zeros' or 'ones'."""
+    _update(param, init_method=method, init_std=std)
+
+
+def set_tensor_parallel(param, partition_dim, stride=1, unpadded_size=None):
+    """Mark `param` as split over TP along partition_dim (`stride` blocks split separately).
+
+    unpadded_size: rows along partition_dim that hold real values; the rest (vocab
+    padding) is initialised to zero and not saved.
+    """
+    _update(param, tensor_parallel=True, partition_dim=partition_dim, partition_stride=stride,
+            unpadded_size=unpadded_size)
+
+
+def set_sequence_parallel(param, flag=True):
+    """Replicated over TP but computed on this rank's sequence shard: finalize sums its grad over TP."""
+    _update(param, sequence_parallel=bool(flag))
+
+
+def set_tied_embedding(param):
+    """The word embedding held on both the first and the last pipeline stage (grads summed over groups.embd)."""
+    _update(param, tied_embedding=True)
+
+
+def set_init_key(param, key):
+    _update(param, init_key=key)
+
+
+def is_tensor_parallel_duplicate(param, tp_rank) -> bool:
+    """True where `param` is the same on every TP rank and this is not TP rank 0."""
+    return not param_meta(param).tensor_parallel and tp_rank != 0
+
+
+def is_pipeline_duplicate(param, pp_rank) -> bool:
+    """True for the last stage's copy of the tied word embedding (the first stage owns it)."""
+    return param_meta(param).tied_embedding and pp_rank != 0
+
+
+def counted_once(param, groups) -> bool:
+    """Whether this rank's copy of `param` enters the grad norm and the checkpoint.
+
+    groups: the rank grid (reads tp_rank, pp_rank; no communication). DP replicas are
+    the caller's concern: their copies are identical and are summed or written by rule
+    of the (distributed) optimizer.
+    """
+    return not (is_tensor_parallel_duplicate(param, groups.tp_rank) or is_pipeline_duplicate(param, groups.pp_rank))
+
+
+def has_weight_decay(param) -> bool:
+    return not param_meta(param).no_weight_decay
