@@ -50,7 +50,8 @@ def _worker(rank, a, port, out):
                                 attention_dropout=0.0, params_dtype=dtype)
         t = TrainingConfig(micro_batch_size=a.micro_batch, global_batch_size=a.micro_batch * a.dp * a.accum,
                            mock_data=True, tokenizer_type="NullTokenizer", null_vocab_size=a.vocab,
-                           overlap_grad_reduce=overlap,
+                           train_iters=200, lr=1e-3, min_lr=1e-4, lr_decay_style="cosine", lr_warmup_iters=20,
+                           weight_decay=0.1, adam_beta2=0.95, overlap_grad_reduce=overlap,
                            ddp_bucket_size=a.bucket_size, bf16=a.bf16)
         t.validate(a.dp)
         model_parallel_seed(1, 0, 0, device)

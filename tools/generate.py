@@ -76,6 +76,8 @@ def parse(argv):
     prompt.add_argument("--prompt", help="text, tokenised with the checkpoint's tokenizer")
     prompt.add_argument("--prompt-file", help="a text file of prompts, one per line; outputs come in the same order")
     p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--inference-max-seq-length", type=int, default=None,
+                   help="longest prompt + generated tokens (default: the checkpoint's, 2560)")
     p.add_argument("--greedy", action="store_true", help="argmax decoding (default unless sampling flags are given)")
     p.add_argument("--temperature", type=float, default=None)
     p.add_argument("--top-k", type=int, default=0)
@@ -106,6 +108,11 @@ def _run(a):
     for i, ids in enumerate(prompts):
         if not ids or max(ids) >= vocab or min(ids) < 0:
             raise ConfigError(f"prompt {i + 1}: needs at least one token, with ids in [0, {vocab})")
+    limit = a.inference_max_seq_length or metadata["args"].get("training", {}).get("inference_max_seq_length")
+    for i, ids in enumerate(prompts):
+        if limit and len(ids) + a.max_new_tokens > limit:
+            raise ConfigError(f"prompt {i + 1} ({len(ids)} tokens) + --max-new-tokens ({a.max_new_tokens}) exceeds "
+                              f"--inference-max-seq-length ({limit}); raise it or ask for fewer tokens")
     tp, pp = a.tensor_model_parallel_size, a.pipeline_model_parallel_size
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0")

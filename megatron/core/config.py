@@ -66,6 +66,8 @@ class TransformerConfig(ModelParallelConfig):
     max_position_embeddings: Optional[int] = opt(None, "Largest position the model supports (default --seq-length).")
     position_embedding_type: str = opt("learned_absolute", "Position embedding.", choices=["learned_absolute", "rope"])
     rotary_base: int = opt(10000, "Base of the rotary embedding frequencies.")
+    rotary_percent: float = opt(1.0, "Fraction of each head's dimensions that rotary embeddings rotate (the first "
+                                "int(kv-channels x this); the rest pass through), as Megatron-LM.")
     normalization: str = opt("LayerNorm", "Normalization layer.", choices=["LayerNorm", "RMSNorm"])
     norm_epsilon: float = opt(1e-5, "Epsilon of the normalization layers.")
     post_norm: bool = opt(False, "Post-norm layers, x = norm(x + sublayer(x)), as the original Transformer and "
@@ -82,8 +84,15 @@ class TransformerConfig(ModelParallelConfig):
     # fused kernels (megatron/core/fusions): each flag forces the plain-torch path of one op
     attention_backend: str = opt(
         "auto", "Core attention: auto (flash-attn, else Transformer Engine, else torch SDPA, whichever is "
-        "installed and fits), flash, te, sdpa, or unfused (explicit scores and the masked-softmax kernel).",
-        choices=["auto", "flash", "te", "sdpa", "unfused"])
+        "installed and fits), flash, fused or te (Transformer Engine), sdpa, or local or unfused (explicit "
+        "scores and the masked-softmax kernel).",
+        choices=["auto", "flash", "fused", "te", "sdpa", "local", "unfused"])
+    attention_softmax_in_fp32: bool = opt(
+        False, "With bf16 / fp16, compute the unfused attention's torch softmax in fp32 (the fused softmax "
+        "kernels, SDPA and flash-attn accumulate in fp32 already).")
+    transformer_impl: str = opt(
+        "local", "Layer implementation: local (this project's layers) or transformer_engine (attention through "
+        "Transformer Engine; needs it installed and CUDA).", choices=["local", "transformer_engine"])
     masked_softmax_fusion: bool = opt(True, "Use torch's softmax instead of a fused masked-softmax kernel "
                                       "(unfused attention).", flag="--no-masked-softmax-fusion")
     bias_gelu_fusion: bool = opt(True, "Use torch for bias + GeLU instead of a fused kernel.",
@@ -134,6 +143,11 @@ class TransformerConfig(ModelParallelConfig):
         multiple = self.make_vocab_size_divisible_by * self.tensor_model_parallel_size
         return -(-self.vocab_size // multiple) * multiple
 
+    @property
+    def rotary_dim(self) -> int:
+        """Dimensions of each head that rope rotates (Megatron-LM: int(kv_channels x rotary_percent))."""
+        return int(self.kv_channels * self.rotary_percent)
+
     def check_sizes(self) -> None:
         """ConfigError unless every size is a positive integer (None: not given, fine)."""
         for name in self.SIZES:
@@ -145,7 +159,8 @@ class TransformerConfig(ModelParallelConfig):
     def resolve(self, vocab_size: Optional[int] = None) -> "TransformerConfig":
         """Fill the derived values, once: the vocabulary (the tokenizer's, when given), the model
         chunks per pipeline rank from --num-layers-per-virtual-pipeline-stage (one chunk is plain 1F1B:
-        None), and the full-recompute defaults. Checks the sizes first. Returns self."""
+        None), the full-recompute defaults, and attention through Transformer Engine with
+        --transformer-impl transformer_engine. Checks the sizes first. Returns self."""
         self.check_sizes()
         if vocab_size is not None:
             self.vocab_size = vocab_size
@@ -157,6 +172,8 @@ class TransformerConfig(ModelParallelConfig):
             self.virtual_pipeline_model_parallel_size = None
         if self.recompute_granularity == "full":
             self.recompute_method, self.recompute_num_layers = self._recompute_defaults()
+        if self.transformer_impl == "transformer_engine" and self.attention_backend == "auto":
+            self.attention_backend = "te"  # what Transformer Engine layers would run; the rest stays ours
         return self
 
     def _chunks_from_layers_per_stage(self) -> Optional[int]:
@@ -202,6 +219,11 @@ class TransformerConfig(ModelParallelConfig):
                               f"{f('tensor_model_parallel_size')} ({tp}) with {f('sequence_parallel')}")
         if self.position_embedding_type == "rope" and self.kv_channels % 2:
             raise ConfigError(f"rotary embeddings need an even head size, got {self.kv_channels}")
+        if not 0.0 < self.rotary_percent <= 1.0:
+            raise ConfigError(f"{f('rotary_percent')} must be in (0, 1], got {self.rotary_percent}")
+        if self.position_embedding_type == "rope" and (self.rotary_dim < 2 or self.rotary_dim % 2):
+            raise ConfigError(f"{f('rotary_percent')} {self.rotary_percent} x {f('kv_channels')} {self.kv_channels} "
+                              f"gives {self.rotary_dim} rotated dimensions; it must be even and at least 2")
         for name in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{f(name)} must be in [0, 1), got {getattr(self, name)}")

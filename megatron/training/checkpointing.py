@@ -4,7 +4,7 @@
 What is saved: every parameter as its fp32 master value ("param"), Adam's exp_avg and
 exp_avg_sq per parameter, Adam's step count and the loss scaler's state, the RNG states of
 every rank, the iteration and consumed samples (data resumes at the next sample), and the
-arguments. The LR schedule is a function of the iteration, so it needs no state.
+arguments. The LR schedule's position is saved (fp16-skipped iterations do not advance it).
 
 Who writes what (no piece is written twice): the optimizer's state pieces (whole parameters,
 or DP-sharded flat ranges with the distributed optimizer) are written by their owner; with
@@ -59,7 +59,7 @@ def _rng_state(device):
     return state
 
 
-def save_checkpoint(root, iteration, consumed, model, optimizer, groups, model_cfg, train_cfg, device):
+def save_checkpoint(root, iteration, consumed, model, optimizer, groups, model_cfg, train_cfg, device, scheduler=None):
     """Every rank calls this (collective: barriers on the default group).
 
     Writes root/iter_XXXXXXX/rank_RRRRR.pt from each rank, then rank 0 commits atomically.
@@ -80,6 +80,7 @@ def save_checkpoint(root, iteration, consumed, model, optimizer, groups, model_c
     if groups.rank == 0:
         commit(root, iteration, {
             "consumed_samples": consumed,
+            "lr_scheduler": scheduler.state_dict() if scheduler is not None else None,
             "args": {"model": _config_dict(model_cfg), "training": _config_dict(train_cfg)},
             "layout": _layout(groups, train_cfg),
             "optimizer": optimizer.scalar_state(),
@@ -105,7 +106,7 @@ def _check_keys(reader, model):
 
 
 @torch.no_grad()
-def load_checkpoint(path, model, optimizer, groups, train_cfg, device):
+def load_checkpoint(path, model, optimizer, groups, train_cfg, device, scheduler=None):
     """Load a validated checkpoint directory into this rank's shards (any layout).
 
     Returns (iteration, consumed samples), both 0 with --finetune.
@@ -135,6 +136,9 @@ def load_checkpoint(path, model, optimizer, groups, train_cfg, device):
         optimizer.load_scalar_state(meta["optimizer"])
     _maybe_load_rng(reader, meta, groups, train_cfg, device)
     iteration, consumed = (0, 0) if train_cfg.finetune else (meta["iteration"], meta["consumed_samples"])
+    # the schedule skips fp16-skipped iterations, so its position is saved rather than derived
+    if scheduler is not None and not train_cfg.finetune:
+        scheduler.load_state_dict(meta.get("lr_scheduler") or {"num_steps": consumed})
     print_rank_0(f"> loaded checkpoint {path} (saved at {meta['layout']}) at iteration {iteration}, "
                  f"{consumed} consumed samples; optimizer state {'loaded' if load_optim else 'NOT loaded'}")
     return iteration, consumed
@@ -160,9 +164,9 @@ class Checkpointer:
     """The few calls pretrain() makes: load() once, after_iteration() each iteration,
     finish() at the end. Holds the SIGTERM flag of --exit-signal-handler."""
 
-    def __init__(self, model_cfg, train_cfg, model, optimizer, groups, device):
+    def __init__(self, model_cfg, train_cfg, model, optimizer, groups, device, scheduler=None):
         self.model_cfg, self.t, self.model, self.optimizer = model_cfg, train_cfg, model, optimizer
-        self.groups, self.device = groups, device
+        self.groups, self.device, self.scheduler = groups, device, scheduler
         self.last_saved = None
         self._signalled = False
         if train_cfg.exit_signal_handler:
@@ -180,13 +184,13 @@ class Checkpointer:
         if path is None:
             print_rank_0(f"> no checkpoint in {t.load}: training from scratch")
             return 0, 0
-        it, consumed = load_checkpoint(path, self.model, self.optimizer, self.groups, t, self.device)
+        it, consumed = load_checkpoint(path, self.model, self.optimizer, self.groups, t, self.device, self.scheduler)
         self.last_saved = it
         return it, consumed
 
     def save(self, iteration, consumed):
         save_checkpoint(self.t.save, iteration, consumed, self.model, self.optimizer, self.groups,
-                        self.model_cfg, self.t, self.device)
+                        self.model_cfg, self.t, self.device, self.scheduler)
         self.last_saved = iteration
 
     def after_iteration(self, iteration, consumed):

@@ -29,32 +29,42 @@ class TrainingConfig:
     global_batch_size: Optional[int] = opt(
         None, "Samples per iteration over all data-parallel ranks (default micro batch x DP); "
         "gradients are accumulated over global / (micro x DP) microbatches.")
-    train_iters: int = opt(200, "Number of training iterations.")
-    lr: float = opt(1e-3, "Peak learning rate.")
-    min_lr: float = opt(1e-4, "Learning rate at the end of decay.")
-    lr_decay_style: str = opt("cosine", "Learning-rate decay after warm-up.",
-                              choices=["constant", "linear", "cosine", "WSD"])
+    train_iters: Optional[int] = opt(None, "Number of training iterations (this or --train-samples is required).")
+    train_samples: Optional[int] = opt(
+        None, "Train on this many samples instead: --train-iters becomes train-samples // global batch size, "
+        "and the learning-rate flags count samples (--lr-decay-samples, --lr-warmup-samples, ...).")
+    lr: Optional[float] = opt(None, "Peak learning rate (required, as in Megatron-LM).")
+    min_lr: float = opt(0.0, "Learning rate at the end of decay.")
+    lr_decay_style: str = opt("linear", "Learning-rate decay after warm-up.",
+                              choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"])
     lr_decay_iters: Optional[int] = opt(None, "Iterations over which to decay (default --train-iters).")
-    lr_warmup_iters: int = opt(20, "Linear warm-up iterations.")
+    lr_decay_samples: Optional[int] = opt(None, "Samples over which to decay (default --train-samples).")
+    lr_warmup_iters: int = opt(0, "Linear warm-up iterations (iteration 1 runs at --lr-warmup-init).")
+    lr_warmup_samples: int = opt(0, "Linear warm-up samples, with --train-samples.")
     lr_warmup_fraction: Optional[float] = opt(
-        None, "Warm-up as a fraction of --lr-decay-iters (overrides --lr-warmup-iters).")
-    lr_wsd_decay_style: str = opt("linear", "Shape of the final decay with --lr-decay-style WSD.",
+        None, "Warm-up as a fraction of the decay (instead of --lr-warmup-iters / --lr-warmup-samples).")
+    lr_warmup_init: float = opt(0.0, "Learning rate at the start of warm-up.")
+    lr_wsd_decay_style: str = opt("exponential", "Shape of the final decay with --lr-decay-style WSD.",
                                   choices=["linear", "cosine", "exponential", "minus_sqrt"])
     lr_wsd_decay_iters: Optional[int] = opt(
-        None, "Length of the final decay with WSD (default 10%% of decay iterations).")
-    weight_decay: float = opt(0.1, "AdamW weight decay (not applied to biases and norms).")
+        None, "Length of the final decay with WSD (default 10%% of the decay; Megatron-LM requires it).")
+    lr_wsd_decay_samples: Optional[int] = opt(None, "Length of the final WSD decay in samples, with --train-samples.")
+    weight_decay: float = opt(0.01, "AdamW weight decay (not applied to biases and norms).")
     clip_grad: float = opt(1.0, "Clip gradients to this global L2 norm (0 disables).")
     adam_beta1: float = opt(0.9, "Adam beta1.")
-    adam_beta2: float = opt(0.95, "Adam beta2.")
+    adam_beta2: float = opt(0.999, "Adam beta2.")
     adam_eps: float = opt(1e-8, "Adam epsilon.")
     seed: int = opt(1234, "Random seed (initialisation, data order, dropout).")
-    log_interval: int = opt(10, "Print and record metrics every this many iterations.")
-    eval_interval: int = opt(100, "Evaluate on the validation set every this many iterations.")
-    eval_iters: int = opt(10, "Validation batches per evaluation (0 disables evaluation).")
+    log_interval: int = opt(100, "Print and record metrics every this many iterations.")
+    eval_interval: Optional[int] = opt(
+        None, "Evaluate on the validation set every this many iterations (default: only at the end).")
+    eval_iters: int = opt(100, "Validation batches per evaluation (0 disables evaluation).")
     skip_train: bool = opt(False, "Run no training iteration: evaluate the validation and test sets once, "
                            "at the loaded checkpoint's iteration, and exit.")
     tensorboard_dir: Optional[str] = opt(None, "Write TensorBoard logs here.")
     exit_interval: Optional[int] = opt(None, "Stop after an iteration that is a multiple of this.")
+    exit_duration_in_mins: Optional[float] = opt(
+        None, "Save (with --save) and stop after the first iteration that ends this many minutes after start-up.")
     pipeline_trace: Optional[str] = opt(
         None, "Write the start and end time of every schedule action of iteration 2 on each pipeline rank "
         "to this JSON file (draw it with tools/pipeline_timeline.py --trace; one machine's clock).")
@@ -86,6 +96,9 @@ class TrainingConfig:
     null_vocab_size: Optional[int] = opt(None, "NullTokenizer: ids 0..N-1, end-of-document N.", flag="--vocab-size")
     distributed_backend: Optional[str] = opt(None, "Collective backend (default nccl with CUDA, else gloo).",
                                              choices=["nccl", "gloo"])
+    inference_max_seq_length: int = opt(
+        2560, "Longest sequence (prompt + generated tokens) generation expects; tools/generate.py's default "
+        "length bound.")
     bf16: bool = opt(False, "bf16 parameters and activations, fp32 main parameters and gradients.")
     fp16: bool = opt(False, "fp16 parameters and activations with loss scaling, fp32 main parameters and gradients.")
     loss_scale: Optional[float] = opt(None, "Constant fp16 loss scale (default: dynamic).")
@@ -117,6 +130,8 @@ class TrainingConfig:
         None, "This project's (not in Megatron-LM): write one JSON line per iteration (full-precision loss per "
         "term, grad norm, learning rate, skipped) and per validation to this file (from the rank with the last "
         "pipeline stage, TP and DP rank 0).")
+    use_mcore_models: bool = opt(False, "Accepted for Megatron-LM recipes and ignored: the models here are "
+                                 "Megatron-Core models already.")
 
     @property
     def params_dtype(self) -> torch.dtype:
@@ -125,7 +140,8 @@ class TrainingConfig:
     def check_sizes(self) -> None:
         """ConfigError unless the counts something divides by or loops over are positive."""
         f = lambda n: flag_of(TrainingConfig, n)  # noqa: E731
-        for name in ("micro_batch_size", "global_batch_size", "train_iters", "log_interval", "eval_interval"):
+        for name in ("micro_batch_size", "global_batch_size", "train_iters", "train_samples", "log_interval",
+                     "eval_interval", "distributed_timeout_minutes", "inference_max_seq_length"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{f(name)} must be at least 1, got {getattr(self, name)}")
 
@@ -135,9 +151,43 @@ class TrainingConfig:
             self.tokenizer_type = "NullTokenizer"
 
     def resolve(self, dp_size: int) -> None:
-        """Fill the global batch size (default micro batch x DP), once."""
+        """Fill the global batch size (default micro batch x DP) and, with --train-samples, the
+        iterations (train-samples // global batch, as Megatron-LM), once. Checks the schedule flags first."""
+        self.check_schedule()
         if self.global_batch_size is None:
             self.global_batch_size = self.micro_batch_size * dp_size
+        if self.train_samples is not None and self.train_iters is None:
+            self.train_iters = self.train_samples // self.global_batch_size
+            if self.train_iters < 1:
+                raise ConfigError(f"--train-samples ({self.train_samples}) is less than one global batch "
+                                  f"({self.global_batch_size} samples)")
+
+    def check_schedule(self) -> None:
+        """The learning-rate and length flags fit together (Megatron-LM's rules): --lr is given; training
+        counts iterations or samples, and the schedule flags count the same."""
+        if self.lr is None:
+            raise ConfigError("--lr is required (the peak learning rate; Megatron-LM has no default either), "
+                              "e.g. --lr 3e-4")
+        if self.train_samples is not None:
+            resolved = self.global_batch_size and self.train_iters == self.train_samples // self.global_batch_size
+            if self.train_iters is not None and not resolved:
+                raise ConfigError("give --train-iters or --train-samples, not both")
+            given = [f for f, v in (("--lr-decay-iters", self.lr_decay_iters), ("--lr-warmup-iters",
+                     self.lr_warmup_iters or None), ("--lr-wsd-decay-iters", self.lr_wsd_decay_iters)) if v is not None]
+            unit, warmup = "samples", self.lr_warmup_samples
+        elif self.train_iters is not None:
+            given = [f for f, v in (("--lr-decay-samples", self.lr_decay_samples), ("--lr-warmup-samples",
+                     self.lr_warmup_samples or None), ("--lr-wsd-decay-samples", self.lr_wsd_decay_samples))
+                     if v is not None]
+            unit, warmup = "iters", self.lr_warmup_iters
+        else:
+            raise ConfigError("give the training length: --train-iters N or --train-samples N")
+        if given:
+            other = "iterations (--train-iters)" if unit == "iters" else "samples (--train-samples)"
+            raise ConfigError(f"{', '.join(given)} do not fit training measured in {other}; use the "
+                              f"--lr-*-{unit} flags")
+        if self.lr_warmup_fraction is not None and warmup:
+            raise ConfigError(f"give --lr-warmup-fraction or --lr-warmup-{unit}, not both")
 
     def validate(self, dp_size: int) -> None:
         """Check the resolved configuration for a data-parallel size; assigns nothing."""
@@ -152,6 +202,7 @@ class TrainingConfig:
                 f"{f('global_batch_size')} ({self.global_batch_size}) is not divisible by "
                 f"{f('micro_batch_size')} ({self.micro_batch_size}) x data-parallel size ({dp_size}) = "
                 f"{self.micro_batch_size * dp_size}; use a multiple of it")
+        self.check_schedule()
         if self.lr < 0 or self.min_lr < 0 or self.min_lr > self.lr:
             raise ConfigError(f"need 0 <= {f('min_lr')} ({self.min_lr}) <= {f('lr')} ({self.lr})")
         if self.clip_grad < 0 or self.weight_decay < 0 or self.eval_iters < 0:
@@ -160,6 +211,7 @@ class TrainingConfig:
             raise ConfigError(f"{f('lr_warmup_fraction')} must be in [0, 1], got {self.lr_warmup_fraction}")
         if self.exit_interval is not None and self.exit_interval < 1:
             raise ConfigError(f"{f('exit_interval')} must be at least 1")
+        self._validate_schedule_values()
         if self.bf16 and self.fp16:
             raise ConfigError("--bf16 and --fp16 are exclusive; pick one")
         if self.grad_reduce_in_bf16 and not self.bf16:
@@ -188,6 +240,18 @@ class TrainingConfig:
         if self.fp16 and self.loss_scale is None and self.min_loss_scale > self.initial_loss_scale:
             raise ConfigError(f"{f('min_loss_scale')} ({self.min_loss_scale}) is above {f('initial_loss_scale')} "
                               f"({self.initial_loss_scale}); lower it")
+    def _validate_schedule_values(self):
+        """Signs and ranges of the learning-rate schedule's own numbers."""
+        for name in ("lr_decay_iters", "lr_decay_samples", "lr_wsd_decay_iters", "lr_wsd_decay_samples"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"{flag_of(TrainingConfig, name)} must be at least 1, got {getattr(self, name)}")
+        for name in ("lr_warmup_iters", "lr_warmup_samples"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{flag_of(TrainingConfig, name)} must be non-negative, got {getattr(self, name)}")
+        if not 0 <= self.lr_warmup_init <= self.lr:
+            raise ConfigError(f"need 0 <= --lr-warmup-init ({self.lr_warmup_init}) <= --lr ({self.lr})")
+        if self.exit_duration_in_mins is not None and self.exit_duration_in_mins <= 0:
+            raise ConfigError(f"--exit-duration-in-mins must be positive, got {self.exit_duration_in_mins}")
 
     @property
     def per_split_paths(self):

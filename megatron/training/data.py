@@ -47,7 +47,8 @@ def sample_counts(train_cfg):
     (train_iters // eval_interval + 1) x eval_iters x G (one window per evaluation in training,
     one at its end; eval_iters x G with --skip-train); test eval_iters x G (G: global batch)."""
     g = train_cfg.global_batch_size
-    evaluations = 1 if train_cfg.skip_train else train_cfg.train_iters // train_cfg.eval_interval + 1
+    during = train_cfg.train_iters // train_cfg.eval_interval if train_cfg.eval_interval else 0
+    evaluations = 1 if train_cfg.skip_train else during + 1
     return train_cfg.train_iters * g, evaluations * train_cfg.eval_iters * g, train_cfg.eval_iters * g
 
 
@@ -90,7 +91,10 @@ def validation_window(dataset, iteration, train_cfg, at_end=False):
     [(j - 1) x eval_iters, j x eval_iters), the one at the end of training the next eval_iters,
     with --skip-train the first. The position follows from the iteration alone (as Megatron-LM
     derives consumed_valid_samples), so a resumed run keeps walking where it stopped."""
-    done = 0 if train_cfg.skip_train else iteration // train_cfg.eval_interval - (0 if at_end else 1)
+    if train_cfg.skip_train or not train_cfg.eval_interval:
+        done = 0
+    else:
+        done = iteration // train_cfg.eval_interval - (0 if at_end else 1)
     return _Window(dataset, done * train_cfg.eval_iters * train_cfg.global_batch_size)
 
 

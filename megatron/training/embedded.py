@@ -41,11 +41,13 @@ BERT_TOKENIZERS = ("BertWordPieceLowerCase", "BertWordPieceCase")
 _DOC_ORDER_SEED = 1234  # the corpus's document order is data, not a training choice
 
 # The recipe's settings: the CLI defaults of the day the recipe was made, written out so that the
-# no-argument run trains the same however the defaults change (e.g. to Megatron-LM's).
+# no-argument run trains the same however the defaults change (they are Megatron-LM's now: --lr has
+# none, linear decay, no warm-up, weight decay 0.01, beta2 0.999, log and eval every 100, ...).
 RECIPE = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "4", "--seq-length", "256",
           "--hidden-dropout", "0.1", "--attention-dropout", "0.1", "--init-method-std", "0.02",
           "--micro-batch-size", "8", "--train-iters", "200", "--lr", "1e-3", "--min-lr", "1e-4",
-          "--lr-decay-style", "cosine", "--lr-warmup-iters", "20", "--weight-decay", "0.1", "--clip-grad", "1.0",
+          "--lr-decay-style", "cosine", "--lr-wsd-decay-style", "linear", "--lr-warmup-iters", "20",
+          "--weight-decay", "0.1", "--clip-grad", "1.0",
           "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--adam-eps", "1e-8", "--seed", "1234",
           "--log-interval", "10", "--eval-interval", "100", "--eval-iters", "10", "--split", "969,30,1"]
 

@@ -1,6 +1,7 @@
 """The pretrain loop: build, then per iteration microbatches -> grads -> reduce -> clip -> step."""
 import functools
 import json
+import time
 
 import torch
 import torch.distributed as dist
@@ -19,6 +20,18 @@ from .log import TrainingLogger, print_rank_0, startup_summary
 from .metrics_log import MetricsLog
 from .model_spec import ModelSpec
 from .numerics import check_finite
+
+_START_TIME = time.time()  # --exit-duration-in-mins counts from here (the trainer's import, near start-up)
+
+
+def exit_duration_reached(train_cfg, device):
+    """True on every rank once any rank's wall time since start-up exceeds --exit-duration-in-mins
+    (a MAX all-reduce over the default group, so all stop at the same iteration); False without the flag."""
+    if not train_cfg.exit_duration_in_mins:
+        return False
+    late = torch.tensor([float((time.time() - _START_TIME) / 60.0 > train_cfg.exit_duration_in_mins)], device=device)
+    dist.all_reduce(late, op=dist.ReduceOp.MAX)
+    return late.item() > 0
 
 
 def build_model(model_provider, model_cfg, groups, device):
@@ -39,8 +52,9 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
                forward_backward_func=None, loss_terms=TOKEN_LOSS):
     """One iteration. Returns (losses, grad_norm tensor or None, lr, updated): losses is
     forward_backward's {term: (sum, count)} over the global batch (pipeline_parallel.loss_means
-    divides); updated is False when fp16 gradients overflowed and the step was skipped.
-    No host sync but fp16's.
+    divides); lr is the rate this iteration ran at; updated is False when fp16 gradients overflowed
+    and the step was skipped (the schedule then does not advance, as Megatron-LM). `iteration` is
+    not used: the schedule keeps its own position. No host sync but fp16's.
 
     The microbatches run through forward_backward_func (default: the schedule for this
     layout, pipeline_parallel.get_forward_backward_func()). The gradient summed over
@@ -51,8 +65,10 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
     forward_backward_func = forward_backward_func or get_forward_backward_func()
     losses = forward_backward_func(model, batches, forward_step, groups, loss_terms, loss_scale=optimizer.loss_scale)
     finalize_model_grads(model, groups, ddp)
-    lr = scheduler.step(iteration)
+    lr = scheduler.lr
     updated, grad_norm = optimizer.step()
+    if updated:
+        scheduler.step()
     return losses, grad_norm, lr, updated
 
 
@@ -89,12 +105,19 @@ def write_pipeline_trace(path, trace, groups, model_cfg, num_micro, iteration):
 
 
 def build_scheduler(optimizer, train_cfg):
-    decay = train_cfg.lr_decay_iters or train_cfg.train_iters
-    warmup = train_cfg.lr_warmup_iters
-    if train_cfg.lr_warmup_fraction is not None:
-        warmup = int(train_cfg.lr_warmup_fraction * decay)
-    return LRScheduler(optimizer, train_cfg.lr, train_cfg.min_lr, decay, min(warmup, decay), train_cfg.lr_decay_style,
-                       train_cfg.lr_wsd_decay_iters, train_cfg.lr_wsd_decay_style)
+    """The LR schedule in samples, as Megatron-LM's get_optimizer_param_scheduler: iteration flags
+    times the global batch, or the sample flags as given; the warm-up fraction is not rounded. A
+    warm-up longer than the decay is cut to it (Megatron-LM refuses it)."""
+    t, gbs = train_cfg, train_cfg.global_batch_size
+    if t.train_samples is not None:
+        decay, warmup, wsd = t.lr_decay_samples or t.train_samples, t.lr_warmup_samples, t.lr_wsd_decay_samples
+    else:
+        decay, warmup = (t.lr_decay_iters or t.train_iters) * gbs, t.lr_warmup_iters * gbs
+        wsd = t.lr_wsd_decay_iters * gbs if t.lr_wsd_decay_iters is not None else None
+    if t.lr_warmup_fraction is not None:
+        warmup = t.lr_warmup_fraction * decay
+    return LRScheduler(optimizer, t.lr, t.min_lr, decay, min(warmup, decay), t.lr_decay_style, wsd,
+                       t.lr_wsd_decay_style, t.lr_warmup_init, step_size=gbs)
 
 
 def build_grad_scaler(train_cfg):
@@ -127,7 +150,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                                                                  spec.model_provider)
     startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
                     ddp.memory_bytes() + (optimizer.memory_bytes(),))
-    ckpt = Checkpointer(model_cfg, train_cfg, model, optimizer, groups, device)
+    ckpt = Checkpointer(model_cfg, train_cfg, model, optimizer, groups, device, scheduler)
     iteration, consumed = ckpt.load()
     train_ds, valid_ds, _ = datasets
     peak = peak_tflops_per_gpu(device, model_cfg.params_dtype)
@@ -161,7 +184,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                 torch.cuda.synchronize()
             logger.log(iteration, consumed, lr, train_cfg.global_batch_size, flops, groups.world_size,
                        optimizer.loss_scale if train_cfg.fp16 else None)
-        if train_cfg.eval_iters > 0 and iteration % train_cfg.eval_interval == 0:
+        if train_cfg.eval_iters > 0 and train_cfg.eval_interval and iteration % train_cfg.eval_interval == 0:
             valid = evaluate(model, validation_window(valid_ds, iteration, train_cfg), spec, groups, train_cfg, device)
             logger.log_validation(iteration, valid)
             metrics.validation(iteration, valid)
@@ -170,6 +193,10 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
             break
         if train_cfg.exit_interval and iteration % train_cfg.exit_interval == 0:
             print_rank_0(f"> exiting at iteration {iteration} (--exit-interval {train_cfg.exit_interval})")
+            break
+        if exit_duration_reached(train_cfg, device):
+            print_rank_0(f"> exiting at iteration {iteration}: --exit-duration-in-mins "
+                         f"{train_cfg.exit_duration_in_mins} passed")
             break
     ddp.finish_param_sync()
     ckpt.finish(iteration, consumed)

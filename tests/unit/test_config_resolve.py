@@ -13,7 +13,7 @@ from megatron.training.embedded import EMBEDDED, RECIPE
 from megatron.training.resolve import resolve, validate
 
 MOCK = ["--mock-data", "--vocab-size", "100", "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
-        "--seq-length", "16", "--micro-batch-size", "2"]
+        "--seq-length", "16", "--micro-batch-size", "2", "--train-iters", "200", "--lr", "1e-3"]
 
 
 def _resolved(args, world_size=1):

@@ -1,7 +1,7 @@
 """One front per fused op: each picks our csrc kernel, apex, Transformer Engine, flash-attn
 or plain torch by availability and the config's flags, and always falls back to torch.
 
-    attention.sdpa / flash / unfused / build_te   --attention-backend auto|flash|te|sdpa|unfused
+    attention.sdpa / flash / unfused / build_te   --attention-backend auto|flash|fused|te|sdpa|local|unfused
                                       (transformer/core_attention.py picks one per call)
     softmax.scaled_masked_softmax / scaled_upper_triang_masked_softmax   --no-masked-softmax-fusion
     norm.layer_norm / rms_norm        --no-norm-fusion
@@ -42,10 +42,15 @@ def kernels_status():
 def check_config(config):
     """Raise ConfigError when an explicitly requested backend cannot run here (before any process group)."""
     from ..config import ConfigError, TransformerConfig, flag_of
-    backend = config.attention_backend
+    backend = attention.ALIASES.get(config.attention_backend, config.attention_backend)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if config.transformer_impl == "transformer_engine":
+        ok, reason = attention.available("te", device, config.params_dtype)
+        if not ok:
+            raise ConfigError(f"--transformer-impl transformer_engine: {reason}; use --transformer-impl local "
+                              "(this project's own layers)")
     if backend in ("flash", "te"):
-        device = "cuda" if torch.cuda.is_available() else "cpu"
         ok, reason = attention.available(backend, device, config.params_dtype)
         if not ok:
-            raise ConfigError(f"{flag_of(TransformerConfig, 'attention_backend')} {backend}: {reason}; "
-                              "use auto, sdpa or unfused")
+            flag = flag_of(TransformerConfig, 'attention_backend')
+            raise ConfigError(f"{flag} {config.attention_backend}: {reason}; use auto, sdpa or unfused")

@@ -22,12 +22,15 @@ from . import softmax as softmax_front
 from ._common import HALF_DTYPES, importable
 
 BACKENDS = ("auto", "flash", "te", "sdpa", "unfused")
+# Megatron-LM's --attention-backend names: fused is TE's fused attention, local its own unfused layer
+ALIASES = {"fused": "te", "local": "unfused"}
 NAMES = {"flash": "flash-attn flash_attn_func", "te": "transformer_engine DotProductAttention",
          "sdpa": "torch scaled_dot_product_attention", "unfused": "unfused (matmul + masked softmax + matmul)"}
 
 
 def available(backend, device, dtype):
     """Whether `backend` can run for this device and dtype; (ok, reason if not)."""
+    backend = ALIASES.get(backend, backend)
     cuda = torch.device(device).type == "cuda"
     if backend == "flash":
         if not importable("flash_attn"):
@@ -43,9 +46,9 @@ def available(backend, device, dtype):
 
 
 def select(backend, device, dtype):
-    """The backend CoreAttention uses: an explicit choice as given, 'auto' resolved."""
+    """The backend CoreAttention uses: an explicit choice as given (Megatron-LM's names mapped), 'auto' resolved."""
     if backend != "auto":
-        return backend
+        return ALIASES.get(backend, backend)
     for candidate in ("flash", "te"):
         if available(candidate, device, dtype)[0]:
             return candidate
@@ -85,8 +88,9 @@ def build_te(config, tp_group, layer_number):
         return None
 
 
-def unfused(q, k, v, attn_mask, p, scale, softmax_impl):
-    """Explicit scores, the masked-softmax front (softmax_impl from softmax.select), dropout, matmul."""
+def unfused(q, k, v, attn_mask, p, scale, softmax_impl, softmax_in_fp32=False):
+    """Explicit scores, the masked-softmax front (softmax_impl from softmax.select), dropout, matmul.
+    softmax_in_fp32: half-precision scores go through torch's softmax in fp32 (the kernels already do)."""
     s, b, heads, d = q.shape
     sk, groups = k.shape[0], k.shape[2]
     if groups != heads:  # query head i uses key/value group i // (heads / groups), as SDPA's GQA
@@ -96,6 +100,8 @@ def unfused(q, k, v, attn_mask, p, scale, softmax_impl):
     kt = k.permute(1, 2, 3, 0).reshape(b * heads, d, sk)
     v = v.permute(1, 2, 0, 3).reshape(b * heads, sk, d)
     scores = torch.bmm(q, kt).view(b, heads, s, sk)
+    if softmax_in_fp32 and scores.dtype in HALF_DTYPES and softmax_impl == "torch":
+        scores = scores.float()
     if attn_mask is None:
         probs = softmax_front.scaled_upper_triang_masked_softmax(scores, scale, softmax_impl)
     elif attn_mask.dtype == torch.bool:
@@ -104,6 +110,7 @@ def unfused(q, k, v, attn_mask, p, scale, softmax_impl):
         probs = softmax_front.scaled_masked_softmax(scores, masked, scale, softmax_impl)
     else:
         probs = torch.softmax(scores * scale + attn_mask, dim=-1)
+    probs = probs.to(v.dtype)
     if p > 0:
         probs = F.dropout(probs, p, True)
     out = torch.bmm(probs.view(b * heads, s, sk), v)

@@ -27,7 +27,8 @@ class _CsrcRope(torch.autograd.Function):
 
 
 def apply_rope(x, cos, sin, impl="torch"):
-    """x [s, b, heads, d]; cos, sin [s, 1, 1, d] -> rotated x (rotate-half convention)."""
+    """x [s, b, heads, d]; cos, sin [s, 1, 1, r] -> rotated x (rotate-half convention; r < d, partial
+    rotary, runs torch: the kernel rotates whole heads)."""
     if (impl == "csrc" and csrc_ok_for(x, cos, sin) and cos.dtype == sin.dtype == x.dtype
             and cos.is_contiguous() and sin.is_contiguous()
             and cos.numel() == sin.numel() == x.shape[0] * x.shape[-1]):

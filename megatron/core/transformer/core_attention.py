@@ -30,6 +30,7 @@ class CoreAttention(nn.Module):
         self.scale = 1.0 / math.sqrt(config.kv_channels)
         self.backend = attention_front.select(config.attention_backend, device, dtype)
         self.softmax_impl = softmax_front.select(config.masked_softmax_fusion, device, dtype, causal=True)
+        self.softmax_in_fp32 = config.attention_softmax_in_fp32
         self.te_attention = None
         if self.backend == "te":
             self.te_attention = attention_front.build_te(config, tp_group, layer_number)
@@ -56,5 +57,5 @@ class CoreAttention(nn.Module):
         if backend == "flash":
             return attention_front.flash(q, k, v, p, self.scale)
         if backend == "unfused":
-            return attention_front.unfused(q, k, v, attn_mask, p, self.scale, self.softmax_impl)
+            return attention_front.unfused(q, k, v, attn_mask, p, self.scale, self.softmax_impl, self.softmax_in_fp32)
         return attention_front.sdpa(q, k, v, attn_mask, p)

@@ -11,7 +11,11 @@ def rope_cos_sin(seq_len, dim, base, device, dtype=torch.float32):
 
 
 def apply_rope(x, cos, sin):
-    """x [s, b, heads, d]; cos/sin [s, 1, 1, d]."""
+    """x [s, b, heads, d]; cos/sin [s, 1, 1, r] with r <= d: the first r dimensions of each head are
+    rotated, the other d - r pass through (partial rotary, --rotary-percent)."""
+    r = cos.shape[-1]
+    if r < x.shape[-1]:
+        return torch.cat([apply_rope(x[..., :r], cos, sin), x[..., r:]], dim=-1)
     x1, x2 = x.chunk(2, dim=-1)
     rotated = torch.cat([-x2, x1], dim=-1)
     return x * cos + rotated * sin

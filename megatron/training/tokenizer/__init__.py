@@ -4,6 +4,7 @@
     BertWordPieceLowerCase  --vocab-file vocab.txt (BERT WordPiece, lower-cased, accents stripped)
     BertWordPieceCase       --vocab-file vocab.txt (BERT WordPiece, case kept)
     SentencePieceTokenizer  --tokenizer-model x.model (GPTSentencePieceTokenizer is an alias)
+    Llama2Tokenizer         --tokenizer-model x.model (SentencePiece; <s> before each text, as Megatron-LM)
     HuggingFaceTokenizer    --tokenizer-model tokenizer.json or a folder (needs `tokenizers`)
     NullTokenizer           --vocab-size N (ids written as integers in the text; eod = N)
     ByteTokenizer           UTF-8 bytes, no files
@@ -14,12 +15,13 @@ from .base import TokenizerError
 from .bert_wordpiece import BertWordPieceTokenizer
 from .gpt2_bpe import GPT2BPETokenizer
 from .huggingface import HuggingFaceTokenizer
-from .sentencepiece_tokenizer import SentencePieceTokenizer, train_sentencepiece
+from .sentencepiece_tokenizer import Llama2Tokenizer, SentencePieceTokenizer, train_sentencepiece
 from .simple import ByteTokenizer, NullTokenizer
 from .wordpiece_trainer import build_wordpiece_vocab, write_vocab
 
 TOKENIZER_TYPES = ["GPT2BPETokenizer", "BertWordPieceLowerCase", "BertWordPieceCase", "SentencePieceTokenizer",
-                   "GPTSentencePieceTokenizer", "HuggingFaceTokenizer", "NullTokenizer", "ByteTokenizer"]
+                   "GPTSentencePieceTokenizer", "Llama2Tokenizer", "HuggingFaceTokenizer", "NullTokenizer",
+                   "ByteTokenizer"]
 
 
 def build_tokenizer(cfg):
@@ -32,6 +34,8 @@ def build_tokenizer(cfg):
         return BertWordPieceTokenizer(cfg.vocab_file, lower_case=kind == "BertWordPieceLowerCase")
     if kind in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer"):
         return SentencePieceTokenizer(cfg.tokenizer_model)
+    if kind == "Llama2Tokenizer":
+        return Llama2Tokenizer(cfg.tokenizer_model)
     if kind == "HuggingFaceTokenizer":
         return HuggingFaceTokenizer(cfg.tokenizer_model)
     if kind == "NullTokenizer":

@@ -46,6 +46,22 @@ class SentencePieceTokenizer:
         self.__init__(state["model_file"])
 
 
+class Llama2Tokenizer(SentencePieceTokenizer):
+    """Megatron-LM's Llama2Tokenizer: a SentencePiece model (--tokenizer-model, read locally) whose
+    tokenize() puts the model's <s> (BOS) before the text, as Llama 2's text completion does; no EOS
+    is added (end-of-document is </s>, added by preprocess_data.py --append-eod)."""
+
+    def __init__(self, model_file):
+        super().__init__(model_file)
+        self.bos = self.sp.bos_id()
+        if self.bos < 0:
+            raise TokenizerError(f"--tokenizer-model {model_file} has no beginning-of-sentence piece (<s>), "
+                                 "which Llama2Tokenizer puts before every text; use SentencePieceTokenizer")
+
+    def tokenize(self, text):
+        return [self.bos] + self.sp.EncodeAsIds(text)
+
+
 def train_sentencepiece(documents, model_prefix, vocab_size, model_type="bpe", max_sentences=2_000_000,
                         num_threads=None):
     """Train a SentencePiece model on an iterable of documents (str); writes model_prefix.model/.vocab.

@@ -103,7 +103,7 @@ class LanguageModule(nn.Module):
         config = self.config
         if config.position_embedding_type != "rope":
             return None
-        cos, sin = rope_cos_sin(position_offset + seq_len, config.kv_channels, config.rotary_base,
+        cos, sin = rope_cos_sin(position_offset + seq_len, config.rotary_dim, config.rotary_base,
                                 like.device, like.dtype)
         return cos[position_offset:], sin[position_offset:]
 
