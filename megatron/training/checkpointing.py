@@ -24,16 +24,15 @@ from ..core.checkpointing import (
     CheckpointReader,
     begin_save,
     commit,
-    find_checkpoint,
     local_shard,
     make_piece,
     rank_file,
-    same_dir,
     write_rank_file,
 )
 from ..core.optimizer import STATE_NAMES, StatePiece
 from ..core.tensor_parallel.param_meta import counted_once, param_meta
 from ..core.tensor_parallel.random import get_rng_tracker
+from .checkpoint_args import find_source
 from .log import print_rank_0
 
 
@@ -178,12 +177,15 @@ class Checkpointer:
     def load(self):
         """(iteration, consumed samples) to start from: (0, 0) without --load or checkpoint."""
         t = self.t
-        if not t.load:
+        if not (t.load or t.pretrained_checkpoint):
             return 0, 0
-        path = find_checkpoint(t.load, allow_empty=same_dir(t.load, t.save), report=print_rank_0)
+        path, pretrained = find_source(t, report=print_rank_0)
         if path is None:
             print_rank_0(f"> no checkpoint in {t.load}: training from scratch")
             return 0, 0
+        if pretrained:  # --pretrained-checkpoint: its weights only, as --finetune
+            print_rank_0(f"> no checkpoint in {t.load}: starting from --pretrained-checkpoint {path}")
+            t = dataclasses.replace(t, finetune=True)
         it, consumed = load_checkpoint(path, self.model, self.optimizer, self.groups, t, self.device, self.scheduler)
         self.last_saved = it
         return it, consumed

@@ -118,6 +118,14 @@ class TrainingConfig:
     no_load_optim: bool = opt(False, "Do not load the optimizer state (Adam moments, loss scale).")
     no_load_rng: bool = opt(False, "Do not load the RNG states.")
     finetune: bool = opt(False, "Load only the model weights; start at iteration 0 with fresh optimizer and data.")
+    pretrained_checkpoint: Optional[str] = opt(
+        None, "When --load holds no checkpoint, start from this one's weights: iteration 0, fresh optimizer and data.")
+    use_checkpoint_args: bool = opt(False, "Take the model's architecture flags from the --load checkpoint.")
+    ckpt_format: str = opt("torch_dist", "Checkpoint format: torch_dist is ours (layout-free, sharded); "
+                           "Megatron-LM's other formats are refused.",
+                           choices=["torch", "torch_dist", "zarr", "torch_dcp", "fsdp_dtensor"])
+    auto_detect_ckpt_format: bool = opt(False, "Accepted: a --load checkpoint's format is always detected "
+                                        "(ours is loaded, Megatron-LM's are refused).")
     exit_signal_handler: bool = opt(False, "On SIGTERM, save a checkpoint after the current iteration and exit.")
     check_for_nan_in_loss_and_grad: bool = opt(
         True, "Do not stop the run when a loss or the gradient norm is NaN or infinite (by default such an "

@@ -4,8 +4,8 @@ import os
 import sys
 
 from ..core import watchdog
-from ..core.checkpointing import find_checkpoint, same_dir
 from ..core.errors import MegatronUserError
+from .checkpoint_args import check_load
 from .data import describe_datasets
 from .initialize import initialize_distributed, shutdown, world_size_from_env
 from .log import print_rank_0
@@ -45,8 +45,8 @@ def start(model_cfg, train_cfg, tokenizer, build_datasets):
     model_cfg, tokenizer) -> (train, valid, test)) for configs that configure() resolved and checked.
     -> (groups, device, datasets). Raises one of USER_ERRORS for bad input."""
     check_outputs(train_cfg)  # an unwritable --save fails now, not at the first save
-    if train_cfg.load:  # a missing, truncated or foreign checkpoint fails before any process group
-        find_checkpoint(train_cfg.load, allow_empty=same_dir(train_cfg.load, train_cfg.save))
+    # a missing, truncated or foreign checkpoint, or one of other model flags, fails before any process group
+    check_load(model_cfg, train_cfg)
     groups, device = initialize_distributed(model_cfg, train_cfg)
     datasets = build_datasets(train_cfg, model_cfg, tokenizer)
     for line in describe_datasets(datasets):

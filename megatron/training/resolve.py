@@ -14,12 +14,14 @@ Sizes are checked positive before anything divides by them. Nothing here needs a
 from ..core.config import ConfigError
 from ..core.fusions import check_config as check_fusions
 from ..core.parallel_state import validate_parallel_sizes
+from .checkpoint_args import apply_checkpoint_args, check_ckpt_format
 from .tokenizer import build_tokenizer
 
 
 def resolve(model_cfg, train_cfg, world_size, make_tokenizer=build_tokenizer):
     """Fill the derived values of both configs for `world_size` ranks. -> the tokenizer
     (make_tokenizer(train_cfg)). Raises ConfigError (or TokenizerError) for bad input."""
+    apply_checkpoint_args(model_cfg, train_cfg)  # --use-checkpoint-args, before any derived value
     model_cfg.check_sizes()
     train_cfg.check_sizes()
     train_cfg.resolve_tokenizer_type()
@@ -41,6 +43,7 @@ def validate(model_cfg, train_cfg, world_size):
     pp, vpp = model_cfg.pipeline_model_parallel_size, model_cfg.virtual_pipeline_model_parallel_size
     dp = validate_parallel_sizes(world_size, model_cfg.tensor_model_parallel_size, pp, vpp)
     train_cfg.validate(dp)
+    check_ckpt_format(train_cfg)
     num_micro = train_cfg.global_batch_size // (train_cfg.micro_batch_size * dp)
     if vpp and num_micro % pp:
         raise ConfigError(
