@@ -10,7 +10,7 @@ import sys
 
 from megatron.core.models.gpt import GPTModel
 from megatron.training.arguments import parse_args
-from megatron.training.data import build_datasets
+from megatron.training.data import build_datasets, gpt_collate
 from megatron.training.embedded import EMBEDDED, embedded_recipe
 from megatron.training.launch import USER_ERRORS, configure, print_first_rank, run_pretrain, start, user_error
 from megatron.training.model_spec import ModelSpec
@@ -26,7 +26,8 @@ def model_provider(config, groups, device, pre_process=True, post_process=True, 
 def forward_step(model, batch):
     """-> {"lm loss": (per-token loss [b, s], loss mask [b, s])} on the last pipeline stage;
     earlier stages return their hidden states [s(/TP), b, h] to send on."""
-    out = model(batch["tokens"], labels=batch["labels"])
+    out = model(batch["tokens"], labels=batch["labels"], position_ids=batch.get("position_ids"),
+                attention_mask=batch.get("attention_mask"))
     return {"lm loss": (out, batch["loss_mask"])} if model.post_process else out
 
 
@@ -39,8 +40,8 @@ def main(argv=None):
         groups, device, datasets = start(model_cfg, train_cfg, tokenizer, build_datasets)
     except USER_ERRORS as e:
         return user_error(e)
-    return run_pretrain(model_cfg, train_cfg, groups, device, ModelSpec(model_provider, forward_step), datasets,
-                        type(tokenizer).__name__)
+    spec = ModelSpec(model_provider, forward_step, collate=gpt_collate(train_cfg, tokenizer))
+    return run_pretrain(model_cfg, train_cfg, groups, device, spec, datasets, type(tokenizer).__name__)
 
 
 if __name__ == "__main__":

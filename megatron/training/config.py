@@ -80,6 +80,9 @@ class TrainingConfig:
         None, "Validation data (prefix or weighted blend), used whole.", nargs="+")
     test_data_path: Optional[list[str]] = opt(None, "Test data (prefix or weighted blend), used whole.", nargs="+")
     split: str = opt("969,30,1", "Train,valid,test shares of the documents of each --data-path dataset.")
+    eod_mask_loss: bool = opt(False, "GPT: no loss on predictions made from an end-of-document token.")
+    reset_position_ids: bool = opt(False, "GPT: positions restart at 0 after each end-of-document token in a sample.")
+    reset_attention_mask: bool = opt(False, "GPT: no attention across end-of-document tokens within a sample.")
     blend_order: str = opt("megatron", "Order of a blend's samples: Megatron-LM's greedy rule, or Tijdeman's "
                            "(every prefix within one sample of the weights; docs/data.md).",
                            choices=["megatron", "tijdeman"])

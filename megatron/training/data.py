@@ -6,6 +6,7 @@ set is read once, from its start, after training. They are cut into chunks of mi
 [r x micro, (r+1) x micro) of each chunk. Which samples form a global batch therefore
 never depends on the layout; the datasets themselves are built the same on every rank.
 """
+import functools
 import os
 
 import numpy as np
@@ -20,6 +21,7 @@ from ..core.datasets import (
     build_gpt_datasets,
     default_cache_root,
 )
+from ..core.datasets.gpt_masks import EodOptions, ltor_masks
 
 
 def index_cache_dir(train_cfg):
@@ -159,11 +161,27 @@ def _describe(ds):
             f"{'built' if ds.built else 'loaded from cache'} ({ds.cache_key[:10]})")
 
 
-def collate_gpt(samples, device):
-    """GPT samples (tokens [s + 1]) -> tokens [b, s], labels [b, s], loss_mask [b, s] (fp32)."""
+def collate_gpt(samples, device, eod_options=None):
+    """GPT samples (tokens [s + 1]) -> tokens [b, s], labels [b, s], loss_mask [b, s] (fp32); with
+    eod_options (an EodOptions: --eod-mask-loss, --reset-*) also position_ids [b, s] and
+    attention_mask [b, 1, s, s] where reset (core/datasets/gpt_masks.py)."""
     t = torch.from_numpy(np.stack([x["tokens"] for x in samples])).to(device)
-    return {"tokens": t[:, :-1].contiguous(), "labels": t[:, 1:].contiguous(),
-            "loss_mask": torch.ones(t[:, 1:].shape, dtype=torch.float32, device=device)}
+    batch = {"tokens": t[:, :-1].contiguous(), "labels": t[:, 1:].contiguous(),
+             "loss_mask": torch.ones(t[:, 1:].shape, dtype=torch.float32, device=device)}
+    if eod_options is not None:
+        batch["loss_mask"], positions, mask = ltor_masks(batch["tokens"], eod_options)
+        batch.update({k: v for k, v in (("position_ids", positions), ("attention_mask", mask)) if v is not None})
+    return batch
+
+
+def gpt_collate(train_cfg, tokenizer):
+    """The collate of --eod-mask-loss / --reset-position-ids / --reset-attention-mask, or None
+    (collate_gpt's plain batches and the model's causal fast path) when none is given."""
+    t = train_cfg
+    if not (t.eod_mask_loss or t.reset_position_ids or t.reset_attention_mask):
+        return None
+    opts = EodOptions(tokenizer.eod, t.eod_mask_loss, t.reset_position_ids, t.reset_attention_mask)
+    return functools.partial(collate_gpt, eod_options=opts)
 
 
 def microbatches(dataset, consumed, global_batch, micro, dp_rank, dp_size, device, collate=None):

@@ -79,14 +79,15 @@ class LanguageModule(nn.Module):
         """This stage's input when not pre_process: hidden_states, else the set_input_tensor() one."""
         return hidden_states if hidden_states is not None else self.input_tensor
 
-    def embedding_sum(self, input_ids, extra=None, position_offset=0):
-        """[b, s] ids at positions position_offset.. -> word + learned position (+ extra [s, b, h],
-        e.g. BERT's token types) embeddings [s(/TP with SP), b, h], before dropout."""
+    def embedding_sum(self, input_ids, extra=None, position_offset=0, position_ids=None):
+        """[b, s] ids at positions position_offset.. (or position_ids [b, s]) -> word + learned position
+        (+ extra [s, b, h], e.g. BERT's token types) embeddings [s(/TP with SP), b, h], before dropout."""
         config = self.config
         x = self.word_embeddings(input_ids.t())
         added = extra
         if config.position_embedding_type == "learned_absolute":
-            added = self.position_embeddings[position_offset: position_offset + input_ids.shape[1]].unsqueeze(1)
+            added = self.position_embeddings[position_offset: position_offset + input_ids.shape[1]].unsqueeze(1) \
+                if position_ids is None else self.position_embeddings[position_ids.t()]
             if extra is not None:
                 added = added + extra
         if added is None:
@@ -98,11 +99,15 @@ class LanguageModule(nn.Module):
     def embedding_dropout(self, x):
         return hidden_dropout(x, self.config.hidden_dropout, self.training, self.config.sequence_parallel)
 
-    def rotary(self, seq_len, position_offset, like):
-        """(cos, sin) [s, 1, 1, d] for positions position_offset.., or None without rope."""
+    def rotary(self, seq_len, position_offset, like, position_ids=None):
+        """(cos, sin) [s, 1, 1, d] for positions position_offset.. ([s, b, 1, d] for position_ids
+        [b, s]), or None without rope."""
         config = self.config
         if config.position_embedding_type != "rope":
             return None
+        if position_ids is not None:
+            cos, sin = rope_cos_sin(seq_len, config.rotary_dim, config.rotary_base, like.device, like.dtype)
+            return cos[:, 0][position_ids.t()], sin[:, 0][position_ids.t()]
         cos, sin = rope_cos_sin(position_offset + seq_len, config.rotary_dim, config.rotary_base,
                                 like.device, like.dtype)
         return cos[position_offset:], sin[position_offset:]

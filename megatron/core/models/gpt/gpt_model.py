@@ -20,18 +20,24 @@ class GPTModel(LanguageModule):
         super().__init__(config, groups, pre_process, post_process, num_layers, layer_offset, device, vp_stage)
         self._assign_init_keys()
 
-    def embed(self, input_ids, position_offset=0):
-        """[b, s] ids at positions position_offset.. -> [s(/TP with SP), b, h]."""
-        return self.embedding_dropout(self.embedding_sum(input_ids, position_offset=position_offset))
+    def embed(self, input_ids, position_offset=0, position_ids=None):
+        """[b, s] ids at positions position_offset.. (or position_ids [b, s]) -> [s(/TP with SP), b, h]."""
+        return self.embedding_dropout(self.embedding_sum(input_ids, position_offset=position_offset,
+                                                         position_ids=position_ids))
 
-    def forward(self, input_ids, labels=None, hidden_states=None, kv_cache=None):
+    def forward(self, input_ids, labels=None, hidden_states=None, kv_cache=None, position_ids=None,
+                attention_mask=None):
         """hidden_states: the previous stage's output when not pre_process (default: the
         tensor given to set_input_tensor). Returns hidden states [s(/TP), b, h] when not
         post_process. kv_cache: a KVCache (transformer/kv_cache.py) for incremental decoding:
-        input_ids are the tokens after the cached ones, and their keys / values join it."""
+        input_ids are the tokens after the cached ones, and their keys / values join it.
+        position_ids [b, s] and attention_mask [b, 1, s, s] (bool, True = may attend) replace the
+        positions 0.. and the causal mask (--reset-position-ids, --reset-attention-mask)."""
         position_offset = kv_cache.seq_len if kv_cache is not None else 0
-        x = self.embed(input_ids, position_offset) if self.pre_process else self.stage_input(hidden_states)
-        x = self.decoder(x, self.rotary(input_ids.shape[1], position_offset, x), kv_cache=kv_cache)
+        x = self.embed(input_ids, position_offset, position_ids) if self.pre_process \
+            else self.stage_input(hidden_states)
+        x = self.decoder(x, self.rotary(input_ids.shape[1], position_offset, x, position_ids), attention_mask,
+                         kv_cache=kv_cache)
         if not self.post_process:
             return x
         logits = self.logits(x)
