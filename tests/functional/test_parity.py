@@ -32,17 +32,12 @@ def reference(model_flags, script="pretrain_gpt.py", base=BASE):
 
 
 FIRST_TOL, RUN_TOL = 2e-6, 1e-5  # relative, at iteration 1 and at any iteration or validation
-# Adam turns reordering noise in near-zero gradients into sign flips of their updates: in the 4-layer
-# model (DEEP) the grad norm of any layout (TP=2 alike, not only PP) drifts from the reference by up to
-# 1e-2 by iteration 11 while its loss stays within RUN_TOL; so grad norms are held to RUN_TOL through
-# NORM_ITERS (a wrong norm shows at iteration 1: the TP-duplicated-norm mutation is 0.2 off there).
-NORM_ITERS = 5
 
 
 def max_relative_differences(ref, got, terms=("lm loss",)):
     """{quantity: largest relative difference} between two runs' metrics (cli.run_metrics):
-    "first" (losses and grad norm at iteration 1), "train" (every iteration's losses, grad norms
-    through NORM_ITERS), "validation"."""
+    "first" (losses and grad norm at iteration 1), "train" (every iteration's losses and grad norm),
+    "validation"."""
     assert sorted(got["train"]) == sorted(ref["train"]), f"iterations differ: {sorted(got['train'])}"
     assert sorted(got["validation"]) == sorted(ref["validation"]), "validations differ"
 
@@ -51,16 +46,15 @@ def max_relative_differences(ref, got, terms=("lm loss",)):
 
     def train(it):
         r, g = ref["train"][it], got["train"][it]
-        norm = [rel(g["grad_norm"], r["grad_norm"])] if it <= NORM_ITERS else []
-        return max([rel(g["losses"][t], r["losses"][t]) for t in terms] + norm)
+        return max([rel(g["losses"][t], r["losses"][t]) for t in terms] + [rel(g["grad_norm"], r["grad_norm"])])
     return {"first": train(1), "train": max(train(it) for it in ref["train"]),
             "validation": max([rel(got["validation"][it]["losses"][t], v["losses"][t])
                                for it, v in ref["validation"].items() for t in terms], default=0.0)}
 
 
 def assert_metrics_parity(ref, got, terms=("lm loss",)):
-    """Losses (each of terms) and grad norms within FIRST_TOL at iteration 1, losses within RUN_TOL
-    at every iteration and grad norms through NORM_ITERS, validation losses within RUN_TOL."""
+    """Losses (each of terms) and grad norms within FIRST_TOL at iteration 1 and within RUN_TOL at
+    every iteration, validation losses within RUN_TOL."""
     diff = max_relative_differences(ref, got, terms)
     print(f"max relative differences: {diff}")
     assert diff["first"] <= FIRST_TOL, f"iteration 1: relative {diff['first']:.2e} > {FIRST_TOL}"
@@ -80,7 +74,10 @@ def assert_parity(ref, got):
 TP2, PP2, PP4 = (["--tensor-model-parallel-size", "2"], ["--pipeline-model-parallel-size", "2"],
                  ["--pipeline-model-parallel-size", "4"])
 SMALL_BUCKETS = ["--ddp-bucket-size", "20000"]  # several buckets, each sharded over DP
-DEEP = ["--num-layers", "4"]  # enough layers for 4 stages or 2 x 2 chunks; the reference runs it too
+# enough layers for 4 stages or 2 x 2 chunks; the reference runs it too. At BASE's lr the 4-layer run
+# amplifies rounding about tenfold per iteration from iteration 6 (one process with another micro-batch
+# size drifts alike: docs/numerics-and-hangs.md); at 1e-3 every layout stays within 2e-7 through 12.
+DEEP = ["--num-layers", "4", "--lr", "1e-3"]
 
 # name: (processes, layout flags, model flags shared with the one-process reference)
 LAYOUTS = {
