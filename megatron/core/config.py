@@ -11,27 +11,10 @@ from typing import Optional
 
 import torch
 
-from .errors import ConfigError
-from .pipeline_parallel.split import layer_split
-from .ranges import NON_NEGATIVE, POSITIVE, check_ranges
-
-
-def opt(default, help, flag=None, choices=None, nargs=None):
-    """A dataclass field with CLI metadata. flag: the Megatron-LM flag if not --field-name.
-
-    A bool field whose flag is given and whose default is True is switched off by that flag
-    (e.g. --disable-bias-linear).
-    """
-    meta = {"help": help, "flag": flag, "choices": choices, "nargs": nargs}
-    return dataclasses.field(default=default, metadata=meta)
-
-
-def flag_of(cls, name):
-    """The CLI flag for a config field, for error messages."""
-    for f in dataclasses.fields(cls):
-        if f.name == name:
-            return f.metadata.get("flag") or "--" + name.replace("_", "-")
-    raise KeyError(name)
+from . import config_checks
+from .config_fields import flag_of as flag_of  # re-exported (as ConfigError): importers name this module
+from .config_fields import opt
+from .errors import ConfigError as ConfigError
 
 
 @dataclass
@@ -150,11 +133,7 @@ class TransformerConfig(ModelParallelConfig):
 
     def check_sizes(self) -> None:
         """ConfigError unless every size is a positive integer (None: not given, fine)."""
-        for name in self.SIZES:
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                flag = "--vocab-size" if name == "vocab_size" else flag_of(TransformerConfig, name)
-                raise ConfigError(f"{flag} must be a positive integer, got {value}")
+        config_checks.check_sizes(self)
 
     def resolve(self, vocab_size: Optional[int] = None) -> "TransformerConfig":
         """Fill the derived values, once: the vocabulary (the tokenizer's, when given), the model
@@ -171,7 +150,7 @@ class TransformerConfig(ModelParallelConfig):
         if self.virtual_pipeline_model_parallel_size == 1 and chunks in (None, 1):
             self.virtual_pipeline_model_parallel_size = None
         if self.recompute_granularity == "full":
-            self.recompute_method, self.recompute_num_layers = self._recompute_defaults()
+            self.recompute_method, self.recompute_num_layers = config_checks.recompute_defaults(self)
         if self.transformer_impl == "transformer_engine" and self.attention_backend == "auto":
             self.attention_backend = "te"  # what Transformer Engine layers would run; the rest stays ours
         return self
@@ -183,94 +162,6 @@ class TransformerConfig(ModelParallelConfig):
             return None
         return self.num_layers // pp // k
 
-    def _recompute_defaults(self):
-        """(method, layers) of full recompute: uniform chunks of 1 layer unless given."""
-        n = self.recompute_num_layers
-        return self.recompute_method or "uniform", 1 if n is None else n
-
     def validate(self) -> None:
-        """Check the (resolved) configuration; assigns nothing. Raises ConfigError."""
-        f = lambda n: flag_of(TransformerConfig, n)  # noqa: E731
-        tp = self.tensor_model_parallel_size
-        self.check_sizes()
-        check_ranges(self, {"init_method_std": NON_NEGATIVE, "norm_epsilon": POSITIVE, "rotary_base": POSITIVE}, f)
-        if self.hidden_size % self.num_attention_heads:
-            raise ConfigError(f"{f('hidden_size')} ({self.hidden_size}) is not divisible by "
-                              f"{f('num_attention_heads')} ({self.num_attention_heads}); pick a head count "
-                              "that divides it")
-        if self.num_attention_heads % tp:
-            raise ConfigError(f"{f('num_attention_heads')} ({self.num_attention_heads}) is not divisible by "
-                              f"{f('tensor_model_parallel_size')} ({tp}); each TP rank needs whole heads")
-        if self.num_attention_heads % self.num_query_groups:
-            raise ConfigError(f"{f('num_attention_heads')} ({self.num_attention_heads}) is not divisible by "
-                              f"{f('num_query_groups')} ({self.num_query_groups})")
-        if self.num_query_groups % tp:
-            raise ConfigError(f"{f('num_query_groups')} ({self.num_query_groups}) is not divisible by "
-                              f"{f('tensor_model_parallel_size')} ({tp}); use a multiple of TP query groups")
-        if self.ffn_hidden_size % tp:
-            raise ConfigError(f"{f('ffn_hidden_size')} ({self.ffn_hidden_size}) is not divisible by "
-                              f"{f('tensor_model_parallel_size')} ({tp})")
-        if self.seq_length > self.max_position_embeddings:
-            raise ConfigError(f"{f('seq_length')} ({self.seq_length}) is larger than "
-                              f"{f('max_position_embeddings')} ({self.max_position_embeddings}); raise "
-                              f"{f('max_position_embeddings')} or shorten the sequence")
-        if self.sequence_parallel and self.seq_length % tp:
-            raise ConfigError(f"{f('seq_length')} ({self.seq_length}) must be divisible by "
-                              f"{f('tensor_model_parallel_size')} ({tp}) with {f('sequence_parallel')}")
-        if self.position_embedding_type == "rope" and self.kv_channels % 2:
-            raise ConfigError(f"rotary embeddings need an even head size, got {self.kv_channels}")
-        if not 0.0 < self.rotary_percent <= 1.0:
-            raise ConfigError(f"{f('rotary_percent')} must be in (0, 1], got {self.rotary_percent}")
-        if self.position_embedding_type == "rope" and (self.rotary_dim < 2 or self.rotary_dim % 2):
-            raise ConfigError(f"{f('rotary_percent')} {self.rotary_percent} x {f('kv_channels')} {self.kv_channels} "
-                              f"gives {self.rotary_dim} rotated dimensions; it must be even and at least 2")
-        for name in ("hidden_dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ConfigError(f"{f(name)} must be in [0, 1), got {getattr(self, name)}")
-        self._validate_recompute(f)
-        self._validate_pipeline()
-
-    def _validate_pipeline(self) -> None:
-        """Check the chunks per rank (V) and that the layers split exactly."""
-        f = lambda n: flag_of(TransformerConfig, n)  # noqa: E731
-        pp, k = self.pipeline_model_parallel_size, self.num_layers_per_virtual_pipeline_stage
-        uneven = self.decoder_first_pipeline_num_layers is not None or self.decoder_last_pipeline_num_layers is not None
-        if k is not None:
-            if pp < 2:
-                raise ConfigError(f"{f('num_layers_per_virtual_pipeline_stage')} needs "
-                                  f"{f('pipeline_model_parallel_size')} of at least 2")
-            if uneven:
-                raise ConfigError(f"{f('num_layers_per_virtual_pipeline_stage')} assumes an even split; with "
-                                  f"{f('decoder_first_pipeline_num_layers')} / {f('decoder_last_pipeline_num_layers')} "
-                                  f"give {f('virtual_pipeline_model_parallel_size')} instead")
-            layer_split(self.num_layers, pp)  # the even split must exist (error names the flags)
-            per_stage = self.num_layers // pp
-            if per_stage % k:
-                raise ConfigError(
-                    f"{f('num_layers')} ({self.num_layers}) / {f('pipeline_model_parallel_size')} ({pp}) = "
-                    f"{per_stage} layers per stage is not divisible by "
-                    f"{f('num_layers_per_virtual_pipeline_stage')} ({k})")
-            v = per_stage // k
-            if self.virtual_pipeline_model_parallel_size not in (None, v):
-                raise ConfigError(f"{f('virtual_pipeline_model_parallel_size')} "
-                                  f"({self.virtual_pipeline_model_parallel_size}) disagrees with "
-                                  f"{f('num_layers_per_virtual_pipeline_stage')} ({k}), which gives {v}")
-        vpp = self.virtual_pipeline_model_parallel_size
-        if vpp is not None and vpp > 1 and pp < 2:
-            raise ConfigError(f"{f('virtual_pipeline_model_parallel_size')} needs "
-                              f"{f('pipeline_model_parallel_size')} of at least 2")
-        layer_split(self.num_layers, pp, self.virtual_pipeline_model_parallel_size,
-                    self.decoder_first_pipeline_num_layers, self.decoder_last_pipeline_num_layers)
-
-    def _validate_recompute(self, f):
-        g, method, n = self.recompute_granularity, self.recompute_method, self.recompute_num_layers
-        if g != "full" and (method is not None or n is not None):
-            raise ConfigError(f"{f('recompute_method')} and {f('recompute_num_layers')} go with "
-                              f"{f('recompute_granularity')} full (selective recomputes the attention core of "
-                              "every layer)")
-        if g == "full":
-            method, n = self._recompute_defaults()
-            low = 1 if method == "uniform" else 0
-            if not low <= n <= self.num_layers:
-                raise ConfigError(f"{f('recompute_num_layers')} ({n}) must be between {low} and "
-                                  f"{f('num_layers')} ({self.num_layers}) with {f('recompute_method')} {method}")
+        """Check the (resolved) configuration; assigns nothing. Raises ConfigError (config_checks.py)."""
+        config_checks.validate(self)

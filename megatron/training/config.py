@@ -7,20 +7,10 @@ from typing import Optional
 
 import torch
 
-from ..core.config import ConfigError, flag_of, opt
-from ..core.datasets import DatasetError, parse_blend, parse_split
-from ..core.ranges import AT_LEAST_ONE, FRACTION, NON_NEGATIVE, POSITIVE, check_ranges
+from ..core.config import ConfigError, opt
+from . import config_checks
+from .bert_options import BertOptions as BertOptions  # re-exported: pretrain_bert.py imports it from here
 from .tokenizer import TOKENIZER_TYPES
-
-# numeric flags outside these ranges fail in validate(); NaN and inf fail everywhere (ranges.py)
-NUMBER_RULES = {
-    "lr": NON_NEGATIVE, "min_lr": NON_NEGATIVE, "weight_decay": NON_NEGATIVE, "clip_grad": NON_NEGATIVE,
-    "adam_beta1": FRACTION, "adam_beta2": FRACTION, "adam_eps": POSITIVE,
-    "seed": ("[]", 0, 2 ** 31 - 1),  # numpy seeds (and seed + 1) must fit 32 bits
-    "lr_warmup_iters": NON_NEGATIVE, "lr_decay_iters": AT_LEAST_ONE, "lr_wsd_decay_iters": AT_LEAST_ONE,
-    "loss_scale": POSITIVE, "initial_loss_scale": POSITIVE, "min_loss_scale": POSITIVE,
-    "eval_iters": NON_NEGATIVE,
-}
 
 
 @dataclass
@@ -150,11 +140,7 @@ class TrainingConfig:
 
     def check_sizes(self) -> None:
         """ConfigError unless the counts something divides by or loops over are positive."""
-        f = lambda n: flag_of(TrainingConfig, n)  # noqa: E731
-        for name in ("micro_batch_size", "global_batch_size", "train_iters", "train_samples", "log_interval",
-                     "eval_interval", "distributed_timeout_minutes", "inference_max_seq_length"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ConfigError(f"{f(name)} must be at least 1, got {getattr(self, name)}")
+        config_checks.check_sizes(self)
 
     def resolve_tokenizer_type(self) -> None:
         """--mock-data without --tokenizer-type means NullTokenizer (the only default there is)."""
@@ -174,159 +160,17 @@ class TrainingConfig:
                                   f"({self.global_batch_size} samples)")
 
     def check_schedule(self) -> None:
-        """The learning-rate and length flags fit together (Megatron-LM's rules): --lr is given; training
-        counts iterations or samples, and the schedule flags count the same."""
-        if self.lr is None:
-            raise ConfigError("--lr is required (the peak learning rate; Megatron-LM has no default either), "
-                              "e.g. --lr 3e-4")
-        if self.train_samples is not None:
-            resolved = self.global_batch_size and self.train_iters == self.train_samples // self.global_batch_size
-            if self.train_iters is not None and not resolved:
-                raise ConfigError("give --train-iters or --train-samples, not both")
-            given = [f for f, v in (("--lr-decay-iters", self.lr_decay_iters), ("--lr-warmup-iters",
-                     self.lr_warmup_iters or None), ("--lr-wsd-decay-iters", self.lr_wsd_decay_iters)) if v is not None]
-            unit, warmup = "samples", self.lr_warmup_samples
-        elif self.train_iters is not None:
-            given = [f for f, v in (("--lr-decay-samples", self.lr_decay_samples), ("--lr-warmup-samples",
-                     self.lr_warmup_samples or None), ("--lr-wsd-decay-samples", self.lr_wsd_decay_samples))
-                     if v is not None]
-            unit, warmup = "iters", self.lr_warmup_iters
-        else:
-            raise ConfigError("give the training length: --train-iters N or --train-samples N")
-        if given:
-            other = "iterations (--train-iters)" if unit == "iters" else "samples (--train-samples)"
-            raise ConfigError(f"{', '.join(given)} do not fit training measured in {other}; use the "
-                              f"--lr-*-{unit} flags")
-        if self.lr_warmup_fraction is not None and warmup:
-            raise ConfigError(f"give --lr-warmup-fraction or --lr-warmup-{unit}, not both")
+        """The learning-rate and length flags fit together (Megatron-LM's rules)."""
+        config_checks.check_schedule(self)
 
     def validate(self, dp_size: int) -> None:
-        """Check the resolved configuration for a data-parallel size; assigns nothing."""
-        f = lambda n: flag_of(TrainingConfig, n)  # noqa: E731
-        self.check_sizes()
-        check_ranges(self, NUMBER_RULES, f)
-        self._validate_schedule(f)
-        if self.global_batch_size is None:
-            raise ConfigError(f"{f('global_batch_size')} is not set: resolve the configuration first")
-        if self.global_batch_size % (self.micro_batch_size * dp_size):
-            raise ConfigError(
-                f"{f('global_batch_size')} ({self.global_batch_size}) is not divisible by "
-                f"{f('micro_batch_size')} ({self.micro_batch_size}) x data-parallel size ({dp_size}) = "
-                f"{self.micro_batch_size * dp_size}; use a multiple of it")
-        self.check_schedule()
-        if self.lr < 0 or self.min_lr < 0 or self.min_lr > self.lr:
-            raise ConfigError(f"need 0 <= {f('min_lr')} ({self.min_lr}) <= {f('lr')} ({self.lr})")
-        if self.clip_grad < 0 or self.weight_decay < 0 or self.eval_iters < 0:
-            raise ConfigError(f"{f('clip_grad')}, {f('weight_decay')} and {f('eval_iters')} must be non-negative")
-        if self.lr_warmup_fraction is not None and not 0 <= self.lr_warmup_fraction <= 1:
-            raise ConfigError(f"{f('lr_warmup_fraction')} must be in [0, 1], got {self.lr_warmup_fraction}")
-        if self.exit_interval is not None and self.exit_interval < 1:
-            raise ConfigError(f"{f('exit_interval')} must be at least 1")
-        self._validate_schedule_values()
-        if self.bf16 and self.fp16:
-            raise ConfigError("--bf16 and --fp16 are exclusive; pick one")
-        if self.grad_reduce_in_bf16 and not self.bf16:
-            raise ConfigError("--grad-reduce-in-bf16 needs --bf16")
-        if self.overlap_param_gather and not self.use_distributed_optimizer:
-            raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
-        if self.hysteresis < 1 or self.loss_scale_window < 1 or (self.loss_scale is not None and self.loss_scale <= 0):
-            raise ConfigError("--hysteresis and --loss-scale-window must be at least 1, --loss-scale positive")
-        if self.save_interval is not None and self.save_interval < 1:
-            raise ConfigError("--save-interval must be at least 1")
-        if self.save_interval and not self.save:
-            raise ConfigError("--save-interval needs --save DIR")
-        if self.distributed_timeout_minutes < 1:
-            raise ConfigError(f"{f('distributed_timeout_minutes')} must be at least 1, "
-                              f"got {self.distributed_timeout_minutes}")
-        if self.ddp_bucket_size is not None and self.ddp_bucket_size < 1:
-            raise ConfigError("--ddp-bucket-size must be at least 1")
-        self._validate_data()
-
-    def _validate_schedule(self, f):
-        """The warm-up and decay lengths fit inside each other; the loss-scale floor below its start."""
-        decay = self.lr_decay_iters or self.train_iters
-        if self.lr_wsd_decay_iters is not None and self.lr_wsd_decay_iters > decay:
-            raise ConfigError(f"{f('lr_wsd_decay_iters')} ({self.lr_wsd_decay_iters}) is longer than the decay "
-                              f"({f('lr_decay_iters')} or {f('train_iters')}: {decay}); shorten it")
-        if self.fp16 and self.loss_scale is None and self.min_loss_scale > self.initial_loss_scale:
-            raise ConfigError(f"{f('min_loss_scale')} ({self.min_loss_scale}) is above {f('initial_loss_scale')} "
-                              f"({self.initial_loss_scale}); lower it")
-    def _validate_schedule_values(self):
-        """Signs and ranges of the learning-rate schedule's own numbers."""
-        for name in ("lr_decay_iters", "lr_decay_samples", "lr_wsd_decay_iters", "lr_wsd_decay_samples"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ConfigError(f"{flag_of(TrainingConfig, name)} must be at least 1, got {getattr(self, name)}")
-        for name in ("lr_warmup_iters", "lr_warmup_samples"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{flag_of(TrainingConfig, name)} must be non-negative, got {getattr(self, name)}")
-        if not 0 <= self.lr_warmup_init <= self.lr:
-            raise ConfigError(f"need 0 <= --lr-warmup-init ({self.lr_warmup_init}) <= --lr ({self.lr})")
-        if self.exit_duration_in_mins is not None and self.exit_duration_in_mins <= 0:
-            raise ConfigError(f"--exit-duration-in-mins must be positive, got {self.exit_duration_in_mins}")
+        """Check the resolved configuration for a data-parallel size; assigns nothing (config_checks.py)."""
+        config_checks.validate(self, dp_size)
 
     @property
     def per_split_paths(self):
         return [self.train_data_path, self.valid_data_path, self.test_data_path]
 
-    def _validate_data(self):
-        per_split = any(self.per_split_paths)
-        if self.mock_data and (self.data_path or per_split):
-            raise ConfigError("--mock-data and --data-path (or --train-data-path ...) exclude each other")
-        if self.data_path and per_split:
-            raise ConfigError("give either --data-path (split by --split) or --train-data-path / "
-                              "--valid-data-path / --test-data-path, not both")
-        if per_split and not self.train_data_path:
-            raise ConfigError("--valid-data-path / --test-data-path need --train-data-path as well")
-        if per_split and self.eval_iters > 0 and not self.valid_data_path:
-            raise ConfigError(f"--eval-iters {self.eval_iters} needs validation data: give --valid-data-path, "
-                              "or set --eval-iters 0")
-        try:
-            parse_split(self.split)
-            for flag, paths in (("--data-path", self.data_path), ("--train-data-path", self.train_data_path),
-                                ("--valid-data-path", self.valid_data_path), ("--test-data-path", self.test_data_path)):
-                parse_blend(paths, flag)
-        except DatasetError as e:
-            raise ConfigError(str(e)) from None
-        self.validate_tokenizer()
-
     def validate_tokenizer(self) -> None:
         """The tokenizer flags fit together (checked before the tokenizer is built)."""
-        if not (self.mock_data or self.data_path or any(self.per_split_paths)):
-            raise ConfigError("no training data: give --data-path (or --train-data-path ...) or --mock-data")
-        tok = self.tokenizer_type
-        if tok is None:
-            raise ConfigError("--data-path needs --tokenizer-type (and its files): the tokenizer that "
-                              "tools/preprocess_data.py used")
-        if tok == "NullTokenizer" and (self.null_vocab_size is None or self.null_vocab_size < 1):
-            raise ConfigError("--tokenizer-type NullTokenizer needs --vocab-size N (N >= 1)")
-        if tok != "NullTokenizer" and self.null_vocab_size is not None:
-            raise ConfigError(f"--vocab-size goes with --tokenizer-type NullTokenizer, not {tok} "
-                              "(whose files define the vocabulary)")
-
-
-@dataclass
-class BertOptions:
-    """pretrain_bert.py's own flags (Megatron-LM names where it has them)."""
-    bert_binary_head: bool = opt(True, "Train the masked LM alone, without the binary head on the first token "
-                                 "(samples are then single segments).", flag="--bert-no-binary-head")
-    binary_head_task: str = opt("sop", "What the binary head predicts: sop (sentence order: were the two segments "
-                                "swapped?, ALBERT / Megatron-LM) or nsp (next sentence: is the second segment from "
-                                "another document?, original BERT).", choices=["sop", "nsp"])
-    mask_prob: float = opt(0.15, "Fraction of each sample's tokens chosen for the masked-LM loss (80%% replaced "
-                           "by [MASK], 10%% by a random token, 10%% kept).")
-    short_seq_prob: float = opt(0.1, "Probability that a sample is built to a random length shorter than "
-                                "--seq-length (so the model also sees short inputs).")
-
-    def validate(self):
-        if not 0.0 < self.mask_prob < 1.0:
-            raise ConfigError(f"--mask-prob must be in (0, 1), got {self.mask_prob}")
-        if not 0.0 <= self.short_seq_prob <= 1.0:
-            raise ConfigError(f"--short-seq-prob must be in [0, 1], got {self.short_seq_prob}")
-
-    @property
-    def loss_terms(self):
-        """{logged loss name: batch key of its mask (None: one per sample)}."""
-        terms = {"lm loss": "loss_mask"}
-        if self.bert_binary_head:
-            terms[f"{self.binary_head_task} loss"] = None
-        return terms
+        config_checks.validate_tokenizer(self)

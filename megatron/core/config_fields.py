@@ -1,0 +1,31 @@
+"""CLI metadata of configuration fields: opt() declares a field with its help text and flag,
+flag_of() names a field's flag in error messages. Kept apart from the dataclasses (config.py) so
+the checks (config_checks.py) can name flags without importing the classes they check."""
+import dataclasses
+
+
+def opt(default, help, flag=None, choices=None, nargs=None):
+    """A dataclass field with CLI metadata. flag: the Megatron-LM flag if not --field-name.
+
+    A bool field whose flag is given and whose default is True is switched off by that flag
+    (e.g. --disable-bias-linear).
+    """
+    meta = {"help": help, "flag": flag, "choices": choices, "nargs": nargs}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def flag_of(cls, name):
+    """The CLI flag for a config field, for error messages."""
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            return f.metadata.get("flag") or "--" + name.replace("_", "-")
+    raise KeyError(name)
+
+
+def flag_namer(cfg):
+    """name -> the CLI flag of that field of cfg's class (the one-argument form check_ranges takes)."""
+    cls = type(cfg)
+
+    def flag(name):
+        return flag_of(cls, name)
+    return flag
