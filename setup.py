@@ -86,6 +86,7 @@ setup(
     python_requires=">=3.9",
     install_requires=["torch>=2.4", "numpy", "sentencepiece", "tensorboard", "regex"],
     # hf: HuggingFace tokenizers (--tokenizer-type HuggingFaceTokenizer) and checkpoint conversion
-    # (tools/checkpoint/convert.py); the tests that need them skip without them
-    extras_require={"test": ["pytest", "pytest-timeout", "transformers", "ruff"], "hf": ["tokenizers", "transformers"]},
+    # (tools/checkpoint/convert.py); tiktoken: --tokenizer-type TikTokenizer; the tests that need them skip without them
+    extras_require={"test": ["pytest", "pytest-timeout", "transformers", "ruff", "tiktoken"],
+                    "hf": ["tokenizers", "transformers"], "tiktoken": ["tiktoken"]},
 )
