@@ -1,4 +1,5 @@
-"""Install with `pip install -e .` (add `[test]` for the test suite, `[hf]` for HuggingFace conversion).
+"""Install with `pip install -e .` (add `[test]` for the test suite, `[hf]` for HuggingFace conversion,
+`[tiktoken]` for --tokenizer-type TikTokenizer).
 
 Two optional extensions; a failed build of either is a warning, not a failed install:
 - csrc/helpers.cpp (dataset index helpers, pybind11) -> megatron.core.datasets.helpers_cpp;
@@ -86,6 +87,7 @@ setup(
     python_requires=">=3.9",
     install_requires=["torch>=2.4", "numpy", "sentencepiece", "tensorboard", "regex"],
     # hf: HuggingFace tokenizers (--tokenizer-type HuggingFaceTokenizer) and checkpoint conversion
-    # (tools/checkpoint/convert.py); the tests that need them skip without them
-    extras_require={"test": ["pytest", "pytest-timeout", "transformers", "ruff"], "hf": ["tokenizers", "transformers"]},
+    # (tools/checkpoint/convert.py); tiktoken: --tokenizer-type TikTokenizer; the tests that need them skip without them
+    extras_require={"test": ["pytest", "pytest-timeout", "transformers", "ruff", "tiktoken"],
+                    "hf": ["tokenizers", "transformers"], "tiktoken": ["tiktoken"]},
 )

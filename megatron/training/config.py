@@ -86,7 +86,13 @@ class TrainingConfig:
     merge_file: Optional[str] = opt(None, "GPT2BPETokenizer merges.txt.")
     tokenizer_model: Optional[str] = opt(None, "SentencePiece .model, or a Hugging Face tokenizer.json or folder.")
     # Megatron-LM's --vocab-size; the model's vocabulary is TransformerConfig.vocab_size (the tokenizer's)
-    null_vocab_size: Optional[int] = opt(None, "NullTokenizer: ids 0..N-1, end-of-document N.", flag="--vocab-size")
+    null_vocab_size: Optional[int] = opt(None, "NullTokenizer: ids 0..N-1, end-of-document N. TikTokenizer: the "
+                                         "vocabulary size (default 2**17).", flag="--vocab-size")
+    tiktoken_pattern: Optional[str] = opt(None, "TikTokenizer split pattern (default v2).", choices=["v1", "v2"])
+    tiktoken_num_special_tokens: int = opt(1000, "TikTokenizer: ids reserved for special tokens.")
+    special_tokens: Optional[list[str]] = opt(None, "TikTokenizer special tokens (must include <unk> <s> </s> "
+                                              "<mask> <pad> <cls> <sep>).", flag="--tokenizer-special-tokens",
+                                              nargs="+")
     distributed_backend: Optional[str] = opt(None, "Collective backend (default nccl with CUDA, else gloo).",
                                              choices=["nccl", "gloo"])
     inference_max_seq_length: int = opt(

@@ -155,6 +155,6 @@ def validate_tokenizer(cfg) -> None:
                           "tools/preprocess_data.py used")
     if tok == "NullTokenizer" and (cfg.null_vocab_size is None or cfg.null_vocab_size < 1):
         raise ConfigError("--tokenizer-type NullTokenizer needs --vocab-size N (N >= 1)")
-    if tok != "NullTokenizer" and cfg.null_vocab_size is not None:
-        raise ConfigError(f"--vocab-size goes with --tokenizer-type NullTokenizer, not {tok} "
+    if tok not in ("NullTokenizer", "TikTokenizer") and cfg.null_vocab_size is not None:
+        raise ConfigError(f"--vocab-size goes with --tokenizer-type NullTokenizer (or TikTokenizer), not {tok} "
                           "(whose files define the vocabulary)")
