@@ -15,7 +15,7 @@ LIMIT = 10  # seconds, through MEGATRON_DEBUG_TIMEOUT_SECONDS
 SLACK = 25  # a loaded machine's scheduling delays
 ARGS = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "100", "--num-layers", "2",
         "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16", "--micro-batch-size", "1",
-        "--global-batch-size", "4", "--train-iters", "50", "--log-interval", "1", "--eval-iters", "0"]
+        "--global-batch-size", "4", "--train-iters", "50", "--lr", "1e-3", "--log-interval", "1", "--eval-iters", "0"]
 
 
 def _wait_for(path, pattern, deadline):
