@@ -2,6 +2,7 @@
 checking the configuration, start-up, and the run itself."""
 import os
 import sys
+import time
 
 from ..core import watchdog
 from ..core.errors import MegatronUserError
@@ -23,11 +24,18 @@ def print_first_rank(msg):
         print(msg, flush=True)
 
 
+RANK0_GRACE_SECONDS = 15
+
+
 def user_error(e):
     """Bad input: one line, no traceback, printed once (by global rank 0: every rank runs the same
     checks, and rank 0 builds every dataset); the exit code, 2 on every rank."""
     if os.environ.get("RANK", "0") == "0":
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr, flush=True)
+    else:
+        # torchrun stops every rank as soon as one exits: a rank that found the error first must not
+        # end rank 0 before it has printed the line (when rank 0 exits first, this wait is cut short)
+        time.sleep(RANK0_GRACE_SECONDS)
     return 2
 
 
