@@ -9,6 +9,7 @@
         --pipeline-model-parallel-size 2 ...
 """
 import functools
+import os
 import sys
 
 from megatron.core.config import ConfigError
@@ -83,4 +84,9 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # everything is written and the groups are destroyed: skip the interpreter teardown, where
+    # gloo's threads can still abort a finished run ("terminate called without an active exception")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -6,6 +6,7 @@
     torchrun --nproc-per-node 4 pretrain_gpt.py --tensor-model-parallel-size 2 --mock-data \
         --tokenizer-type NullTokenizer --vocab-size 1024 ...
 """
+import os
 import sys
 
 from megatron.core.models.gpt import GPTModel
@@ -45,4 +46,9 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # everything is written and the groups are destroyed: skip the interpreter teardown, where
+    # gloo's threads can still abort a finished run ("terminate called without an active exception")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
