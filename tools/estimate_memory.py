@@ -41,20 +41,33 @@ def activation_bytes_per_layer(c, micro_batch, tp, sp):
     return per * (1 if c.params_dtype != torch.float32 else 2)
 
 
+_built = {}  # (config, stage) -> its meta parameters: a planner asks for the same stage many times
+
+
+def _stage_params(model_cfg, pp_rank):
+    """(trainable parameters (meta tensors) of pipeline stage pp_rank, its chunks in build order, its layers)."""
+    key = (repr(model_cfg), pp_rank)
+    if key not in _built:
+        tp, pp = model_cfg.tensor_model_parallel_size, model_cfg.pipeline_model_parallel_size
+        groups = types.SimpleNamespace(tp=PlanGroup(tp, 0), pp_size=pp, pp_rank=pp_rank,
+                                       is_first_stage=pp_rank == 0, is_last_stage=pp_rank == pp - 1)
+        V = model_cfg.virtual_pipeline_model_parallel_size or 1
+        # the same chunks, in the same order, as training.build_model
+        chunks = [GPTModel(model_cfg, groups, pre_process=groups.is_first_stage and v == 0,
+                           post_process=groups.is_last_stage and v == V - 1, device="meta", vp_stage=v)
+                  for v in range(V)]
+        _built[key] = ([p for c in chunks for p in c.parameters() if p.requires_grad],
+                       sum(len(c.decoder.layers) for c in chunks))
+    return _built[key]
+
+
 def estimate(model_cfg, t, world_size, pp_rank=0):
-    """{'params', 'grads', 'optimizer', 'activations', 'layers', 'in_flight'} for a rank of
+    """{'params', 'grads', 'optimizer', 'activations', 'working', 'layers', 'in_flight'} for a rank of
     pipeline stage pp_rank (DP rank 0, TP rank 0: other TP ranks hold the same)."""
     tp, pp = model_cfg.tensor_model_parallel_size, model_cfg.pipeline_model_parallel_size
     dp = validate_parallel_sizes(world_size, tp, pp, model_cfg.virtual_pipeline_model_parallel_size)
     t.validate(dp)
-    groups = types.SimpleNamespace(tp=PlanGroup(tp, 0), pp_size=pp, pp_rank=pp_rank,
-                                   is_first_stage=pp_rank == 0, is_last_stage=pp_rank == pp - 1)
-    V = model_cfg.virtual_pipeline_model_parallel_size or 1
-    # the same chunks, in the same order, as training.build_model
-    chunks = [GPTModel(model_cfg, groups, pre_process=groups.is_first_stage and v == 0,
-                       post_process=groups.is_last_stage and v == V - 1, device="meta", vp_stage=v)
-              for v in range(V)]
-    params = [p for c in chunks for p in c.parameters() if p.requires_grad]
+    params, layers = _stage_params(model_cfg, pp_rank)
     by_dtype = {}
     for p in params:
         by_dtype.setdefault(p.dtype, []).append(p)
@@ -74,12 +87,36 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
             out["params"] += sum(numels) * elt
             owned = sum(numels)
         out["optimizer"] += owned * (8 + (4 if dtype != torch.float32 else 0))
-    out["layers"] = sum(len(c.decoder.layers) for c in chunks)
-    out["activations"] = int(activation_bytes_per_layer(model_cfg, t.micro_batch_size, tp,
-                                                        model_cfg.sequence_parallel) * out["layers"])
+    out["layers"] = layers
+    out["activations"], out["working"] = kept_activation_bytes(model_cfg, t.micro_batch_size, tp, out["layers"])
     num_micro = t.global_batch_size // (t.micro_batch_size * dp)
     out["in_flight"] = min(pp - pp_rank, num_micro) if pp > 1 else 1  # 1F1B warm-up depth
     return out
+
+
+def kept_activation_bytes(c, micro_batch, tp, layers):
+    """(bytes kept per microbatch in flight, bytes of the one recomputed chunk being worked on) for
+    `layers` layers, after --recompute-granularity: full keeps each chunk's 16-bit input (2 s b h, /t
+    with SP) and rebuilds one chunk of layers at a time; selective drops the 5 a s / h t score term."""
+    full = activation_bytes_per_layer(c, micro_batch, tp, c.sequence_parallel)
+    if c.recompute_granularity is None or layers == 0:
+        return int(full * layers), 0
+    s, b, h = c.seq_length, micro_batch, c.hidden_size
+    rep = s * b * h / (tp if c.sequence_parallel else 1) * (2 if c.params_dtype != torch.float32 else 4)
+    if c.recompute_granularity == "selective":
+        scores = s * b * h * 5 * c.num_attention_heads * s / (h * tp)
+        return int((full - scores * (1 if c.params_dtype != torch.float32 else 2)) * layers), 0
+    k = min(c.recompute_num_layers or 1, layers)
+    if c.recompute_method == "block":  # the first k layers of the stage recomputed, the rest kept
+        return int(rep * k + full * (layers - k)), int(full)
+    return int(rep * -(-layers // k)), int(full * k)
+
+
+def total_bytes(est):
+    """Peak bytes of a rank from estimate(): states + kept activations of every microbatch in
+    flight + the recomputed chunk's activations during its backward."""
+    return (est["params"] + est["grads"] + est["optimizer"] + est["activations"] * est["in_flight"]
+            + est["working"])
 
 
 def _owned_real(numels, buckets, dp, rank=0):
@@ -110,8 +147,7 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 2
     for r, est in enumerate(stages):
-        act = est["activations"] * est["in_flight"]
-        total = est["params"] + est["grads"] + est["optimizer"] + act
+        total = total_bytes(est)
         print(f"stage {r} ({est['layers']} layers), per rank (world {known.world_size}): "
               f"bytes: params {est['params']:,}"
               f" grads {est['grads']:,} optimizer {est['optimizer']:,} | activations {est['activations']:,} per"

@@ -1,0 +1,159 @@
+"""Step time of one layout on paper (docs/planner.md has the equations).
+
+Per microbatch and GPU: GEMMs from their FLOPs and the calibrated efficiency of their shape;
+norms, dropout, GeLU, softmax and the optimizer from the bytes they stream through HBM; TP/SP
+collectives and pipeline sends from their bytes and the link they cross. The pipeline's per-rank
+forward and backward times feed the schedule simulator (megatron/core/pipeline_parallel/
+simulator.py), whose makespan holds the bubble; DP gradient (and parameter) collectives are
+added after it, minus what --overlap-grad-reduce hides behind the last backward.
+"""
+import dataclasses
+
+from ...core.pipeline_parallel.schedules import build_schedule
+from ...core.pipeline_parallel.simulator import simulate
+from ...core.pipeline_parallel.split import layer_split
+from .hardware import Cluster, collective_time, gemm_time, memory_time, p2p_time
+
+_UNFUSED = ("local", "unfused")
+_SIM_ACTIONS = 60_000  # simulate at most this many actions; beyond, extrapolate the steady state
+
+
+@dataclasses.dataclass
+class StepTime:
+    """Seconds of one iteration and its parts (per GPU; the pipeline part includes the bubble)."""
+    pipeline: float      # forward + backward of every microbatch through the schedule (simulated makespan)
+    dp_exposed: float    # DP gradient / parameter collectives not hidden behind backward
+    optimizer: float
+    embedding_sync: float
+    bubble: float        # the simulator's mean idle fraction of the pipeline part
+    layer_forward: float  # one layer, one microbatch: compute + TP collectives
+
+    @property
+    def total(self) -> float:
+        return self.pipeline + self.dp_exposed + self.optimizer + self.embedding_sync
+
+
+def _elt(c):
+    return 2 if c.params_dtype is not None and c.params_dtype.itemsize == 2 else 4
+
+
+def layer_costs(c, b, cluster: Cluster, tp):
+    """(forward s, backward s, recompute s) of one transformer layer on one microbatch of b samples,
+    per GPU of a TP group of tp. TP collectives are not overlapped with compute (they are not here)."""
+    s, h, a, d = c.seq_length, c.hidden_size, c.num_attention_heads, c.kv_channels
+    q, kv, f = a * d, c.num_query_groups * d, c.ffn_hidden_size
+    sp, elt, m = c.sequence_parallel and tp > 1, _elt(c), s * b
+    fc1 = f * (2 if c.swiglu else 1)
+    gemms = (gemm_time(cluster, m, (q + 2 * kv) // tp, h) + gemm_time(cluster, m, h, q // tp)
+             + gemm_time(cluster, m, fc1 // tp, h) + gemm_time(cluster, m, h, f // tp))
+    core = gemm_time(cluster, s, s, d, b * a // tp) + gemm_time(cluster, s, d, s, b * a // tp)
+    rep, ffn, att = m * h / (tp if sp else 1), m * f / tp, a * s * s * b / tp
+    # streamed bytes: 2 norms (read + write), 2 bias-dropout-adds (2 reads, 1 write, 1-byte mask),
+    # the activation (read + write, SwiGLU reads two), Q/K/V layout copies; unfused attention adds
+    # softmax (read + write) and dropout (read + write + mask) of the s x s scores
+    stream = elt * (4 * rep + 6 * rep + (3 if c.swiglu else 2) * ffn + 2 * 3 * m * q / tp) + 2 * rep
+    if c.attention_backend in _UNFUSED:
+        stream += (4 * elt + 1) * att
+    tp_bytes = m * h * elt  # per all-reduce (SP: all-gather + reduce-scatter of the same buffer)
+    tp_comm = 2 * collective_time(cluster, "all_reduce", tp_bytes, tp, 1)
+    fwd_core = core + memory_time(cluster, stream)
+    fwd = gemms + fwd_core + tp_comm
+    bwd = 2 * (gemms + fwd_core) + tp_comm
+    if c.attention_backend not in _UNFUSED:
+        bwd += core / 2  # flash-style kernels recompute the scores in backward
+    if c.recompute_granularity == "full":
+        rec = fwd
+    elif c.recompute_granularity == "selective":
+        rec = fwd_core
+    else:
+        rec = 0.0
+    return fwd, bwd, rec
+
+
+def head_costs(c, b, cluster: Cluster, tp):
+    """(forward s, backward s) of the output layer and the vocab-parallel cross entropy (last stage)."""
+    m, h, v = c.seq_length * b, c.hidden_size, c.padded_vocab_size
+    g = gemm_time(cluster, m, v // tp, h)
+    ce = memory_time(cluster, 3 * 4 * m * v / tp)  # fp32 logits: max, exp-sum, grad passes
+    ar = collective_time(cluster, "all_reduce", m * h * _elt(c), tp, 1)  # grad of the copied input
+    return g + ce, 2 * g + ce + ar
+
+
+def embedding_costs(c, b, cluster: Cluster, tp):
+    """(forward s, backward s) of the vocab-parallel embedding (first stage): one TP all-reduce."""
+    m, h = c.seq_length * b, c.hidden_size
+    ar = collective_time(cluster, "all_reduce", m * h * _elt(c), tp, 1)
+    touch = memory_time(cluster, 3 * m * h * _elt(c))
+    return ar + touch, 2 * touch
+
+
+def pipeline_time(c, t, cluster: Cluster, tp, pp, dp):
+    """(makespan s, bubble fraction, per-rank forward/backward costs) of the schedule over all microbatches."""
+    b, V = t.micro_batch_size, c.virtual_pipeline_model_parallel_size or 1
+    M = t.global_batch_size // (b * dp)
+    fwd, bwd, rec = layer_costs(c, b, cluster, tp)
+    hf, hb = head_costs(c, b, cluster, tp)
+    ef, eb = embedding_costs(c, b, cluster, tp)
+    split = layer_split(c.num_layers, pp, V if V > 1 else None)
+    act_bytes = c.seq_length * b * c.hidden_size * _elt(c) / (tp if c.sequence_parallel and tp > 1 else 1)
+    crosses = tp * dp >= cluster.gpus_per_node  # consecutive stages are tp * dp ranks apart
+    send = p2p_time(cluster, act_bytes, crosses) if pp > 1 else 0.0
+
+    def chunk_cost(rank, chunk, backward):
+        n = split[rank][chunk][1]
+        first, last = rank == 0 and chunk == 0, rank == pp - 1 and chunk == V - 1
+        if backward:
+            return n * (bwd + rec) + (hb if last else 0.0) + (eb if first else 0.0)
+        return n * fwd + (hf if last else 0.0) + (ef if first else 0.0)
+
+    def cost(rank, action):
+        if action.kind in ("F", "B"):
+            return chunk_cost(rank, action.chunk, action.kind == "B")
+        n_send = sum(op.kind.startswith("send") for op in action.ops)
+        n_recv = len(action.ops) - n_send
+        return send * max(n_send, n_recv)
+
+    return _simulate(pp, M, V, cost), (fwd, bwd, rec)
+
+
+def _simulate(P, M, V, cost):
+    """(makespan, bubble) of the default schedule; long ones are simulated at two smaller
+    microbatch counts and extended linearly (the steady state repeats one period per microbatch)."""
+    if P == 1:
+        busy = sum(cost(0, a) for a in build_schedule(1, M, V)[0] if a.kind in ("F", "B"))
+        return busy, 0.0
+    if 4 * P * M * V <= _SIM_ACTIONS:
+        tl = simulate(build_schedule(P, M, V), cost)
+        return tl.makespan, tl.bubble
+    M1 = max(P, (_SIM_ACTIONS // (8 * P * V)) // P * P)
+    t1, t2 = (simulate(build_schedule(P, m, V), cost) for m in (M1, M1 + P))
+    extra = (M - M1 - P) / P
+    makespan = t2.makespan + (t2.makespan - t1.makespan) * extra
+    idle1, idle2 = t1.makespan * t1.bubble, t2.makespan * t2.bubble
+    return makespan, (idle2 + (idle2 - idle1) * extra) / makespan
+
+
+def step_time(c, t, cluster: Cluster, tp, pp, dp, mems) -> StepTime:
+    """Seconds of one iteration. mems: tools/estimate_memory.py's estimate() of each pipeline stage
+    (its grad and parameter buffer bytes are what the DP collectives move); the slowest stage counts."""
+    (makespan, bubble), (fwd, bwd, rec) = pipeline_time(c, t, cluster, tp, pp, dp)
+    elt = _elt(c)
+    exposed = optimizer = 0.0
+    for mem in mems:
+        if t.use_distributed_optimizer:
+            dp_time = (collective_time(cluster, "reduce_scatter", mem["grads"], dp, tp)
+                       + collective_time(cluster, "all_gather", mem["params"], dp, tp))
+        else:
+            dp_time = collective_time(cluster, "all_reduce", mem["grads"], dp, tp)
+        # with --overlap-grad-reduce the last microbatch's backward hides the reduction of all
+        # buckets but the last one (taken as an eighth of the buffer)
+        hide = mem["layers"] * (bwd + rec) if t.overlap_grad_reduce else 0.0
+        exposed = max(exposed, max(dp_time - hide, dp_time / 8) if t.overlap_grad_reduce else dp_time)
+        owned = mem["params"] / elt / (dp if t.use_distributed_optimizer else 1)
+        # Adam on fp32 main params: main, m, v read and written, the fp32 grad read, the param written
+        optimizer = max(optimizer, memory_time(cluster, owned * (3 * 2 * 4 + 4 + elt)))
+    emb = 0.0
+    if pp > 1 and not c.untie_embeddings_and_output_weights:  # tied word embeddings: first <-> last stage
+        emb = collective_time(cluster, "all_reduce", c.padded_vocab_size * c.hidden_size / tp * 4, 2,
+                              tp * dp * (pp - 1))
+    return StepTime(makespan, exposed, optimizer, emb, bubble, fwd)

@@ -1,0 +1,115 @@
+"""The layouts the planner tries: each parallelism or memory choice is one Dimension.
+
+A layout is a dict {dimension name: value}; its command line is the concatenation of each
+dimension's flags. A new dimension (context parallel, expert parallel, a ZeRO stage) is one more
+Dimension in DIMENSIONS: what it allows given the choices made before it, and its flags. Whether a
+combination is valid is decided by the same resolve/validate as training (predict.py), not here.
+"""
+import dataclasses
+from collections.abc import Iterable
+from typing import Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class Space:
+    """What the choices may depend on: the model's sizes, the cluster, the global batch."""
+    num_gpus: int
+    gpus_per_node: int
+    num_layers: int
+    num_heads: int
+    num_query_groups: int
+    global_batch_size: int
+    full: bool  # enumerate dominated choices too (SP off with TP, no distributed optimizer with DP)
+
+
+@dataclasses.dataclass(frozen=True)
+class Dimension:
+    name: str
+    choices: Callable[[Space, dict], Iterable]   # (space, choices so far) -> values
+    flags: Callable[[object, dict], list]        # (value, whole layout) -> command-line flags
+
+
+def _divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def data_parallel(space: Space, layout: dict) -> int:
+    """GPUs over the model-parallel ones (TP x PP, and CP / EP where those dimensions exist)."""
+    return space.num_gpus // (layout["tp"] * layout["pp"])
+
+
+def _tp(space, _):
+    return [t for t in _divisors(space.num_gpus) if t & (t - 1) == 0 and t <= space.gpus_per_node
+            and space.num_heads % t == 0 and space.num_query_groups % t == 0]
+
+
+def _pp(space, lay):
+    return [p for p in _divisors(space.num_gpus // lay["tp"]) if p <= space.num_layers]
+
+
+def _vpp(space, lay):
+    if lay["pp"] == 1:
+        return [1]
+    per_stage = space.num_layers // lay["pp"]
+    return [v for v in _divisors(per_stage) if v <= 8] if space.num_layers % lay["pp"] == 0 else [1]
+
+
+def _mb(space, lay):
+    dp = data_parallel(space, lay)
+    if space.global_batch_size % dp:
+        return []
+    return [b for b in (1, 2, 4, 8, 16) if (space.global_batch_size // dp) % b == 0]
+
+
+def _sp(space, lay):
+    if lay["tp"] == 1:
+        return [False]
+    return [False, True] if space.full else [True]
+
+
+def _dist_opt(space, lay):
+    if data_parallel(space, lay) == 1:
+        return [False]
+    return [False, True] if space.full else [True]
+
+
+DIMENSIONS = [
+    Dimension("tp", _tp, lambda v, _: ["--tensor-model-parallel-size", str(v)]),
+    Dimension("pp", _pp, lambda v, _: ["--pipeline-model-parallel-size", str(v)]),
+    Dimension("vpp", _vpp, lambda v, lay: [] if v == 1 else
+              ["--num-layers-per-virtual-pipeline-stage", str(lay["layers"] // (lay["pp"] * v))]),
+    Dimension("mb", _mb, lambda v, _: ["--micro-batch-size", str(v)]),
+    Dimension("sp", _sp, lambda v, _: ["--sequence-parallel"] if v else []),
+    Dimension("dist_opt", _dist_opt, lambda v, lay: ["--use-distributed-optimizer"] if v else []),
+    Dimension("recompute", lambda s, _: [None, "selective", "full"],
+              lambda v, _: ["--recompute-granularity", v] if v else []),
+]
+
+
+def enumerate_layouts(space: Space, fixed=None):
+    """Every combination of the dimensions' choices, as dicts; fixed {name: value} pins dimensions."""
+    fixed = fixed or {}
+    out = [{"layers": space.num_layers}]
+    for dim in DIMENSIONS:
+        grown = []
+        for lay in out:
+            values = [fixed[dim.name]] if dim.name in fixed else list(dim.choices(space, lay))
+            grown += [{**lay, dim.name: v} for v in values]
+        out = grown
+    for lay in out:
+        lay["dp"] = data_parallel(space, lay)
+    return out
+
+
+def layout_flags(layout: dict) -> list[str]:
+    """The layout's command-line flags (pretrain_gpt.py's); --overlap-grad-reduce whenever DP > 1."""
+    flags = [f for dim in DIMENSIONS for f in dim.flags(layout[dim.name], layout)]
+    return flags + (["--overlap-grad-reduce"] if layout["dp"] > 1 else [])
+
+
+def describe(layout: dict) -> str:
+    """Short label: TP2 PP4 VPP2 DP8 mb1 SP DO rec=full."""
+    parts = [f"TP{layout['tp']}", f"PP{layout['pp']}"] + ([f"VPP{layout['vpp']}"] if layout["vpp"] > 1 else [])
+    parts += [f"DP{layout['dp']}", f"mb{layout['mb']}"] + (["SP"] if layout["sp"] else [])
+    parts += (["DO"] if layout["dist_opt"] else []) + ([f"rec={layout['recompute']}"] if layout["recompute"] else [])
+    return " ".join(parts)

@@ -1,0 +1,115 @@
+"""Predict one layout (memory, step time, throughput) and rank all of them.
+
+    cluster = make_cluster("A100-80GB", num_gpus=64)
+    best = plan(["--num-layers", "24", ..., "--global-batch-size", "512"], cluster)[0]
+
+Memory is tools/estimate_memory.py's, called as is (so the two never disagree); time is cost.py's.
+predict_resolved() takes the resolved configs training already holds, so a training log can print
+the predicted step time beside the measured one.
+"""
+import dataclasses
+import importlib.util
+import os
+from typing import Optional
+
+from ...core.errors import MegatronUserError
+from ..arguments import parse_args
+from ..flops import num_floating_point_operations
+from ..resolve import resolve, validate
+from .cost import StepTime, step_time
+from .hardware import Cluster
+from .layouts import Space, describe, enumerate_layouts, layout_flags
+
+# flags training requires that do not change the plan; the user's own come after them and win
+PLAN_DEFAULTS = ["--mock-data", "--lr", "1e-4", "--train-iters", "1"]
+_ESTIMATOR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))), "tools", "estimate_memory.py")
+_estimator = None
+
+
+def estimator():
+    """The module tools/estimate_memory.py (estimate(), total_bytes()), loaded once from this checkout."""
+    global _estimator
+    if _estimator is None:
+        spec = importlib.util.spec_from_file_location("estimate_memory", _ESTIMATOR)
+        _estimator = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(_estimator)
+    return _estimator
+
+
+@dataclasses.dataclass
+class Prediction:
+    label: str
+    flags: list
+    step: StepTime
+    memory_bytes: int            # the most loaded pipeline stage, = estimate_memory's total of that stage
+    fits: bool
+    tokens_per_s: float
+    tflops_per_gpu: float        # hardware FLOPs (activation recompute counted, as Narayanan et al. count)
+    model_tflops_per_gpu: float  # megatron/training/flops.py's model FLOPs (recompute not counted)
+    mfu: float                   # model FLOPs / (time x GPUs x peak)
+
+
+def hardware_flops(c, batch):
+    """Model FLOPs plus what recompute adds: one more forward of every layer (full) or of the
+    attention scores and weighted sum (selective)."""
+    model = num_floating_point_operations(c, batch)
+    if c.recompute_granularity == "full":
+        logits = 3 * batch * c.seq_length * 2 * c.hidden_size * c.padded_vocab_size
+        return model + (model - logits) / 3
+    if c.recompute_granularity == "selective":
+        q = c.num_attention_heads * c.kv_channels
+        return model + batch * c.seq_length * c.num_layers * 4 * c.seq_length * q
+    return model
+
+
+def predict_resolved(c, t, world_size, cluster: Cluster, label="", flags=()) -> Prediction:
+    """Prediction for resolved and validated configs (resolve() + validate() done) on `cluster`."""
+    est = estimator()
+    tp, pp = c.tensor_model_parallel_size, c.pipeline_model_parallel_size
+    dp = world_size // (tp * pp)
+    mems = [est.estimate(c, t, world_size, r) for r in range(pp)]
+    memory = max(est.total_bytes(m) for m in mems)
+    step = step_time(c, t, cluster, tp, pp, dp, mems)
+    gbs, secs = t.global_batch_size, step.total
+    model = num_floating_point_operations(c, gbs) / secs / world_size
+    return Prediction(label, list(flags), step, memory, memory <= cluster.memory_bytes,
+                      gbs * c.seq_length / secs, hardware_flops(c, gbs) / secs / world_size / 1e12,
+                      model / 1e12, model / cluster.peak_flops)
+
+
+def configs(argv, world_size):
+    """(model config, training config) parsed, resolved and validated as training does. Raises
+    MegatronUserError (ConfigError) for a layout training would refuse."""
+    c, t = parse_args(PLAN_DEFAULTS + list(argv))[:2]
+    resolve(c, t, world_size)
+    validate(c, t, world_size)
+    return c, t
+
+
+def predict(argv, cluster: Cluster, label="") -> Prediction:
+    """Prediction for pretrain_gpt.py flags `argv` (layout included) on all of cluster's GPUs."""
+    c, t = configs(argv, cluster.num_gpus)
+    return predict_resolved(c, t, cluster.num_gpus, cluster, label, argv)
+
+
+def space_of(argv, cluster: Cluster, full=False) -> Space:
+    c, t = parse_args(PLAN_DEFAULTS + list(argv))[:2]
+    if t.global_batch_size is None:
+        raise MegatronUserError("--global-batch-size is required to plan (the batch the cluster must run)")
+    return Space(cluster.num_gpus, cluster.gpus_per_node, c.num_layers, c.num_attention_heads,
+                 c.num_query_groups or c.num_attention_heads, t.global_batch_size, full)
+
+
+def plan(argv, cluster: Cluster, fixed: Optional[dict] = None, full=False) -> tuple[list, int]:
+    """(predictions of every valid layout, best first: fitting ones by step time, then the ones that
+    do not fit by step time; number of layouts training would refuse)."""
+    out, refused = [], 0
+    for lay in enumerate_layouts(space_of(argv, cluster, full), fixed):
+        flags = layout_flags(lay)
+        try:
+            out.append(predict(list(argv) + flags, cluster, describe(lay)))
+        except MegatronUserError:
+            refused += 1
+    out.sort(key=lambda p: (not p.fits, p.step.total))
+    return out, refused
