@@ -12,7 +12,7 @@ import dataclasses
 from ...core.pipeline_parallel.schedules import build_schedule
 from ...core.pipeline_parallel.simulator import simulate
 from ...core.pipeline_parallel.split import layer_split
-from .hardware import Cluster, collective_time, gemm_time, memory_time, p2p_time
+from .hardware import Cluster, collective_time, gemm_time, memory_time, p2p_time, ring_bytes
 
 _UNFUSED = ("local", "unfused")
 _SIM_ACTIONS = 60_000  # simulate at most this many actions; beyond, extrapolate the steady state
@@ -133,6 +133,21 @@ def _simulate(P, M, V, cost):
     return makespan, (idle2 + (idle2 - idle1) * extra) / makespan
 
 
+def dp_collectives(mem, distributed_optimizer) -> dict:
+    """{comm.py tag: (collective, full buffer bytes)} of one iteration's data-parallel traffic: the
+    gradient buffers (estimate()'s 'grads') all-reduced, or reduce-scattered with the distributed
+    optimizer, which then all-gathers the parameter buffers ('params')."""
+    if distributed_optimizer:
+        return {"dp-grads": ("reduce_scatter", mem["grads"]), "dp-params": ("all_gather", mem["params"])}
+    return {"dp-grads": ("all_reduce", mem["grads"])}
+
+
+def dp_traffic(mem, dp, distributed_optimizer) -> dict:
+    """{tag: bytes one rank sends} of dp_collectives(), to compare with debug.count_traffic()."""
+    collectives = dp_collectives(mem, distributed_optimizer)
+    return {tag: ring_bytes(kind, nbytes, dp) for tag, (kind, nbytes) in collectives.items()}
+
+
 def step_time(c, t, cluster: Cluster, tp, pp, dp, mems) -> StepTime:
     """Seconds of one iteration. mems: tools/estimate_memory.py's estimate() of each pipeline stage
     (its grad and parameter buffer bytes are what the DP collectives move); the slowest stage counts."""
@@ -140,11 +155,8 @@ def step_time(c, t, cluster: Cluster, tp, pp, dp, mems) -> StepTime:
     elt = _elt(c)
     exposed = optimizer = 0.0
     for mem in mems:
-        if t.use_distributed_optimizer:
-            dp_time = (collective_time(cluster, "reduce_scatter", mem["grads"], dp, tp)
-                       + collective_time(cluster, "all_gather", mem["params"], dp, tp))
-        else:
-            dp_time = collective_time(cluster, "all_reduce", mem["grads"], dp, tp)
+        dp_time = sum(collective_time(cluster, kind, nbytes, dp, tp)
+                      for kind, nbytes in dp_collectives(mem, t.use_distributed_optimizer).values())
         # with --overlap-grad-reduce the last microbatch's backward hides the reduction of all
         # buckets but the last one (taken as an eighth of the buffer)
         hide = mem["layers"] * (bwd + rec) if t.overlap_grad_reduce else 0.0

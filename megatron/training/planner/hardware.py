@@ -91,15 +91,20 @@ def group_bandwidth(cluster: Cluster, size, stride) -> tuple[float, int]:
     return min(cluster.nvlink_bw * cluster.nvlink_eff, per_node * cluster.network_bw * cluster.network_eff), nodes
 
 
+def ring_bytes(kind, nbytes, size) -> float:
+    """Bytes each rank sends in a ring collective over `size` ranks, nbytes the full buffer: all_reduce
+    2 (n-1)/n of it, all_gather / reduce_scatter (n-1)/n (what megatron/core/comm.py counts)."""
+    factor = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}[kind]
+    return factor * (size - 1) * nbytes / size if size > 1 else 0.0
+
+
 def collective_time(cluster: Cluster, kind, nbytes, size, stride) -> float:
-    """Seconds of a ring collective over `size` ranks, nbytes the full buffer: all_reduce sends
-    2 (n-1)/n of it per rank, all_gather / reduce_scatter (n-1)/n (megatron/core/comm.py counts the same)."""
+    """Seconds of a ring collective over `size` ranks `stride` apart, nbytes the full buffer."""
     if size <= 1:
         return 0.0
-    factor = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}[kind]
     bw, nodes = group_bandwidth(cluster, size, stride)
-    steps = factor * (size - 1)
-    return factor * (size - 1) / size * nbytes / bw + (steps * cluster.latency if nodes > 1 else 0.0)
+    steps = (2 if kind == "all_reduce" else 1) * (size - 1)
+    return ring_bytes(kind, nbytes, size) / bw + (steps * cluster.latency if nodes > 1 else 0.0)
 
 
 def p2p_time(cluster: Cluster, nbytes, crosses_node) -> float:

@@ -1,0 +1,93 @@
+"""The planner (megatron/training/planner): its memory is the estimator's, its ranking puts what
+does not fit last, its calibration agrees with the MFU peaks, its pipeline extrapolation is the
+simulation, and tools/plan.py runs end to end."""
+import pytest
+
+from megatron.core.pipeline_parallel.schedules import build_schedule
+from megatron.core.pipeline_parallel.simulator import simulate
+from megatron.training.flops import lookup_peak
+from megatron.training.planner import cost as cost_mod
+from megatron.training.planner import load_calibration, make_cluster, plan, predict
+from megatron.training.planner.predict import PLAN_DEFAULTS, estimator
+from tools import plan as plan_cli
+
+TOY = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "128",
+       "--max-position-embeddings", "128", "--vocab-size", "512", "--global-batch-size", "16", "--bf16"]
+LAYOUTS = [
+    ["--micro-batch-size", "2"],
+    ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--micro-batch-size", "1"],
+    ["--pipeline-model-parallel-size", "2", "--micro-batch-size", "2", "--use-distributed-optimizer"],
+    ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1",
+     "--micro-batch-size", "1", "--recompute-granularity", "full"],
+    ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2", "--micro-batch-size", "4",
+     "--recompute-granularity", "selective"],
+]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda f: " ".join(f))
+def test_memory_is_the_estimators(layout):
+    """The planner's memory per GPU = max over stages of tools/estimate_memory.py's total, parsed
+    the way that tool parses its own flags (its parse_args / resolve / validate)."""
+    world = 8
+    est = estimator()
+    c, t = est.parse_args(PLAN_DEFAULTS + TOY + layout)
+    est.resolve(c, t, world)
+    est.validate(c, t, world)
+    want = max(est.total_bytes(est.estimate(c, t, world, r)) for r in range(c.pipeline_model_parallel_size))
+    got = predict(TOY + layout, make_cluster("A100-80GB", world)).memory_bytes
+    assert got == want
+
+
+def test_recompute_shrinks_the_estimate():
+    est = estimator()
+    totals = {}
+    for rec in ([], ["--recompute-granularity", "selective"], ["--recompute-granularity", "full"]):
+        c, t = est.parse_args(PLAN_DEFAULTS + TOY + ["--micro-batch-size", "4"] + rec)
+        est.resolve(c, t, 1)
+        totals[tuple(rec)] = est.total_bytes(est.estimate(c, t, 1))
+    full, sel, none = (totals[k] for k in (("--recompute-granularity", "full"),
+                                           ("--recompute-granularity", "selective"), ()))
+    assert full < sel < none
+
+
+def test_ranking_puts_what_does_not_fit_last():
+    # 8 GPUs of 6 MB: the toy model fits in some layouts only
+    cluster = make_cluster("H100-SXM", 8, memory_gb=0.006)
+    preds, _ = plan(TOY, cluster)
+    fits = [p.fits for p in preds]
+    assert any(fits) and not all(fits)
+    assert fits == sorted(fits, reverse=True)  # every fitting layout before every other
+    first_bad = fits.index(False)
+    assert all(p.memory_bytes > cluster.memory_bytes for p in preds[first_bad:])
+    times = [p.step.total for p in preds[:first_bad]]
+    assert times == sorted(times)
+
+
+def test_calibration_peaks_are_the_mfu_table():
+    """One source of truth for the peaks: calibration.toml and megatron/training/flops.py agree."""
+    names = {"A100-80GB": "A100", "A100-40GB": "A100", "H100-SXM": "H100 SXM", "H200": "H200"}
+    for gpu, g in load_calibration()["gpu"].items():
+        assert lookup_peak(names[gpu], "bf16")[1] == g["peak_bf16_tflops"]
+
+
+def test_extrapolated_pipeline_equals_the_simulation(monkeypatch):
+    costs = {0: (1.0, 2.2), 1: (1.1, 2.0), 2: (1.0, 2.0), 3: (1.3, 2.5)}
+
+    def cost(rank, a):
+        return costs[rank][a.kind == "B"] if a.kind in ("F", "B") else 0.05
+
+    P, M, V = 4, 40, 1
+    direct = simulate(build_schedule(P, M, V), cost)
+    monkeypatch.setattr(cost_mod, "_SIM_ACTIONS", 8 * P * 3 * P)  # force the extrapolation
+    makespan, bubble = cost_mod._simulate(P, M, V, cost)
+    assert makespan == pytest.approx(direct.makespan, rel=1e-9)
+    assert bubble == pytest.approx(direct.bubble, rel=1e-9)
+
+
+def test_plan_cli(capsys):
+    assert plan_cli.main(["--gpu", "A100-40GB", "--num-gpus", "4", "--fix", "recompute=none"] + TOY) == 0
+    out = capsys.readouterr().out
+    assert "best layout:" in out and "pretrain_gpt.py" in out
+    assert plan_cli.main(["--gpu", "Z80"] + TOY) == 2
+    assert "--gpu Z80" in capsys.readouterr().err
+    assert plan_cli.main(TOY[:-3] + ["--bf16"]) == 2  # no --global-batch-size
