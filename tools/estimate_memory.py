@@ -44,7 +44,7 @@ def activation_bytes_per_layer(c, micro_batch, tp, sp):
 _built = {}  # (config, stage) -> its meta parameters: a planner asks for the same stage many times
 
 
-def _stage_params(model_cfg, pp_rank):
+def stage_params(model_cfg, pp_rank):
     """(trainable parameters (meta tensors) of pipeline stage pp_rank, its chunks in build order, its layers)."""
     key = (repr(model_cfg), pp_rank)
     if key not in _built:
@@ -67,7 +67,7 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
     tp, pp = model_cfg.tensor_model_parallel_size, model_cfg.pipeline_model_parallel_size
     dp = validate_parallel_sizes(world_size, tp, pp, model_cfg.virtual_pipeline_model_parallel_size)
     t.validate(dp)
-    params, layers = _stage_params(model_cfg, pp_rank)
+    params, layers = stage_params(model_cfg, pp_rank)
     by_dtype = {}
     for p in params:
         by_dtype.setdefault(p.dtype, []).append(p)

@@ -1,13 +1,22 @@
-"""The planner's data-parallel bytes per collective equal what a real gloo run sends
-(debug.count_traffic over one training step of the same tiny layout): TP2 x DP2 with and
-without the distributed optimizer, so that both the TP-sharded buffers and both DP paths count."""
-import torch
+"""The planner's bytes per collective equal what a real gloo run sends, over one training step of
+the same tiny layout (TP2 x DP2), plain and with SP + the distributed optimizer:
+- DP: megatron/training/planner/cost.dp_traffic against debug.count_traffic (comm.py's tags);
+- TP: planner/traffic.iteration_tp_traffic against a counter wrapped here around the torch
+  collectives every TP call goes through (all_reduce, and comm.py's all-gather / reduce-scatter),
+  counting only calls on the TP group, each with the ring figure comm.py uses."""
+import collections
 
-from megatron.core import debug
+import pytest
+import torch
+import torch.distributed as dist
+
+from megatron.core import comm, debug
 from megatron.core.models.gpt import GPTModel
 from megatron.core.tensor_parallel.random import model_parallel_seed
 from megatron.training.planner.cost import dp_traffic
+from megatron.training.planner.hardware import ring_bytes
 from megatron.training.planner.predict import configs, estimator
+from megatron.training.planner.traffic import iteration_tp_traffic
 from megatron.training.training import setup_model_and_optimizer, train_step
 from tests.distributed.test_data_parallel import _batches, _step
 from tests.harness import spawn
@@ -17,23 +26,48 @@ TINY = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4"
         "--max-position-embeddings", "16", "--vocab-size", "256", "--micro-batch-size", "2",
         "--global-batch-size", "8", "--tensor-model-parallel-size", "2", "--ddp-bucket-size", "5000",
         "--hidden-dropout", "0", "--attention-dropout", "0"]
+VARIANTS = ([], ["--use-distributed-optimizer", "--sequence-parallel"])
+
+
+def _count_tp(groups, counted):
+    """Wrap the collectives in this process: calls on groups.tp add their ring bytes to `counted`."""
+    def wrap(fn, kind, full_arg):
+        def counting(*args, group=None, **kw):
+            if group is groups.tp:
+                full = args[full_arg]
+                counted[kind] += ring_bytes(kind, full.numel() * full.element_size(), groups.tp_size)
+            return fn(*args, group=group, **kw)
+        return counting
+    comm._all_gather = wrap(comm._all_gather, "all_gather", 0)              # (gathered out, shard in)
+    comm._reduce_scatter = wrap(comm._reduce_scatter, "reduce_scatter", 1)  # (shard out, full in)
+    dist.all_reduce = wrap(dist.all_reduce, "all_reduce", 0)
 
 
 def _run(groups):
+    tp_counted = collections.Counter()
+    _count_tp(groups, tp_counted)
     out = []
-    for extra in ([], ["--use-distributed-optimizer"]):
+    for extra in VARIANTS:  # one spawn for both: process start-up is the cost here
         c, t = configs(TINY + extra, 4)
         model_parallel_seed(5, groups.tp_rank, groups.pp_rank, "cpu")
         model, ddp, opt, sched = setup_model_and_optimizer(
             c, t, groups, torch.device("cpu"), lambda c_, g, d, **kw: GPTModel(c_, g, device=d, **kw))
+        tp_counted.clear()
         with debug.count_traffic() as sent:
             train_step(model, ddp, opt, sched, _batches(groups), _step, groups, 1)
-        mem = estimator().estimate(c, t, 4, groups.pp_rank)
-        out.append((extra, dict(sent), dp_traffic(mem, groups.dp_size, t.use_distributed_optimizer)))
+        est = estimator()
+        mem = est.estimate(c, t, 4, groups.pp_rank)
+        params, layers = est.stage_params(c, groups.pp_rank)
+        out.append((extra, dict(sent), dp_traffic(mem, groups.dp_size, t.use_distributed_optimizer),
+                    dict(tp_counted), iteration_tp_traffic(c, t, groups.tp_size, groups.dp_size, params, layers)))
     return out
 
 
-def test_dp_bytes_per_collective_equal_the_counted_traffic():
-    for per_rank in spawn(4, _run, tp=2):  # one spawn for both runs: process start-up is the cost here
-        for extra, counted, predicted in per_rank:
-            assert counted == predicted, (extra, counted, predicted)
+def test_bytes_per_collective_equal_the_counted_traffic():
+    for per_rank in spawn(4, _run, tp=2):
+        for extra, dp_counted, dp_predicted, tp_counted, tp_predicted in per_rank:
+            assert dp_counted == dp_predicted, (extra, dp_counted, dp_predicted)
+            assert tp_counted.keys() == tp_predicted.keys(), (extra, tp_counted, tp_predicted)
+            for kind in tp_counted:
+                assert tp_counted[kind] == pytest.approx(tp_predicted[kind], rel=1e-12), (extra, tp_counted,
+                                                                                        tp_predicted)

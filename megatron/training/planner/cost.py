@@ -13,6 +13,7 @@ from ...core.pipeline_parallel.schedules import build_schedule
 from ...core.pipeline_parallel.simulator import simulate
 from ...core.pipeline_parallel.split import layer_split
 from .hardware import Cluster, collective_time, gemm_time, memory_time, p2p_time, ring_bytes
+from .traffic import embedding_collectives, head_collectives, layer_collectives
 
 _UNFUSED = ("local", "unfused")
 _SIM_ACTIONS = 60_000  # simulate at most this many actions; beyond, extrapolate the steady state
@@ -24,13 +25,13 @@ class StepTime:
     pipeline: float      # forward + backward of every microbatch through the schedule (simulated makespan)
     dp_exposed: float    # DP gradient / parameter collectives not hidden behind backward
     optimizer: float
-    embedding_sync: float
+    finalize: float      # finalize_model_grads: SP-replicated grads over TP, tied embedding over first/last stage
     bubble: float        # the simulator's mean idle fraction of the pipeline part
     layer_forward: float  # one layer, one microbatch: compute + TP collectives
 
     @property
     def total(self) -> float:
-        return self.pipeline + self.dp_exposed + self.optimizer + self.embedding_sync
+        return self.pipeline + self.dp_exposed + self.optimizer + self.finalize
 
 
 def _elt(c):
@@ -54,11 +55,10 @@ def layer_costs(c, b, cluster: Cluster, tp):
     stream = elt * (4 * rep + 6 * rep + (3 if c.swiglu else 2) * ffn + 2 * 3 * m * q / tp) + 2 * rep
     if c.attention_backend in _UNFUSED:
         stream += (4 * elt + 1) * att
-    tp_bytes = m * h * elt  # per all-reduce (SP: all-gather + reduce-scatter of the same buffer)
-    tp_comm = 2 * collective_time(cluster, "all_reduce", tp_bytes, tp, 1)
+    comm_fwd, comm_bwd = (tp_time(cluster, ops, tp) for ops in layer_collectives(c, b, tp))
     fwd_core = core + memory_time(cluster, stream)
-    fwd = gemms + fwd_core + tp_comm
-    bwd = 2 * (gemms + fwd_core) + tp_comm
+    fwd = gemms + fwd_core + comm_fwd
+    bwd = 2 * (gemms + fwd_core) + comm_bwd
     if c.attention_backend not in _UNFUSED:
         bwd += core / 2  # flash-style kernels recompute the scores in backward
     if c.recompute_granularity == "full":
@@ -75,16 +75,20 @@ def head_costs(c, b, cluster: Cluster, tp):
     m, h, v = c.seq_length * b, c.hidden_size, c.padded_vocab_size
     g = gemm_time(cluster, m, v // tp, h)
     ce = memory_time(cluster, 3 * 4 * m * v / tp)  # fp32 logits: max, exp-sum, grad passes
-    ar = collective_time(cluster, "all_reduce", m * h * _elt(c), tp, 1)  # grad of the copied input
-    return g + ce, 2 * g + ce + ar
+    comm_fwd, comm_bwd = (tp_time(cluster, ops, tp) for ops in head_collectives(c, b, tp))
+    return g + ce + comm_fwd, 2 * g + ce + comm_bwd
 
 
 def embedding_costs(c, b, cluster: Cluster, tp):
-    """(forward s, backward s) of the vocab-parallel embedding (first stage): one TP all-reduce."""
-    m, h = c.seq_length * b, c.hidden_size
-    ar = collective_time(cluster, "all_reduce", m * h * _elt(c), tp, 1)
-    touch = memory_time(cluster, 3 * m * h * _elt(c))
-    return ar + touch, 2 * touch
+    """(forward s, backward s) of the vocab-parallel embedding (first stage)."""
+    touch = memory_time(cluster, 3 * c.seq_length * b * c.hidden_size * _elt(c))
+    comm_fwd, comm_bwd = (tp_time(cluster, ops, tp) for ops in embedding_collectives(c, b, tp))
+    return touch + comm_fwd, 2 * touch + comm_bwd
+
+
+def tp_time(cluster: Cluster, ops, tp):
+    """Seconds of a list of (kind, bytes) collectives over a TP group (consecutive ranks)."""
+    return sum(collective_time(cluster, kind, nbytes, tp, 1) for kind, nbytes in ops)
 
 
 def pipeline_time(c, t, cluster: Cluster, tp, pp, dp):
@@ -148,9 +152,10 @@ def dp_traffic(mem, dp, distributed_optimizer) -> dict:
     return {tag: ring_bytes(kind, nbytes, dp) for tag, (kind, nbytes) in collectives.items()}
 
 
-def step_time(c, t, cluster: Cluster, tp, pp, dp, mems) -> StepTime:
+def step_time(c, t, cluster: Cluster, tp, pp, dp, mems, sp_grad_bytes=0) -> StepTime:
     """Seconds of one iteration. mems: tools/estimate_memory.py's estimate() of each pipeline stage
-    (its grad and parameter buffer bytes are what the DP collectives move); the slowest stage counts."""
+    (its grad and parameter buffer bytes are what the DP collectives move); the slowest stage counts.
+    sp_grad_bytes: traffic.sequence_parallel_grad_bytes of the stage holding the most."""
     (makespan, bubble), (fwd, bwd, rec) = pipeline_time(c, t, cluster, tp, pp, dp)
     elt = _elt(c)
     exposed = optimizer = 0.0
@@ -164,8 +169,8 @@ def step_time(c, t, cluster: Cluster, tp, pp, dp, mems) -> StepTime:
         owned = mem["params"] / elt / (dp if t.use_distributed_optimizer else 1)
         # Adam on fp32 main params: main, m, v read and written, the fp32 grad read, the param written
         optimizer = max(optimizer, memory_time(cluster, owned * (3 * 2 * 4 + 4 + elt)))
-    emb = 0.0
+    emb = collective_time(cluster, "all_reduce", sp_grad_bytes, tp, 1)
     if pp > 1 and not c.untie_embeddings_and_output_weights:  # tied word embeddings: first <-> last stage
-        emb = collective_time(cluster, "all_reduce", c.padded_vocab_size * c.hidden_size / tp * 4, 2,
+        emb += collective_time(cluster, "all_reduce", c.padded_vocab_size * c.hidden_size / tp * 4, 2,
                               tp * dp * (pp - 1))
     return StepTime(makespan, exposed, optimizer, emb, bubble, fwd)

@@ -19,6 +19,7 @@ from ..resolve import resolve, validate
 from .cost import StepTime, step_time
 from .hardware import Cluster
 from .layouts import Space, describe, enumerate_layouts, layout_flags
+from .traffic import sequence_parallel_grad_bytes
 
 # flags training requires that do not change the plan; the user's own come after them and win
 PLAN_DEFAULTS = ["--mock-data", "--lr", "1e-4", "--train-iters", "1"]
@@ -70,7 +71,8 @@ def predict_resolved(c, t, world_size, cluster: Cluster, label="", flags=()) -> 
     dp = world_size // (tp * pp)
     mems = [est.estimate(c, t, world_size, r) for r in range(pp)]
     memory = max(est.total_bytes(m) for m in mems)
-    step = step_time(c, t, cluster, tp, pp, dp, mems)
+    sp_bytes = max(sequence_parallel_grad_bytes(est.stage_params(c, r)[0], tp) for r in range(pp))
+    step = step_time(c, t, cluster, tp, pp, dp, mems, sp_bytes)
     gbs, secs = t.global_batch_size, step.total
     model = num_floating_point_operations(c, gbs) / secs / world_size
     return Prediction(label, list(flags), step, memory, memory <= cluster.memory_bytes,

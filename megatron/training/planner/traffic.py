@@ -1,0 +1,88 @@
+"""Every tensor-parallel collective of a training step, as data: (kind, full buffer bytes).
+
+Itemised from the code that runs them (tensor_parallel/mappings.py, layers.py, cross_entropy.py,
+models/common/language_module.py, distributed/finalize.py); cost.py turns them into time and
+tests/distributed/test_planner_traffic.py checks them against the bytes a gloo run sends.
+Kinds: all_reduce, all_gather, reduce_scatter; bytes: the full (gathered / unreduced) buffer.
+Activations have the parameters' dtype; the cross entropy's statistics are fp32.
+"""
+from ...core.tensor_parallel.param_meta import param_meta
+from .hardware import ring_bytes
+
+
+def _act(c, b):
+    elt = 2 if c.params_dtype is not None and c.params_dtype.itemsize == 2 else 4
+    return c.seq_length * b * c.hidden_size * elt
+
+
+def layer_collectives(c, b, tp):
+    """(forward, backward) lists of one transformer layer on a microbatch of b samples. Without SP:
+    the row-parallel outputs are all-reduced forward, the column-parallel inputs' grads backward.
+    With SP: all-gather before each column-parallel GEMM and reduce-scatter after each row-parallel
+    one; backward gathers the input again (it keeps only its shard), reduce-scatters its grad, and
+    all-gathers the row-parallel output's grad."""
+    if tp == 1:
+        return [], []
+    x = _act(c, b)
+    if c.sequence_parallel:
+        return ([("all_gather", x), ("reduce_scatter", x)] * 2,
+                [("all_gather", x), ("all_gather", x), ("reduce_scatter", x)] * 2)
+    return [("all_reduce", x)] * 2, [("all_reduce", x)] * 2
+
+
+def embedding_collectives(c, b, tp):
+    """(forward, backward) of the first stage's vocab-parallel embedding (+ learned positions)."""
+    if tp == 1:
+        return [], []
+    x = _act(c, b)
+    if not c.sequence_parallel:
+        return [("all_reduce", x)], []
+    backward = [("all_gather", x)]
+    if c.position_embedding_type == "learned_absolute":  # [s, 1, h] positions scattered over s: grad gathered
+        backward.append(("all_gather", x // b))
+    return [("reduce_scatter", x)], backward
+
+
+def head_collectives(c, b, tp):
+    """(forward, backward) of the last stage: the output layer's input and the vocab-parallel cross
+    entropy (max, then target logit and sum of exponentials, fp32 per token)."""
+    if tp == 1:
+        return [], []
+    x, tokens = _act(c, b), c.seq_length * b
+    ce = [("all_reduce", 4 * tokens), ("all_reduce", 2 * 4 * tokens)]
+    if not c.sequence_parallel:
+        return ce, [("all_reduce", x)]
+    if c.untie_embeddings_and_output_weights:  # a column-parallel layer with SP input
+        return [("all_gather", x)] + ce, [("all_gather", x), ("reduce_scatter", x)]
+    return [("all_gather", x)] + ce, [("reduce_scatter", x)]
+
+
+def stage_collectives(c, b, tp, layers, first, last):
+    """(forward, backward) lists of one microbatch through a pipeline stage holding `layers` layers;
+    full recompute runs the layers' forward collectives again in backward."""
+    f, bw = layer_collectives(c, b, tp)
+    fwd, bwd = f * layers, (bw + (f if c.recompute_granularity == "full" else [])) * layers
+    for on, (ef, eb) in ((first, embedding_collectives(c, b, tp)), (last, head_collectives(c, b, tp))):
+        if on:
+            fwd, bwd = fwd + ef, bwd + eb
+    return fwd, bwd
+
+
+def sequence_parallel_grad_bytes(params, tp):
+    """Bytes of the fp32 gradients of the parameters SP replicates over TP (norms, row-parallel
+    biases): finalize_model_grads all-reduces them over TP once per iteration."""
+    if tp == 1:
+        return 0
+    return sum(4 * p.numel() for p in params if param_meta(p).sequence_parallel)
+
+
+def iteration_tp_traffic(c, t, tp, dp, params, layers, first=True, last=True) -> dict:
+    """{kind: bytes one rank of a stage sends over its TP group in one iteration}: every microbatch's
+    stage_collectives plus the SP grads' all-reduce; `params` the stage's (estimate_memory.stage_params)."""
+    M = t.global_batch_size // (t.micro_batch_size * dp)
+    fwd, bwd = stage_collectives(c, t.micro_batch_size, tp, layers, first, last)
+    out = {}
+    for kind, nbytes in (fwd + bwd) * M + [("all_reduce", sequence_parallel_grad_bytes(params, tp))]:
+        if nbytes:
+            out[kind] = out.get(kind, 0.0) + ring_bytes(kind, nbytes, tp)
+    return out
