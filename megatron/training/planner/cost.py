@@ -53,8 +53,8 @@ def layer_costs(c, b, cluster: Cluster, tp):
     # the activation (read + write, SwiGLU reads two), Q/K/V layout copies; unfused attention adds
     # softmax (read + write) and dropout (read + write + mask) of the s x s scores
     stream = elt * (4 * rep + 6 * rep + (3 if c.swiglu else 2) * ffn + 2 * 3 * m * q / tp) + 2 * rep
-    if c.attention_backend in _UNFUSED:
-        stream += (4 * elt + 1) * att
+    att_stream = (4 * elt + 1) * att if c.attention_backend in _UNFUSED else 0.0
+    stream += att_stream
     comm_fwd, comm_bwd = (tp_time(cluster, ops, tp) for ops in layer_collectives(c, b, tp))
     fwd_core = core + memory_time(cluster, stream)
     fwd = gemms + fwd_core + comm_fwd
@@ -63,8 +63,8 @@ def layer_costs(c, b, cluster: Cluster, tp):
         bwd += core / 2  # flash-style kernels recompute the scores in backward
     if c.recompute_granularity == "full":
         rec = fwd
-    elif c.recompute_granularity == "selective":
-        rec = fwd_core
+    elif c.recompute_granularity == "selective":  # the attention core only: scores, softmax, dropout
+        rec = core + memory_time(cluster, att_stream)
     else:
         rec = 0.0
     return fwd, bwd, rec
