@@ -20,6 +20,7 @@ from .log import TrainingLogger, print_rank_0, startup_summary
 from .metrics_log import MetricsLog
 from .model_spec import ModelSpec
 from .numerics import check_finite
+from .planner.live import predicted_step_line
 
 _START_TIME = time.time()  # --exit-duration-in-mins counts from here (the trainer's import, near start-up)
 
@@ -158,6 +159,9 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     flops = num_floating_point_operations(model_cfg, train_cfg.global_batch_size)
     metrics = MetricsLog(train_cfg.log_metrics_jsonl, groups, iteration > 0, device)
     print_rank_0(f"> training for {train_cfg.train_iters} iterations ({len(train_ds)} samples per epoch)")
+    predicted = predicted_step_line(model_cfg, train_cfg, groups.world_size, device) if groups.rank == 0 else None
+    if predicted:  # on a known GPU: the planner's step time, to read beside the measured ones
+        print_rank_0(predicted)
     forward_backward_func = get_forward_backward_func()
     model.train()
     # +2: past first-call costs

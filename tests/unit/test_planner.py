@@ -91,3 +91,18 @@ def test_plan_cli(capsys):
     assert plan_cli.main(["--gpu", "Z80"] + TOY) == 2
     assert "--gpu Z80" in capsys.readouterr().err
     assert plan_cli.main(TOY[:-3] + ["--bf16"]) == 2  # no --global-batch-size
+
+
+def test_training_log_line():
+    from megatron.training.planner.live import calibration_gpu, predicted_step_line, prediction_line
+    from megatron.training.planner.predict import configs
+    assert calibration_gpu("NVIDIA H100 80GB HBM3", 85e9) == "H100-SXM"
+    assert calibration_gpu("NVIDIA H100 PCIe", 85e9) is None
+    assert calibration_gpu("NVIDIA H200", 150e9) == "H200"
+    assert calibration_gpu("NVIDIA A100-SXM4-40GB", 42e9) == "A100-40GB"
+    assert calibration_gpu("NVIDIA A100-SXM4-80GB", 85e9) == "A100-80GB"
+    c, t = configs(TOY + ["--micro-batch-size", "2"], 8)
+    assert predicted_step_line(c, t, 8, "cpu") is None
+    line = prediction_line(c, t, 8, "H100-SXM", 8)
+    want = predict(TOY + ["--micro-batch-size", "2"], make_cluster("H100-SXM", 8)).step.total
+    assert f"predicted {want:.3f} s per iteration" in line
