@@ -1,9 +1,11 @@
 """The planner's bytes per collective equal what a real gloo run sends, over one training step of
-the same tiny layout (TP2 x DP2), plain and with SP + the distributed optimizer:
+the same tiny layout: TP2 x DP2 plain and with SP + the distributed optimizer, and TP2 x PP2 with
+SP and the interleaved schedule:
 - DP: megatron/training/planner/cost.dp_traffic against debug.count_traffic (comm.py's tags);
 - TP: planner/traffic.iteration_tp_traffic against a counter wrapped here around the torch
   collectives every TP call goes through (all_reduce, and comm.py's all-gather / reduce-scatter),
-  counting only calls on the TP group, each with the ring figure comm.py uses."""
+  counting only calls on the TP group, each with the ring figure comm.py uses;
+- PP: planner/traffic.iteration_p2p_sent against the bytes of the sends posted to batch_isend_irecv."""
 import collections
 
 import pytest
@@ -12,13 +14,15 @@ import torch.distributed as dist
 
 from megatron.core import comm, debug
 from megatron.core.models.gpt import GPTModel
+from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel.random import model_parallel_seed
 from megatron.training.planner.cost import dp_traffic
 from megatron.training.planner.hardware import ring_bytes
 from megatron.training.planner.predict import configs, estimator
-from megatron.training.planner.traffic import iteration_tp_traffic
+from megatron.training.planner.traffic import iteration_p2p_sent, iteration_tp_traffic
 from megatron.training.training import setup_model_and_optimizer, train_step
 from tests.distributed.test_data_parallel import _batches, _step
+from tests.distributed.test_pipeline_parallel import _forward_step
 from tests.harness import spawn
 
 # _batches gives 2 microbatches of 2 x 16 tokens per DP rank
@@ -71,3 +75,34 @@ def test_bytes_per_collective_equal_the_counted_traffic():
             for kind in tp_counted:
                 assert tp_counted[kind] == pytest.approx(tp_predicted[kind], rel=1e-12), (extra, tp_counted,
                                                                                         tp_predicted)
+
+
+def _run_pipeline(groups):
+    tp_counted, p2p_sent = collections.Counter(), [0]
+    _count_tp(groups, tp_counted)
+    batched = dist.batch_isend_irecv
+
+    def counting(ops):
+        p2p_sent[0] += sum(op.tensor.numel() * op.tensor.element_size() for op in ops if op.op is dist.isend)
+        return batched(ops)
+    dist.batch_isend_irecv = counting
+    flags = TINY + ["--num-layers", "4", "--pipeline-model-parallel-size", "2", "--sequence-parallel",
+                    "--num-layers-per-virtual-pipeline-stage", "1"]
+    c, t = configs(flags, 4)
+    model_parallel_seed(5, groups.tp_rank, groups.pp_rank, "cpu")
+    model, ddp, opt, sched = setup_model_and_optimizer(
+        c, t, groups, torch.device("cpu"), lambda c_, g, d, **kw: GPTModel(c_, g, device=d, **kw))
+    tp_counted.clear()
+    train_step(model, ddp, opt, sched, _batches(groups, n=4), _forward_step, groups, 1, get_forward_backward_func())
+    params, layers = estimator().stage_params(c, groups.pp_rank)
+    first, last = groups.pp_rank == 0, groups.pp_rank == groups.pp_size - 1
+    return (p2p_sent[0], iteration_p2p_sent(c, t, groups.tp_size, groups.dp_size, groups.pp_rank),
+            dict(tp_counted), iteration_tp_traffic(c, t, groups.tp_size, groups.dp_size, params, layers, first, last))
+
+
+def test_pipeline_sends_and_tp_bytes_equal_the_counted_traffic():
+    for p2p_counted, p2p_predicted, tp_counted, tp_predicted in spawn(4, _run_pipeline, tp=2, pp=2):
+        assert p2p_counted == p2p_predicted > 0
+        assert tp_counted.keys() == tp_predicted.keys(), (tp_counted, tp_predicted)
+        for kind in tp_counted:
+            assert tp_counted[kind] == pytest.approx(tp_predicted[kind], rel=1e-12), (tp_counted, tp_predicted)

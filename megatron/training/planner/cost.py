@@ -13,7 +13,7 @@ from ...core.pipeline_parallel.schedules import build_schedule
 from ...core.pipeline_parallel.simulator import simulate
 from ...core.pipeline_parallel.split import layer_split
 from .hardware import Cluster, collective_time, gemm_time, memory_time, p2p_time, ring_bytes
-from .traffic import embedding_collectives, head_collectives, layer_collectives
+from .traffic import embedding_collectives, head_collectives, layer_collectives, p2p_message_bytes
 
 _UNFUSED = ("local", "unfused")
 _SIM_ACTIONS = 60_000  # simulate at most this many actions; beyond, extrapolate the steady state
@@ -99,7 +99,7 @@ def pipeline_time(c, t, cluster: Cluster, tp, pp, dp):
     hf, hb = head_costs(c, b, cluster, tp)
     ef, eb = embedding_costs(c, b, cluster, tp)
     split = layer_split(c.num_layers, pp, V if V > 1 else None)
-    act_bytes = c.seq_length * b * c.hidden_size * _elt(c) / (tp if c.sequence_parallel and tp > 1 else 1)
+    act_bytes = p2p_message_bytes(c, b, tp)
     crosses = tp * dp >= cluster.gpus_per_node  # consecutive stages are tp * dp ranks apart
     send = p2p_time(cluster, act_bytes, crosses) if pp > 1 else 0.0
 
