@@ -160,12 +160,15 @@ def step_time(c, t, cluster: Cluster, tp, pp, dp, mems, sp_grad_bytes=0) -> Step
     elt = _elt(c)
     exposed = optimizer = 0.0
     for mem in mems:
-        dp_time = sum(collective_time(cluster, kind, nbytes, dp, tp)
-                      for kind, nbytes in dp_collectives(mem, t.use_distributed_optimizer).values())
-        # with --overlap-grad-reduce the last microbatch's backward hides the reduction of all
-        # buckets but the last one (taken as an eighth of the buffer)
-        hide = mem["layers"] * (bwd + rec) if t.overlap_grad_reduce else 0.0
-        exposed = max(exposed, max(dp_time - hide, dp_time / 8) if t.overlap_grad_reduce else dp_time)
+        shown = 0.0
+        for tag, (kind, nbytes) in dp_collectives(mem, t.use_distributed_optimizer).items():
+            took = collective_time(cluster, kind, nbytes, dp, tp)
+            # grads: the last microbatch's backward hides all buckets but the last (taken as an eighth)
+            # with --overlap-grad-reduce; params: the next forward hides them with --overlap-param-gather
+            overlap = t.overlap_grad_reduce if tag == "dp-grads" else t.overlap_param_gather
+            window = mem["layers"] * ((bwd + rec) if tag == "dp-grads" else fwd)
+            shown += max(took - window, took / 8) if overlap else took
+        exposed = max(exposed, shown)
         owned = mem["params"] / elt / (dp if t.use_distributed_optimizer else 1)
         # Adam on fp32 main params: main, m, v read and written, the fp32 grad read, the param written
         optimizer = max(optimizer, memory_time(cluster, owned * (3 * 2 * 4 + 4 + elt)))

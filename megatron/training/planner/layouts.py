@@ -80,7 +80,8 @@ DIMENSIONS = [
               ["--num-layers-per-virtual-pipeline-stage", str(lay["layers"] // (lay["pp"] * v))]),
     Dimension("mb", _mb, lambda v, _: ["--micro-batch-size", str(v)]),
     Dimension("sp", _sp, lambda v, _: ["--sequence-parallel"] if v else []),
-    Dimension("dist_opt", _dist_opt, lambda v, lay: ["--use-distributed-optimizer"] if v else []),
+    Dimension("dist_opt", _dist_opt, lambda v, lay: ["--use-distributed-optimizer", "--overlap-param-gather"] if v
+              else []),
     Dimension("recompute", lambda s, _: [None, "selective", "full"],
               lambda v, _: ["--recompute-granularity", v] if v else []),
 ]
