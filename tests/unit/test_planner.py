@@ -106,3 +106,20 @@ def test_training_log_line():
     line = prediction_line(c, t, 8, "H100-SXM", 8)
     want = predict(TOY + ["--micro-batch-size", "2"], make_cluster("H100-SXM", 8)).step.total
     assert f"predicted {want:.3f} s per iteration" in line
+
+
+@pytest.mark.parametrize("tp,sp", [(1, False), (2, False), (2, True)])
+def test_estimator_recompute_is_korthikanti(tp, sp):
+    """The estimator's kept activations under recompute = Korthikanti et al.'s bytes per layer
+    (tests/activation_memory.korthikanti) x layers; full recompute also rebuilds one layer."""
+    from tests.activation_memory import korthikanti
+    est = estimator()
+    for rec in ("selective", "full"):
+        flags = TOY + ["--micro-batch-size", "2", "--tensor-model-parallel-size", str(tp), "--recompute-granularity",
+                       rec] + (["--sequence-parallel"] if sp else [])
+        c, t = est.parse_args(PLAN_DEFAULTS + flags)
+        est.resolve(c, t, tp)
+        kept, working = est.kept_activation_bytes(c, 2, tp, 4)
+        s, h, a = c.seq_length, c.hidden_size, c.num_attention_heads
+        assert kept == pytest.approx(4 * korthikanti(s, 2, h, a, tp, sp, rec), rel=1e-9)
+        assert working == (pytest.approx(korthikanti(s, 2, h, a, tp, sp, None)) if rec == "full" else 0)
