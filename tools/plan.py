@@ -6,7 +6,8 @@
 
 Takes pretrain_gpt.py's model and training flags; the layout flags (TP, PP, VPP, micro batch, SP,
 distributed optimizer, recompute) are what it searches. --fix tp=8 --fix recompute=full pins a
-dimension. Memory is tools/estimate_memory.py's; time is megatron/training/planner/cost.py's model
+dimension. `python tools/plan.py --validate` prints the validation table of docs/planner.md.
+Memory is tools/estimate_memory.py's; time is megatron/training/planner/cost.py's model
 with the calibration in megatron/training/planner/calibration.toml.
 """
 import argparse
@@ -18,6 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from megatron.core.errors import MegatronUserError
 from megatron.training.planner import gpu_names, make_cluster, plan
 from megatron.training.planner.layouts import DIMENSIONS
+from megatron.training.planner.validate import markdown, validate_table
 
 
 def _fixed(items):
@@ -57,7 +59,12 @@ def main(argv=None):
     pre.add_argument("--search", choices=["default", "full"], default="default",
                      help="full also tries SP off with TP and no distributed optimizer with DP")
     pre.add_argument("--top", type=int, default=20, help="rows to print")
+    pre.add_argument("--validate", action="store_true",
+                     help="print the planner against Narayanan et al. 2021 Table 1 (docs/planner.md) and exit")
     known, rest = pre.parse_known_args(argv)
+    if known.validate:
+        print(markdown(validate_table()))
+        return 0
     try:
         if known.gpu not in gpu_names():
             raise MegatronUserError(f"--gpu {known.gpu}: unknown; one of {', '.join(gpu_names())}")
