@@ -6,7 +6,8 @@ last rank's chunk v feeds rank 0's chunk v + 1. An action list is run in order b
 executor (executor.run_actions) and by the simulator (simulator.simulate):
 
     Action("F", chunk, mb)            forward of microbatch mb through model chunk `chunk`
-    Action("B", chunk, mb)            its backward
+    Action("B", chunk, mb)            its backward (only the input gradient where the list has W's)
+    Action("W", chunk, mb)            its weight gradients (zero-bubble schedules, zero_bubble.py)
     Action("comm", ops=(Op, ...))     messages posted together (one batch_isend_irecv), then waited for
 
 Op.kind is send_fwd / recv_fwd (activations) or send_bwd / recv_bwd (their gradients);
@@ -37,10 +38,11 @@ class Op:
 
 @dataclass(frozen=True)
 class Action:
-    kind: str   # F | B | comm
+    kind: str   # F | B | W | comm
     chunk: int = 0
     mb: int = 0
     ops: tuple[Op, ...] = ()
+    async_sends: bool = False  # comm: wait only for the receives; sends complete by the step's end
 
     def __repr__(self):
         if self.kind == "comm":
@@ -229,3 +231,9 @@ def build_schedule(P: int, M: int, V: int, schedule: Optional[str] = None, forwa
     """Every rank's actions: {rank: [Action]} (the simulator's input)."""
     fn = SCHEDULES[schedule or default_schedule(P, V)]
     return {rank: fn(P, M, V, rank, forward_only) for rank in range(P)}
+
+
+# the zero-bubble schedules build on _Builder and one_f_one_b above
+from .zero_bubble import zb_h1, zb_h2  # noqa: E402
+
+SCHEDULES.update(zb_h1=zb_h1, zb_h2=zb_h2)
