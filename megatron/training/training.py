@@ -12,6 +12,7 @@ from ..core.distributed import DistributedDataParallel, finalize_model_grads
 from ..core.optimizer import LRScheduler, get_megatron_optimizer
 from ..core.optimizer.grad_scaler import ConstantGradScaler, DynamicGradScaler
 from ..core.pipeline_parallel import TOKEN_LOSS, default_schedule, get_forward_backward_func
+from ..core.pipeline_parallel.schedule_flag import schedule_for_flag
 from ..core.tensor_parallel.initialization import initialize_parameters
 from .checkpointing import Checkpointer
 from .data import end_of_training_sets, microbatches, validation_window
@@ -158,7 +159,9 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     flops = num_floating_point_operations(model_cfg, train_cfg.global_batch_size)
     metrics = MetricsLog(train_cfg.log_metrics_jsonl, groups, iteration > 0, device)
     print_rank_0(f"> training for {train_cfg.train_iters} iterations ({len(train_ds)} samples per epoch)")
-    forward_backward_func = get_forward_backward_func()
+    V = model_cfg.virtual_pipeline_model_parallel_size or 1
+    forward_backward_func = get_forward_backward_func(
+        schedule_for_flag(train_cfg.pipeline_schedule, groups.pp_size, V))
     model.train()
     # +2: past first-call costs
     trace_iter = min(iteration + 2, train_cfg.train_iters) if train_cfg.pipeline_trace else None

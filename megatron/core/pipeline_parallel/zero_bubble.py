@@ -18,9 +18,9 @@ held; bubble (P - 1)(F + B - 2W), or 0, between consecutive iterations' parallel
 Messages: sends are posted right after the F or B that produced them and not waited for
 (Action.async_sends: the executor waits for them at the end of the step); a receive is
 posted and waited for just before the F or B that needs it, merged with the previous
-sends where nothing comes between. Forward-only runs use 1F1B's forward pass.
+sends where nothing comes between. Forward-only runs are the forwards alone, in order.
 """
-from .schedules import Action, _Builder, _check, one_f_one_b
+from .actions import Action, _Builder, _check
 
 
 def compute_order(P, M, rank, warmup, delay) -> list[tuple[str, int]]:
@@ -42,8 +42,8 @@ def compute_order(P, M, rank, warmup, delay) -> list[tuple[str, int]]:
     return out + [("W", mb) for mb in range(done_w, M)]
 
 
-def _actions(P, M, rank, order) -> list[Action]:
-    b = _Builder(P, 1, rank, False)
+def _actions(P, M, rank, order, forward_only=False) -> list[Action]:
+    b = _Builder(P, 1, rank, forward_only)
     sends = ()
     for kind, mb in order:
         if kind == "W":
@@ -67,7 +67,7 @@ def zb_h1(P, M, V, rank, forward_only=False) -> list[Action]:
     """ZB-H1: 1F1B's memory, bubble (P - 1)(F + B - W)."""
     _check(V == 1, "zb-h1 runs one model chunk per rank")
     if forward_only:
-        return one_f_one_b(P, M, V, rank, True)
+        return _actions(P, M, rank, [("F", mb) for mb in range(M)], True)
     return _actions(P, M, rank, compute_order(P, M, rank, P - rank - 1, rank))
 
 
@@ -75,5 +75,5 @@ def zb_h2(P, M, V, rank, forward_only=False) -> list[Action]:
     """ZB-H2: about twice 1F1B's memory on the first ranks, bubble (P - 1)(F + B - 2W) or 0."""
     _check(V == 1, "zb-h2 runs one model chunk per rank")
     if forward_only:
-        return one_f_one_b(P, M, V, rank, True)
+        return _actions(P, M, rank, [("F", mb) for mb in range(M)], True)
     return _actions(P, M, rank, compute_order(P, M, rank, 2 * (P - rank - 1), 2 * rank))
