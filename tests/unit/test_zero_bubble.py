@@ -66,3 +66,21 @@ def test_compute_order_reads_like_the_paper():
         "F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 W3 W4 W5"
     assert " ".join(k + str(m) for k, m in compute_order(4, 6, 0, 3, 0)) == \
         "F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 B3 W3 B4 W4 B5 W5"
+
+
+def test_zb_v_is_complete_and_deadlock_free_with_one_channel_per_direction():
+    """ZB-V (schedule data and simulator only): the V layout's messages, activations and
+    gradients each in order on their own channel; the unit-cost bubble below ZB-H1's."""
+    from megatron.core.pipeline_parallel.simulator import v_stage
+    from megatron.core.pipeline_parallel.zb_v import zb_v
+    for P in range(2, 9):
+        for M in range(1, 17):
+            for forward_only in (False, True):
+                actions = {r: zb_v(P, M, 2, r, forward_only) for r in range(P)}
+                check_complete(actions, M, 2, forward_only)
+                simulate(actions, fbw_costs(1.0, 2.0, 0.5, 0.3, V=2), stage_of=v_stage, streams=True)
+    P, M = 8, 24
+    v = simulate({r: zb_v(P, M, 2, r) for r in range(P)}, fbw_costs(1, 1, 1, V=2), stage_of=v_stage, streams=True)
+    h1 = simulate(build_schedule(P, M, 1, "zb_h1"), fbw_costs(1, 1, 1))
+    assert v.makespan - M * 3 == pytest.approx(4.0) and v.bubble < h1.bubble / 1.5
+    assert max(v.peak_in_flight.values()) == 2 * P + P - 1  # chunk-microbatches (half a stage each)

@@ -68,7 +68,8 @@ class _Rank:
     def backward(self, v, mb):
         key = (v, mb)
         out, inp = self.outputs.pop(key), self.inputs.pop(key, None)
-        with weight_grad.deferring() if self.split else _nothing() as work:
+        # splitting on in B too: a recomputed forward (activation checkpointing) defers its W as well
+        with weight_grad.splitting(self.split), weight_grad.deferring() if self.split else _nothing() as work:
             if v == self.last_chunk:
                 out.backward()
             else:

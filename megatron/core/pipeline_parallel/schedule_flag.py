@@ -14,7 +14,8 @@ def schedule_for_flag(flag: Optional[str], P: int, V: int) -> str:
     if flag is None:
         return default_schedule(P, V)
     if flag == "zb-v":
-        raise ConfigError("--pipeline-schedule zb-v is not built yet: use zb-h1 or zb-h2 (one model chunk per rank)")
+        raise ConfigError("--pipeline-schedule zb-v: the executor does not run the V layout yet (its schedule is "
+                          "simulated only, pipeline_parallel/zb_v.py): use zb-h1 or zb-h2")
     if flag not in _NAMES:
         raise ConfigError(f"--pipeline-schedule {flag}: choose one of {', '.join(FLAG_CHOICES)}")
     if flag == "interleaved" and V == 1:

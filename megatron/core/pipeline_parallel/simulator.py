@@ -30,9 +30,19 @@ class ScheduleMismatch(RuntimeError):
     pass
 
 
-def message(op, rank, P):
+def loop_stage(rank, chunk, P):
+    """Virtual stage of a rank's chunk in the usual layout: chunk v of rank p is v P + p."""
+    return chunk * P + rank
+
+
+def v_stage(rank, chunk, P):
+    """ZB-V's layout: chunk 0 of rank p is stage p, chunk 1 is stage 2P - 1 - p."""
+    return rank if chunk == 0 else 2 * P - 1 - rank
+
+
+def message(op, rank, P, stage_of=loop_stage):
     """(channel (src, dst), name) of the message an op sends or expects."""
-    s = op.chunk * P + rank
+    s = stage_of(rank, op.chunk, P)
     if op.kind == "send_fwd":
         return (rank, op.peer), ("act", s, op.mb)
     if op.kind == "recv_fwd":
@@ -98,8 +108,12 @@ def fbw_costs(forward, backward, weight, comm=0.0, V=1, split=True):
     return cost
 
 
-def simulate(actions: dict[int, list[Action]], cost: Optional[Callable] = None) -> Timeline:
-    """Run every rank's action list; cost(rank, action) -> seconds (default uniform_costs())."""
+def simulate(actions: dict[int, list[Action]], cost: Optional[Callable] = None, stage_of=loop_stage,
+             streams=False) -> Timeline:
+    """Run every rank's action list; cost(rank, action) -> seconds (default uniform_costs()).
+    stage_of(rank, chunk, P) -> virtual stage: loop_stage, or v_stage for ZB-V. streams: the
+    activations and the gradients between two ranks are two channels, each in order (e.g. two
+    process groups), instead of one."""
     P = len(actions)
     cost = cost or uniform_costs()
     pos = dict.fromkeys(actions, 0)
@@ -124,7 +138,8 @@ def simulate(actions: dict[int, list[Action]], cost: Optional[Callable] = None) 
                     if r not in posted:
                         posted[r] = []
                         for op in a.ops:
-                            channel, name = message(op, r, P)
+                            channel, name = message(op, r, P, stage_of)
+                            channel = channel + (name[0],) if streams else channel
                             queue = sent if op.kind.startswith("send") else received
                             queue[channel].append((name, clock[r], r, pos[r]))
                             posted[r].append((channel, len(queue[channel]) - 1, op.kind.startswith("send")))
