@@ -92,7 +92,7 @@ def evaluate(model, dataset, spec: ModelSpec, groups, train_cfg, device):
     return dict(zip(names, (sums / counts).tolist()))
 
 
-def write_pipeline_trace(path, trace, groups, model_cfg, num_micro, iteration):
+def write_pipeline_trace(path, trace, groups, model_cfg, num_micro, iteration, schedule=None):
     """Gather one iteration's (kind, chunk, mb, start, end) per action over groups.pp;
     global rank 0 writes them as JSON for tools/pipeline_timeline.py --trace."""
     spans = [None] * groups.pp_size
@@ -100,7 +100,7 @@ def write_pipeline_trace(path, trace, groups, model_cfg, num_micro, iteration):
     if groups.rank == 0:
         V = model_cfg.virtual_pipeline_model_parallel_size or 1
         with open(path, "w") as f:
-            json.dump({"schedule": default_schedule(groups.pp_size, V), "P": groups.pp_size, "M": num_micro,
+            json.dump({"schedule": schedule or default_schedule(groups.pp_size, V), "P": groups.pp_size, "M": num_micro,
                        "V": V, "iteration": iteration, "ranks": dict(enumerate(spans))}, f)
         print(f"> wrote the pipeline schedule timeline of iteration {iteration} to {path}", flush=True)
 
@@ -159,9 +159,9 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     flops = num_floating_point_operations(model_cfg, train_cfg.global_batch_size)
     metrics = MetricsLog(train_cfg.log_metrics_jsonl, groups, iteration > 0, device)
     print_rank_0(f"> training for {train_cfg.train_iters} iterations ({len(train_ds)} samples per epoch)")
-    V = model_cfg.virtual_pipeline_model_parallel_size or 1
-    forward_backward_func = get_forward_backward_func(
-        schedule_for_flag(train_cfg.pipeline_schedule, groups.pp_size, V))
+    schedule = schedule_for_flag(train_cfg.pipeline_schedule, groups.pp_size,
+                                 model_cfg.virtual_pipeline_model_parallel_size or 1)
+    forward_backward_func = get_forward_backward_func(schedule)
     model.train()
     # +2: past first-call costs
     trace_iter = min(iteration + 2, train_cfg.train_iters) if train_cfg.pipeline_trace else None
@@ -175,7 +175,8 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
         losses, grad_norm, lr, updated = train_step(model, ddp, optimizer, scheduler, batches, spec.forward_step,
                                                     groups, iteration, fb, spec.loss_terms)
         if trace is not None:
-            write_pipeline_trace(train_cfg.pipeline_trace, trace, groups, model_cfg, len(batches), iteration)
+            write_pipeline_trace(train_cfg.pipeline_trace, trace, groups, model_cfg, len(batches), iteration,
+                                 schedule)
         consumed += train_cfg.global_batch_size
         logger.add_iteration(losses, grad_norm, updated)
         metrics.iteration(iteration, consumed, losses, grad_norm, lr, updated,

@@ -84,3 +84,20 @@ def test_zb_v_is_complete_and_deadlock_free_with_one_channel_per_direction():
     h1 = simulate(build_schedule(P, M, 1, "zb_h1"), fbw_costs(1, 1, 1))
     assert v.makespan - M * 3 == pytest.approx(4.0) and v.bubble < h1.bubble / 1.5
     assert max(v.peak_in_flight.values()) == 2 * P + P - 1  # chunk-microbatches (half a stage each)
+
+
+def test_timeline_tool_draws_w(tmp_path, capsys):
+    import importlib.util
+    import os
+    import xml.etree.ElementTree as ET
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "tools", "pipeline_timeline.py")
+    spec = importlib.util.spec_from_file_location("pipeline_timeline", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    out = tmp_path / "zb.svg"
+    tool.main(["--schedule", "zb_h1", "--pp", "4", "--microbatches", "8", "-o", str(out)])
+    printed = capsys.readouterr().out
+    assert "bubble (mean idle fraction): 11.11%" in printed  # (P-1)/(3M+P-1) with F = B = W
+    titles = [e.find("{http://www.w3.org/2000/svg}title").text for e in ET.parse(out).getroot().iter()
+              if e.find("{http://www.w3.org/2000/svg}title") is not None]
+    assert len(titles) == 4 * 8 * 3 and sum(t.startswith("W ") for t in titles) == 4 * 8
