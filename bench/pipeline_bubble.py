@@ -14,7 +14,7 @@ makespan running from the first action's start to the last action's end over all
 stages and free communication: (P - 1) / (M + P - 1) for 1F1B, (P - 1) / (V M + P - 1)
 interleaved; the simulator (simulator.py) gives exactly these figures for these schedules,
 and its figure is the theory column for the zero-bubble ones. Activation memory: each
-forward keeps a [SEQ, MICRO, HIDDEN x 16] fp32 tensor for its backward (for W, where the
+forward keeps a [SEQ, MICRO, HIDDEN x 16 / V] fp32 tensor for its backward (for W, where the
 schedule splits it); the peak of those alive on a rank is reported.
 
 Stage work is a sleep by default: it stands for accelerator compute, during which the host
@@ -48,8 +48,8 @@ ZB = ("zb_h1", "zb_h2")
 _alive = [0, 0]  # activation tensors alive now, peak
 
 
-def _activation():
-    t = torch.empty(ACT_ELEMS)
+def _activation(elems):
+    t = torch.empty(elems)
     _alive[0] += 1
     _alive[1] = max(_alive[1], _alive[0])
     weakref.finalize(t, _freed)
@@ -75,9 +75,9 @@ class _BackwardWork(torch.autograd.Function):
     deferred to the W action where the schedule has W's (tensor_parallel/weight_grad.py)."""
 
     @staticmethod
-    def forward(ctx, x, anchor, seconds, w_seconds, kind, weight):
+    def forward(ctx, x, anchor, seconds, w_seconds, kind, weight, act_elems):
         ctx.seconds, ctx.w_seconds, ctx.kind, ctx.weight = seconds, w_seconds, kind, weight
-        ctx.act = _activation()  # what the backward (or W) of this microbatch holds on to
+        ctx.act = _activation(act_elems)  # what the backward (or W) of this microbatch holds on to
         return x.clone()
 
     @staticmethod
@@ -91,18 +91,19 @@ class _BackwardWork(torch.autograd.Function):
             _work(w_seconds, kind)
             return (torch.zeros(()) * act[0],)
         weight_grad.now_or_later((ctx.weight,), weight_work)
-        return grad, None, None, None, None, None
+        return grad, None, None, None, None, None, None
 
 
 class Stage(nn.Module):
     """A model chunk with a fixed cost: forward `fwd` seconds, backward `bwd` seconds."""
 
-    def __init__(self, fwd, bwd, pre, post, kind, split):
+    def __init__(self, fwd, bwd, pre, post, kind, V):
         super().__init__()
         self.config = SimpleNamespace(hidden_size=HIDDEN, sequence_parallel=False, params_dtype=torch.float32)
         self.weight = nn.Parameter(torch.ones(()))
         self.fwd, self.bwd, self.pre, self.post, self.kind = fwd, bwd, pre, post, kind
         self.anchor = torch.empty(0, requires_grad=True)
+        self.act_elems = ACT_ELEMS // V  # a chunk holds 1/V of the stage's layers
         self.input_tensor = None
 
     def set_input_tensor(self, tensor):
@@ -111,7 +112,7 @@ class Stage(nn.Module):
     def forward(self, tokens):
         x = torch.ones(tokens.shape[1], tokens.shape[0], HIDDEN) if self.pre else self.input_tensor
         _work(self.fwd, self.kind)
-        y = _BackwardWork.apply(x, self.anchor, self.bwd / 2, self.bwd / 2, self.kind, self.weight)
+        y = _BackwardWork.apply(x, self.anchor, self.bwd / 2, self.bwd / 2, self.kind, self.weight, self.act_elems)
         return y.sum(-1).t() if self.post else y  # "per-token loss" [b, s] on the last stage
 
 
@@ -123,7 +124,7 @@ def _forward_step(model, batch):
 def _one_run(groups, P, M, V, name, stage_s, kind):
     from megatron.core.pipeline_parallel import forward_backward
     chunks = [Stage(stage_s / V, 2 * stage_s / V, groups.is_first_stage and v == 0,
-                    groups.is_last_stage and v == V - 1, kind, name in ZB) for v in range(V)]
+                    groups.is_last_stage and v == V - 1, kind, V) for v in range(V)]
     batches = [{"tokens": torch.zeros(MICRO, SEQ, dtype=torch.long), "loss_mask": torch.ones(MICRO, SEQ)}] * M
     trace = []
     dist.barrier()
@@ -183,7 +184,7 @@ def main():
             dev = max(abs(i - theory) for i in idle.values())
             worst = max(worst, dev)
             ideal = sim.makespan
-            mib = ACT_ELEMS * 4 / 2**20
+            mib = ACT_ELEMS // V * 4 / 2**20
             rows.append(f"| {P} | {V} | {M} | {name} | {100 * theory:.2f} | "
                         + " / ".join(f"{100 * idle[r]:.2f}" for r in sorted(idle))
                         + f" | {100 * dev:.2f} | {1000 * makespan:.0f} | {1000 * ideal:.0f} | "
@@ -209,7 +210,7 @@ def main():
         f"median-makespan run of {a.repeats}",
         "- theory: the simulator's idle fraction (F = B = W = stage ms; for 1F1B and interleaved it is "
         "(P-1)/(M+P-1) and (P-1)/(V M+P-1)); idle = 1 - compute time / makespan",
-        f"- activation MiB per rank: peak of the [{SEQ}, {MICRO}, {HIDDEN} x 16] fp32 tensors each forward keeps "
+        f"- activation MiB per rank: peak of the [{SEQ}, {MICRO}, {HIDDEN} x 16 / V] fp32 tensors each forward keeps "
         "until its backward (or W) ran", "",
         "| P | V | M | schedule | theory % | measured idle % per rank | max deviation (pp) | makespan ms | ideal ms "
         "| peak activation MiB per rank |",

@@ -24,6 +24,6 @@ def schedule_for_flag(flag: Optional[str], P: int, V: int) -> str:
     if flag != "interleaved" and V > 1:
         raise ConfigError(f"--pipeline-schedule {flag} runs one model chunk per rank: drop "
                           "--num-layers-per-virtual-pipeline-stage, or use --pipeline-schedule interleaved")
-    if flag == "1f1b" and P == 1:
-        return default_schedule(P, V)  # one stage: 1F1B is plain gradient accumulation
+    if P == 1:  # one stage: no pipeline to fill, plain gradient accumulation (and no split backward)
+        return default_schedule(P, V)
     return _NAMES[flag]

@@ -13,7 +13,8 @@ W hands the gradients to autograd as a backward from each parameter itself
 (torch.autograd.backward(params, grads)): the parameters' AccumulateGrad runs once per
 microbatch, so .grad accumulates and the post-accumulate-grad hooks (DDP's main_grad and
 bucket counting, its overlapped reduction) fire exactly as after an ordinary backward.
-A parameter used twice in a microbatch (a tied table on one stage) gets the sum, once.
+A parameter used twice in a microbatch (a tied table on one stage) gets the sum, once; one
+used both here and by a plain autograd op would get two (DDP counts microbatches by them).
 Outside `deferring()` the same functions compute everything in the backward.
 """
 import contextlib
