@@ -129,7 +129,8 @@ def write(spans, title, path):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--schedule", choices=["no_pipelining", "gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2"])
+    src.add_argument("--schedule", choices=["no_pipelining", "gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2",
+                                                  "zb_v"])
     src.add_argument("--trace", help="JSON trace recorded from a run")
     ap.add_argument("--pp", type=int, default=4)
     ap.add_argument("--microbatches", type=int, default=8)
@@ -150,13 +151,20 @@ def main(argv=None):
         title = f"{tr['schedule']} recorded: P={tr['P']} M={tr['M']} V={tr['V']}"
     else:
         from megatron.core.pipeline_parallel.schedules import ScheduleError, build_schedule
-        from megatron.core.pipeline_parallel.simulator import fbw_costs, predicted_bubble, simulate
+        from megatron.core.pipeline_parallel.simulator import fbw_costs, predicted_bubble, simulate, v_stage
+        from megatron.core.pipeline_parallel.zb_v import zb_v
+        v_shape = a.schedule == "zb_v"  # two chunks per rank in a V; activations and grads on their own channels
         try:
-            actions = build_schedule(a.pp, a.microbatches, a.vpp, a.schedule)
+            ratio = (a.forward_cost, a.backward_cost - a.weight_cost, a.weight_cost)  # the order ZB-V is found for
+            actions = ({r: zb_v(a.pp, a.microbatches, 2, r, costs=ratio) for r in range(a.pp)} if v_shape
+                       else build_schedule(a.pp, a.microbatches, a.vpp, a.schedule))
         except ScheduleError as e:
             raise SystemExit(f"error: {e}") from None
-        timeline = simulate(actions, fbw_costs(a.forward_cost, a.backward_cost - a.weight_cost, a.weight_cost,
-                                               a.comm_cost, a.vpp, split=a.schedule.startswith("zb")))
+        a.vpp = 2 if v_shape else a.vpp
+        costs = fbw_costs(a.forward_cost, a.backward_cost - a.weight_cost, a.weight_cost, a.comm_cost, a.vpp,
+                          split=a.schedule.startswith("zb"))
+        timeline = (simulate(actions, costs, stage_of=v_stage, streams=True) if v_shape
+                    else simulate(actions, costs))
         spans = spans_from_simulation(timeline)
         print("peak microbatches in flight per rank (forwarded, backward (or W) not yet run; counted per chunk): "
               + ", ".join(f"{r}: {n}" for r, n in sorted(timeline.peak_in_flight.items())))

@@ -75,8 +75,8 @@ def test_zb_v_is_complete_and_deadlock_free_with_one_channel_per_direction():
     from megatron.core.pipeline_parallel.zb_v import zb_v
     for P in range(2, 9):
         for M in range(1, 17):
-            for forward_only in (False, True):
-                actions = {r: zb_v(P, M, 2, r, forward_only) for r in range(P)}
+            for forward_only, ratio in ((False, (1, 1, 1)), (True, (1, 1, 1)), (False, (1, 2, 0.5))):
+                actions = {r: zb_v(P, M, 2, r, forward_only, ratio) for r in range(P)}
                 check_complete(actions, M, 2, forward_only)
                 simulate(actions, fbw_costs(1.0, 2.0, 0.5, 0.3, V=2), stage_of=v_stage, streams=True)
     P, M = 8, 24

@@ -3,8 +3,8 @@
 Rank p holds virtual stage p (chunk 0) and stage 2P - 1 - p (chunk 1): activations go down
 the ranks through chunk 0, turn on the last rank (chunk 0 to chunk 1 in place, no message)
 and come back up through chunk 1; the loss is on rank 0's chunk 1. Messages are named by
-simulator.v_stage. The order of F, B and W on each rank is found by list scheduling with
-unit costs (one F, B or W of a chunk takes one step; messages are free): a free rank runs a
+simulator.v_stage. The order of F, B and W on each rank is found by list scheduling for a
+given F:B:W ratio (default equal; messages free): a free rank runs a
 B whose gradient is there, else an F whose input is there (chunk 1 first; a new microbatch
 enters chunk 0 only while the rank holds fewer than 2P chunk-microbatches, 1F1B's peak
 activation memory), else a pending W. Messages are placed as in zero_bubble.py.
@@ -32,14 +32,17 @@ def _is_ready(P, r, kind, c, mb, done, t):
 
 
 @lru_cache(maxsize=64)
-def v_order(P, M) -> tuple[tuple[tuple[str, int, int], ...], ...]:
-    """Per rank, (kind, chunk, microbatch) in order (list scheduling with unit costs)."""
+def v_order(P, M, costs=(1.0, 1.0, 1.0)) -> tuple[tuple[tuple[str, int, int], ...], ...]:
+    """Per rank, (kind, chunk, microbatch) in order: list scheduling with one chunk's F, B, W
+    costing `costs` (messages free)."""
+    cost = dict(zip("FBW", costs))
     nf, nb = [[0, 0] for _ in range(P)], [[0, 0] for _ in range(P)]
     pending_w = [[] for _ in range(P)]
-    held, done, order, t = [0] * P, {}, [[] for _ in range(P)], 0
+    held, free_at, done, order, t = [0] * P, [0.0] * P, {}, [[] for _ in range(P)], 0.0
     while any(len(o) < 6 * M for o in order):
-        chosen = []
         for r in range(P):
+            if free_at[r] > t:
+                continue
             pick = None
             for c in (1, 0):  # B: the chunk nearer the loss first
                 mb = nb[r][c]
@@ -54,13 +57,11 @@ def v_order(P, M) -> tuple[tuple[tuple[str, int, int], ...], ...]:
                         break
             if pick is None and pending_w[r]:
                 pick = ("W",) + pending_w[r].pop(0)
-            chosen.append(pick)
-        for r, pick in enumerate(chosen):  # the step's results are there at the next step
             if pick is None:
                 continue
             kind, c, mb = pick
             order[r].append(pick)
-            done[(r, kind, c, mb)] = t + 1
+            free_at[r] = done[(r, kind, c, mb)] = t + cost[kind]  # results are there from then on
             if kind == "F":
                 nf[r][c] += 1
                 held[r] += 1
@@ -69,8 +70,9 @@ def v_order(P, M) -> tuple[tuple[tuple[str, int, int], ...], ...]:
                 pending_w[r].append((c, mb))
             else:
                 held[r] -= 1
-        t += 1
-        _check(t < 100 * (M + P), "zb-v list scheduling made no progress")
+        later = [x for x in list(free_at) + list(done.values()) if x > t]
+        _check(bool(later) or all(len(o) == 6 * M for o in order), "zb-v list scheduling made no progress")
+        t = min(later, default=t)
     return tuple(tuple(o) for o in order)
 
 
@@ -88,10 +90,11 @@ def _ops(P, r, kind, c, mb):
             Op("send_bwd", c, mb, dst) if dst is not None else None)
 
 
-def zb_v(P, M, V, rank, forward_only=False) -> list[Action]:
-    """ZB-V: V = 2 chunks per rank in a V shape (simulate with stage_of=simulator.v_stage)."""
+def zb_v(P, M, V, rank, forward_only=False, costs=(1.0, 1.0, 1.0)) -> list[Action]:
+    """ZB-V: V = 2 chunks per rank in a V shape (simulate with stage_of=simulator.v_stage).
+    costs: the F:B:W ratio the order is found for (the paper's default: equal)."""
     _check(V == 2 and P >= 2, "zb-v runs two model chunks per rank on at least 2 pipeline ranks")
-    steps = v_order(P, M)[rank]
+    steps = v_order(P, M, tuple(float(c) for c in costs))[rank]
     if forward_only:
         steps = [s for s in steps if s[0] == "F"]
     actions, sends = [], ()
