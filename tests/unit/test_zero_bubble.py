@@ -101,3 +101,15 @@ def test_timeline_tool_draws_w(tmp_path, capsys):
     titles = [e.find("{http://www.w3.org/2000/svg}title").text for e in ET.parse(out).getroot().iter()
               if e.find("{http://www.w3.org/2000/svg}title") is not None]
     assert len(titles) == 4 * 8 * 3 and sum(t.startswith("W ") for t in titles) == 4 * 8
+
+
+def test_pipeline_schedule_flag_maps_to_schedules_and_names_the_fix():
+    from megatron.core.config import ConfigError
+    from megatron.core.pipeline_parallel.schedule_flag import schedule_for_flag
+    assert schedule_for_flag(None, 4, 1) == "1f1b" and schedule_for_flag(None, 4, 2) == "interleaved_1f1b"
+    assert schedule_for_flag("zb-h1", 4, 1) == "zb_h1" and schedule_for_flag("zb-h2", 2, 1) == "zb_h2"
+    assert schedule_for_flag("zb-h2", 1, 1) == "no_pipelining"  # one stage: nothing to fill, no split
+    for flag, V, message in (("zb-h1", 2, "runs one model chunk per rank"), ("interleaved", 1, "more than one model"),
+                             ("zb-v", 2, "zb-v: the executor does not run the V layout yet")):
+        with pytest.raises(ConfigError, match=message):
+            schedule_for_flag(flag, 4, V)
