@@ -2,15 +2,20 @@
 
     PYTHONPATH=. python bench/pipeline_bubble.py                  # P 2 and 4, M 4 8 16, 1F1B and interleaved (V 2)
     PYTHONPATH=. python bench/pipeline_bubble.py --pp 2 --work matmul --append
+    PYTHONPATH=. python bench/pipeline_bubble.py --pp 4 --microbatches 8 --schedules 1f1b interleaved_1f1b zb_h1 zb_h2
 
 Every rank runs megatron.core.pipeline_parallel.forward_backward (the executor training
 uses, with real batch_isend_irecv between processes) on model chunks whose forward takes
-`--stage-ms` per stage and backward twice that, split evenly over the V chunks. A rank's
+`--stage-ms` per stage and backward twice that, split evenly over the V chunks (the zero-bubble
+schedules run half of the backward as B and half as W, the paper's F = B = W). A rank's
 idle fraction is 1 - (time inside its forward and backward actions) / makespan, the
 makespan running from the first action's start to the last action's end over all ranks
 (time.perf_counter: one clock for all processes of one machine). Theory, for uniform
 stages and free communication: (P - 1) / (M + P - 1) for 1F1B, (P - 1) / (V M + P - 1)
-interleaved; the simulator (simulator.py) gives exactly these figures for these schedules.
+interleaved; the simulator (simulator.py) gives exactly these figures for these schedules,
+and its figure is the theory column for the zero-bubble ones. Activation memory: each
+forward keeps a [SEQ, MICRO, HIDDEN x 16 / V] fp32 tensor for its backward (for W, where the
+schedule splits it); the peak of those alive on a rank is reported.
 
 Stage work is a sleep by default: it stands for accelerator compute, during which the host
 waits. On this benchmark's 2 shared CPU cores, real CPU work in P processes competes for the
@@ -20,11 +25,13 @@ uses CPU matmuls anyway (meaningful with P <= free cores). Messages are [32, 1, 
 """
 import argparse
 import datetime
+import gc
 import json
 import os
 import platform
 import sys
 import time
+import weakref
 from types import SimpleNamespace
 
 import torch
@@ -36,6 +43,21 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 SEQ, MICRO, HIDDEN = 32, 1, 64
+ACT_ELEMS = SEQ * MICRO * HIDDEN * 16
+ZB = ("zb_h1", "zb_h2")
+_alive = [0, 0]  # activation tensors alive now, peak
+
+
+def _activation(elems):
+    t = torch.empty(elems)
+    _alive[0] += 1
+    _alive[1] = max(_alive[1], _alive[0])
+    weakref.finalize(t, _freed)
+    return t
+
+
+def _freed():
+    _alive[0] -= 1
 
 
 def _work(seconds, kind):
@@ -49,25 +71,39 @@ def _work(seconds, kind):
 
 
 class _BackwardWork(torch.autograd.Function):
+    """Backward: `seconds` of input-gradient work, then `w_seconds` of weight-gradient work,
+    deferred to the W action where the schedule has W's (tensor_parallel/weight_grad.py)."""
+
     @staticmethod
-    def forward(ctx, x, seconds, kind):
-        ctx.seconds, ctx.kind = seconds, kind
+    def forward(ctx, x, anchor, seconds, w_seconds, kind, weight, act_elems):
+        ctx.seconds, ctx.w_seconds, ctx.kind, ctx.weight = seconds, w_seconds, kind, weight
+        ctx.act = _activation(act_elems)  # what the backward (or W) of this microbatch holds on to
         return x.clone()
 
     @staticmethod
     def backward(ctx, grad):
+        from megatron.core.tensor_parallel import weight_grad
         _work(ctx.seconds, ctx.kind)
-        return grad, None, None
+        act, w_seconds, kind = ctx.act, ctx.w_seconds, ctx.kind
+        del ctx.act
+
+        def weight_work():
+            _work(w_seconds, kind)
+            return (torch.zeros(()) * act[0],)
+        weight_grad.now_or_later((ctx.weight,), weight_work)
+        return grad, None, None, None, None, None, None
 
 
 class Stage(nn.Module):
     """A model chunk with a fixed cost: forward `fwd` seconds, backward `bwd` seconds."""
 
-    def __init__(self, fwd, bwd, pre, post, kind):
+    def __init__(self, fwd, bwd, pre, post, kind, V):
         super().__init__()
         self.config = SimpleNamespace(hidden_size=HIDDEN, sequence_parallel=False, params_dtype=torch.float32)
         self.weight = nn.Parameter(torch.ones(()))
         self.fwd, self.bwd, self.pre, self.post, self.kind = fwd, bwd, pre, post, kind
+        self.anchor = torch.empty(0, requires_grad=True)
+        self.act_elems = ACT_ELEMS // V  # a chunk holds 1/V of the stage's layers
         self.input_tensor = None
 
     def set_input_tensor(self, tensor):
@@ -76,7 +112,7 @@ class Stage(nn.Module):
     def forward(self, tokens):
         x = torch.ones(tokens.shape[1], tokens.shape[0], HIDDEN) if self.pre else self.input_tensor
         _work(self.fwd, self.kind)
-        y = _BackwardWork.apply(x * self.weight, self.bwd, self.kind)
+        y = _BackwardWork.apply(x, self.anchor, self.bwd / 2, self.bwd / 2, self.kind, self.weight, self.act_elems)
         return y.sum(-1).t() if self.post else y  # "per-token loss" [b, s] on the last stage
 
 
@@ -85,22 +121,24 @@ def _forward_step(model, batch):
     return {"lm loss": (out, batch["loss_mask"])} if model.post else out
 
 
-def _one_run(groups, P, M, V, stage_s, kind):
+def _one_run(groups, P, M, V, name, stage_s, kind):
     from megatron.core.pipeline_parallel import forward_backward
     chunks = [Stage(stage_s / V, 2 * stage_s / V, groups.is_first_stage and v == 0,
-                    groups.is_last_stage and v == V - 1, kind) for v in range(V)]
+                    groups.is_last_stage and v == V - 1, kind, V) for v in range(V)]
     batches = [{"tokens": torch.zeros(MICRO, SEQ, dtype=torch.long), "loss_mask": torch.ones(MICRO, SEQ)}] * M
     trace = []
     dist.barrier()
-    forward_backward(chunks, batches, _forward_step, groups, trace=trace)
+    _alive[1] = _alive[0]
+    forward_backward(chunks, batches, _forward_step, groups, trace=trace, schedule=name)
     traces = [None] * P
-    dist.all_gather_object(traces, trace)
+    dist.all_gather_object(traces, (trace, _alive[1]))
     return traces
 
 
 def _body(groups, configs, stage_s, kind, repeats):
     for cfg in configs:  # warm up connections and first-call paths
         _one_run(groups, groups.pp_size, *cfg, 0.001, "sleep")
+    gc.collect()
     out = {cfg: [] for cfg in configs}
     for _ in range(repeats):  # rounds over all points, so a burst of load hits one run of each at most
         for cfg in configs:
@@ -111,12 +149,15 @@ def _body(groups, configs, stage_s, kind, repeats):
 def main():
     from pipeline_timeline import bubble, write
 
-    from megatron.core.pipeline_parallel.simulator import predicted_bubble
+    from megatron.core.pipeline_parallel.schedules import build_schedule
+    from megatron.core.pipeline_parallel.simulator import fbw_costs, simulate
     from tests.harness import spawn
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pp", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--microbatches", type=int, nargs="+", default=[4, 8, 16])
-    ap.add_argument("--vpp", type=int, nargs="+", default=[1, 2], help="1 = 1F1B, more = interleaved")
+    ap.add_argument("--vpp", type=int, default=2, help="model chunks per rank of the interleaved schedule")
+    ap.add_argument("--schedules", nargs="+", default=["1f1b", "interleaved_1f1b"],
+                    choices=["1f1b", "interleaved_1f1b", "zb_h1", "zb_h2"])
     ap.add_argument("--stage-ms", type=float, default=150.0, help="one stage's forward; backward is twice it")
     ap.add_argument("--work", choices=["sleep", "matmul"], default="sleep")
     ap.add_argument("--repeats", type=int, default=5, help="runs per point; the median-makespan run is reported")
@@ -129,25 +170,29 @@ def main():
     load_start = os.getloadavg()[0]
     rows, worst, draw = [], 0.0, {tuple(int(x) for x in t.split(",")) for t in a.timeline}
     for P in a.pp:
-        configs = [(M, V) for V in a.vpp for M in a.microbatches if V == 1 or M % P == 0]
+        configs = [(M, a.vpp if name == "interleaved_1f1b" else 1, name) for name in a.schedules
+                   for M in a.microbatches if name != "interleaved_1f1b" or M % P == 0]
         runs = spawn(P, _body, configs, stage_s, a.work, a.repeats, pp=P, timeout=1800)[0]
-        for (M, V), reps in runs.items():
+        for (M, V, name), reps in runs.items():
             measured = []
             for traces in reps:
-                spans = {r: [tuple(x) for x in tr] for r, tr in enumerate(traces)}
-                measured.append((bubble(spans), spans))
-            (idle, makespan), spans = sorted(measured, key=lambda m: m[0][1])[len(measured) // 2]
-            theory = predicted_bubble(P, M, V)
+                spans = {r: [tuple(x) for x in tr] for r, (tr, _) in enumerate(traces)}
+                measured.append((bubble(spans), spans, [peak for _, peak in traces]))
+            (idle, makespan), spans, peaks = sorted(measured, key=lambda m: m[0][1])[len(measured) // 2]
+            sim = simulate(build_schedule(P, M, V, name), fbw_costs(stage_s, stage_s, stage_s, V=V, split=name in ZB))
+            theory = sim.bubble
             dev = max(abs(i - theory) for i in idle.values())
             worst = max(worst, dev)
-            name = "1f1b" if V == 1 else "interleaved_1f1b"
-            ideal = 3 * stage_s * (M + (P - 1) / V)
+            ideal = sim.makespan
+            mib = ACT_ELEMS // V * 4 / 2**20
             rows.append(f"| {P} | {V} | {M} | {name} | {100 * theory:.2f} | "
                         + " / ".join(f"{100 * idle[r]:.2f}" for r in sorted(idle))
-                        + f" | {100 * dev:.2f} | {1000 * makespan:.0f} | {1000 * ideal:.0f} |")
+                        + f" | {100 * dev:.2f} | {1000 * makespan:.0f} | {1000 * ideal:.0f} | "
+                        + " / ".join(f"{n * mib:.1f}" for n in peaks) + " |")
             print(rows[-1], flush=True)
             if (P, M, V) in draw:
-                stem = os.path.join(os.path.dirname(a.out), f"pipeline_timeline_p{P}_m{M}_v{V}")
+                tag = f"_{name}" if name in ZB else ""
+                stem = os.path.join(os.path.dirname(a.out), f"pipeline_timeline_p{P}_m{M}_v{V}{tag}")
                 title = f"{name} recorded: P={P} M={M} V={V}, {a.work} stages of {a.stage_ms:g} ms forward"
                 write(spans, title, stem + ".svg")
                 with open(stem + ".json", "w") as f:
@@ -163,9 +208,13 @@ def main():
         f"- stage work: {a.work}, forward {a.stage_ms:g} ms per stage, backward {2 * a.stage_ms:g} ms "
         f"(each of V chunks 1/V of it); messages [{SEQ}, {MICRO}, {HIDDEN}] fp32; "
         f"median-makespan run of {a.repeats}",
-        "- theory: (P-1)/(M+P-1) for 1F1B, (P-1)/(V M+P-1) interleaved; idle = 1 - compute time / makespan", "",
-        "| P | V | M | schedule | theory % | measured idle % per rank | max deviation (pp) | makespan ms | ideal ms |",
-        "|---|---|---|---|---:|---|---:|---:|---:|", *rows, "",
+        "- theory: the simulator's idle fraction (F = B = W = stage ms; for 1F1B and interleaved it is "
+        "(P-1)/(M+P-1) and (P-1)/(V M+P-1)); idle = 1 - compute time / makespan",
+        f"- activation MiB per rank: peak of the [{SEQ}, {MICRO}, {HIDDEN} x 16 / V] fp32 tensors each forward keeps "
+        "until its backward (or W) ran", "",
+        "| P | V | M | schedule | theory % | measured idle % per rank | max deviation (pp) | makespan ms | ideal ms "
+        "| peak activation MiB per rank |",
+        "|---|---|---|---|---:|---|---:|---:|---:|---|", *rows, "",
         f"**largest deviation from theory: {100 * worst:.2f} percentage points; target <= 2: {ok}**", ""])
     print(text)
     os.makedirs(os.path.dirname(a.out), exist_ok=True)

@@ -58,6 +58,10 @@ class TrainingConfig:
     pipeline_trace: Optional[str] = opt(
         None, "Write the start and end time of every schedule action of iteration 2 on each pipeline rank "
         "to this JSON file (draw it with tools/pipeline_timeline.py --trace; one machine's clock).")
+    pipeline_schedule: Optional[str] = opt(
+        None, "Pipeline schedule (default: 1f1b, or interleaved with model chunks): zb-h1 / zb-h2 are the "
+        "zero-bubble schedules, whose backward computes weight gradients in separate W steps.",
+        choices=["1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v"])
     mock_data: bool = opt(
         False, "Train on deterministic synthetic tokens (with --tokenizer-type NullTokenizer --vocab-size N).")
     data_path: Optional[list[str]] = opt(

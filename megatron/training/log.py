@@ -121,14 +121,15 @@ class TrainingLogger:
             self.writer.close()
 
 
-def pipeline_summary(model_cfg, pp):
+def pipeline_summary(model_cfg, pp, schedule_flag=None):
     """One line: the schedule and which layers (numbered from 1) each stage's chunks hold."""
     vpp = model_cfg.virtual_pipeline_model_parallel_size or 1
     split = layer_split(model_cfg.num_layers, pp, vpp, model_cfg.decoder_first_pipeline_num_layers,
                         model_cfg.decoder_last_pipeline_num_layers)
     stages = " | ".join(f"stage {p}: " + ", ".join(f"{o + 1}" if n == 1 else f"{o + 1}-{o + n}" for o, n in chunks)
                         for p, chunks in enumerate(split))
-    return (f"> pipeline: {default_schedule(pp, vpp)}, {pp} stages x {vpp} model chunk(s); layers {stages}"
+    name = schedule_flag or default_schedule(pp, vpp)
+    return (f"> pipeline: {name}, {pp} stages x {vpp} model chunk(s); layers {stages}"
             " (embedding on stage 0, output layer and loss on the last)")
 
 
@@ -164,7 +165,7 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
         f" | distributed optimizer {train_cfg.use_distributed_optimizer}",
     ]
     if groups.pp_size > 1:
-        lines.append(pipeline_summary(model_cfg, groups.pp_size))
+        lines.append(pipeline_summary(model_cfg, groups.pp_size, train_cfg.pipeline_schedule))
     lines.append("> parameters per rank (tp, dp, pp: count):")
     lines += [f"    rank {r:3d} (tp {t}, dp {d}, pp {p}): {n:,} | bytes: params {m[0]:,} grads {m[1]:,}"
               f" optimizer {m[2]:,} (total {sum(m) / 2**20:.1f} MiB)" for r, (t, d, p, n, m) in enumerate(counts)]

@@ -14,6 +14,7 @@ Sizes are checked positive before anything divides by them. Nothing here needs a
 from ..core.config import ConfigError
 from ..core.fusions import check_config as check_fusions
 from ..core.parallel_state import validate_parallel_sizes
+from ..core.pipeline_parallel.schedule_flag import schedule_for_flag
 from .checkpoint_args import apply_checkpoint_args, check_ckpt_format
 from .tokenizer import build_tokenizer
 
@@ -44,6 +45,7 @@ def validate(model_cfg, train_cfg, world_size):
     dp = validate_parallel_sizes(world_size, model_cfg.tensor_model_parallel_size, pp, vpp)
     train_cfg.validate(dp)
     check_ckpt_format(train_cfg)
+    schedule_for_flag(train_cfg.pipeline_schedule, pp, vpp or 1)
     num_micro = train_cfg.global_batch_size // (train_cfg.micro_batch_size * dp)
     if vpp and num_micro % pp:
         raise ConfigError(

@@ -12,6 +12,7 @@ from ..core.distributed import DistributedDataParallel, finalize_model_grads
 from ..core.optimizer import LRScheduler, get_megatron_optimizer
 from ..core.optimizer.grad_scaler import ConstantGradScaler, DynamicGradScaler
 from ..core.pipeline_parallel import TOKEN_LOSS, default_schedule, get_forward_backward_func
+from ..core.pipeline_parallel.schedule_flag import schedule_for_flag
 from ..core.tensor_parallel.initialization import initialize_parameters
 from .checkpointing import Checkpointer
 from .data import end_of_training_sets, microbatches, validation_window
@@ -92,7 +93,7 @@ def evaluate(model, dataset, spec: ModelSpec, groups, train_cfg, device):
     return dict(zip(names, (sums / counts).tolist()))
 
 
-def write_pipeline_trace(path, trace, groups, model_cfg, num_micro, iteration):
+def write_pipeline_trace(path, trace, groups, model_cfg, num_micro, iteration, schedule=None):
     """Gather one iteration's (kind, chunk, mb, start, end) per action over groups.pp;
     global rank 0 writes them as JSON for tools/pipeline_timeline.py --trace."""
     spans = [None] * groups.pp_size
@@ -100,7 +101,7 @@ def write_pipeline_trace(path, trace, groups, model_cfg, num_micro, iteration):
     if groups.rank == 0:
         V = model_cfg.virtual_pipeline_model_parallel_size or 1
         with open(path, "w") as f:
-            json.dump({"schedule": default_schedule(groups.pp_size, V), "P": groups.pp_size, "M": num_micro,
+            json.dump({"schedule": schedule or default_schedule(groups.pp_size, V), "P": groups.pp_size, "M": num_micro,
                        "V": V, "iteration": iteration, "ranks": dict(enumerate(spans))}, f)
         print(f"> wrote the pipeline schedule timeline of iteration {iteration} to {path}", flush=True)
 
@@ -162,7 +163,9 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     predicted = predicted_step_line(model_cfg, train_cfg, groups.world_size, device) if groups.rank == 0 else None
     if predicted:  # on a known GPU: the planner's step time, to read beside the measured ones
         print_rank_0(predicted)
-    forward_backward_func = get_forward_backward_func()
+    schedule = schedule_for_flag(train_cfg.pipeline_schedule, groups.pp_size,
+                                 model_cfg.virtual_pipeline_model_parallel_size or 1)
+    forward_backward_func = get_forward_backward_func(schedule)
     model.train()
     # +2: past first-call costs
     trace_iter = min(iteration + 2, train_cfg.train_iters) if train_cfg.pipeline_trace else None
@@ -176,7 +179,8 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
         losses, grad_norm, lr, updated = train_step(model, ddp, optimizer, scheduler, batches, spec.forward_step,
                                                     groups, iteration, fb, spec.loss_terms)
         if trace is not None:
-            write_pipeline_trace(train_cfg.pipeline_trace, trace, groups, model_cfg, len(batches), iteration)
+            write_pipeline_trace(train_cfg.pipeline_trace, trace, groups, model_cfg, len(batches), iteration,
+                                 schedule)
         consumed += train_cfg.global_batch_size
         logger.add_iteration(losses, grad_norm, updated)
         metrics.iteration(iteration, consumed, losses, grad_norm, lr, updated,

@@ -4,7 +4,10 @@ Per microbatch and chunk it keeps only what backward needs: the received input (
 whose .grad is sent back) and the output's autograd graph (its storage is freed once
 sent, p2p.free_output). On the last virtual stage the output is the scaled loss.
 The loss contract (named terms, their counts and sums) is in losses.py.
+A schedule with W actions (zero_bubble.py) runs its forwards with the layers' weight
+gradients split off (tensor_parallel/weight_grad.py): B keeps that work, W does it.
 """
+import contextlib
 import functools
 import time
 from typing import Optional
@@ -13,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..tensor_parallel import weight_grad
 from ..watchdog import waiting
 from .losses import TOKEN_LOSS, LossDeclaration, ReducedLosses, global_counts, masked_sums
 from .p2p import P2PCommunicator, backward_through, free_output
@@ -43,6 +47,8 @@ class _Rank:
         self.loss_scale, self.names = loss_scale, names
         self.comm, self.num_tokens, self.forward_only = comm, num_tokens, forward_only
         self.inputs, self.outputs, self.out_grads, self.in_grads = {}, {}, {}, {}
+        self.weight_work, self.split = {}, False  # split: B defers the weight gradients to W
+        self.unwaited_sends = []
         self.total = torch.zeros(num_tokens.shape, device=num_tokens.device)
         self.last_chunk = len(chunks) - 1 if groups.is_last_stage else None  # the chunk with the loss
 
@@ -62,14 +68,21 @@ class _Rank:
     def backward(self, v, mb):
         key = (v, mb)
         out, inp = self.outputs.pop(key), self.inputs.pop(key, None)
-        if v == self.last_chunk:
-            out.backward()
-        else:
-            backward_through(out, self.out_grads.pop(key))
+        # splitting on in B too: a recomputed forward (activation checkpointing) defers its W as well
+        with weight_grad.splitting(self.split), weight_grad.deferring() if self.split else _nothing() as work:
+            if v == self.last_chunk:
+                out.backward()
+            else:
+                backward_through(out, self.out_grads.pop(key))
+        if self.split:
+            self.weight_work[key] = work
         if inp is not None:
             self.in_grads[key] = inp.grad
 
-    def communicate(self, ops):
+    def weight(self, v, mb):
+        weight_grad.apply(self.weight_work.pop((v, mb)))
+
+    def communicate(self, ops, async_sends=False):
         posted, received = [], []
         for op in ops:
             key = (op.chunk, op.mb)
@@ -81,7 +94,7 @@ class _Rank:
                 buf = self.comm.buffer()
                 posted.append(("recv", buf, op.peer))
                 received.append((op.kind, key, buf))
-        self.comm.exchange(posted)
+        self.comm.exchange(posted, self.unwaited_sends if async_sends else None)
         for op in ops:
             if op.kind == "send_fwd":  # the next stage has it now; backward needs only the graph
                 key = (op.chunk, op.mb)
@@ -99,6 +112,9 @@ class _Rank:
         return sum(o.numel() for (v, _), o in self.outputs.items() if v != self.last_chunk)
 
 
+_nothing = contextlib.nullcontext
+
+
 def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P2PCommunicator],
                 num_tokens, names, forward_only=False, trace: Optional[list] = None, stats: Optional[dict] = None,
                 loss_scale=1.0):
@@ -108,28 +124,38 @@ def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P
     Each microbatch's backward uses sum(loss x mask) / num_tokens (the global batch's count
     per term), times loss_scale (fp16), as training without pipelining does. trace: gets (kind, chunk, mb, start, end)
     per action (time.perf_counter). stats: gets peak_in_flight (microbatch-chunks forwarded,
-    not yet backwarded) and peak_kept_output_elems (elements of sent outputs still held).
+    not yet backwarded, or not yet through W where the schedule has W's) and
+    peak_kept_output_elems (elements of sent outputs still held).
     """
     r = _Rank(chunks, batches, forward_step, groups, comm, num_tokens, names, forward_only, loss_scale)
+    r.split = any(a.kind == "W" for a in actions)
     peak = peak_elems = 0
     sync = trace is not None and num_tokens.device.type == "cuda"
     for a in actions:
         t0 = time.perf_counter() if trace is not None else 0.0
         if a.kind == "F":
-            r.forward(a.chunk, a.mb)
+            with weight_grad.splitting(r.split):
+                r.forward(a.chunk, a.mb)
         elif a.kind == "B":
             r.backward(a.chunk, a.mb)
+        elif a.kind == "W":
+            r.weight(a.chunk, a.mb)
         else:
-            r.communicate(a.ops)
+            r.communicate(a.ops, a.async_sends)
         if stats is not None:
-            peak = max(peak, len(r.outputs))
+            peak = max(peak, len(r.outputs.keys() | r.weight_work.keys()))  # held until B, or W
             if a.kind == "comm":  # outputs are sent at the next comm: count what stays after it
                 peak_elems = max(peak_elems, r.kept_output_elems())
         if trace is not None:
             if sync:
                 torch.cuda.synchronize(num_tokens.device)
             trace.append((a.kind, a.chunk, a.mb, t0, time.perf_counter()))
-    assert not r.outputs and not r.in_grads and not r.out_grads, "the schedule left work undone"
+    if r.unwaited_sends:
+        with waiting("pipeline sends", groups.pp):
+            for req, _ in r.unwaited_sends:
+                req.wait()
+    assert not r.outputs and not r.in_grads and not r.out_grads and not r.weight_work, \
+        "the schedule left work undone"
     if stats is not None:
         stats.update(peak_in_flight=peak, peak_kept_output_elems=peak_elems)
     return r.total

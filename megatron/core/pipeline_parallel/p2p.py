@@ -9,6 +9,7 @@ and simulated, for exactly these semantics.
 """
 import weakref
 from collections.abc import Sequence
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -38,9 +39,11 @@ class P2PCommunicator:
     def buffer(self) -> torch.Tensor:
         return torch.empty(self.shape, dtype=self.dtype, device=self.device)
 
-    def exchange(self, ops: list[tuple[str, torch.Tensor, int]]) -> None:
+    def exchange(self, ops: list[tuple[str, torch.Tensor, int]], unwaited_sends: Optional[list] = None) -> None:
         """ops: (kind, tensor, peer pipeline rank), kind "send" or "recv", posted in list
-        order as one batch and all waited for. Receives land in their given tensors."""
+        order as one batch and all waited for. Receives land in their given tensors.
+        unwaited_sends: the sends' (request, tensor) go there instead of being waited for
+        (the caller waits before the step ends; the tensor must live until then)."""
         p2p_ops, peers = [], []
         for kind, tensor, peer in ops:
             if tuple(tensor.shape) != self.shape or tensor.dtype != self.dtype:
@@ -54,8 +57,11 @@ class P2PCommunicator:
             peers.append((kind, self.groups.pp_ranks[peer]))
         if p2p_ops:
             with waiting("pipeline send/receive", p2p=peers):  # a frozen neighbour ends this rank, in one line
-                for req in dist.batch_isend_irecv(p2p_ops):
-                    req.wait()
+                for (kind, _, _), op, req in zip(ops, p2p_ops, dist.batch_isend_irecv(p2p_ops)):
+                    if kind == "send" and unwaited_sends is not None:
+                        unwaited_sends.append((req, op.tensor))
+                    else:
+                        req.wait()
 
 
 def free_output(tensor: torch.Tensor) -> None:

@@ -6,7 +6,8 @@ last rank's chunk v feeds rank 0's chunk v + 1. An action list is run in order b
 executor (executor.run_actions) and by the simulator (simulator.simulate):
 
     Action("F", chunk, mb)            forward of microbatch mb through model chunk `chunk`
-    Action("B", chunk, mb)            its backward
+    Action("B", chunk, mb)            its backward (only the input gradient where the list has W's)
+    Action("W", chunk, mb)            its weight gradients (zero-bubble schedules, zero_bubble.py)
     Action("comm", ops=(Op, ...))     messages posted together (one batch_isend_irecv), then waited for
 
 Op.kind is send_fwd / recv_fwd (activations) or send_bwd / recv_bwd (their gradients);
@@ -19,80 +20,11 @@ The 1F1B and interleaved lists follow Megatron-LM's schedules op for op (their b
 p2p calls become comm actions); the simulator proves for P <= 8, M <= 16, V <= 3 that
 every send meets its receive in order and nothing deadlocks (tests/unit/test_schedules.py).
 """
-from dataclasses import dataclass
 from typing import Optional
 
-from ..errors import ScheduleError
-
-_ORDER = {"send_fwd": 0, "recv_fwd": 1, "send_bwd": 2, "recv_bwd": 3}
-
-
-@dataclass(frozen=True)
-class Op:
-    kind: str   # send_fwd | recv_fwd | send_bwd | recv_bwd
-    chunk: int
-    mb: int
-    peer: int   # pipeline rank at the other end
-
-
-@dataclass(frozen=True)
-class Action:
-    kind: str   # F | B | comm
-    chunk: int = 0
-    mb: int = 0
-    ops: tuple[Op, ...] = ()
-
-    def __repr__(self):
-        if self.kind == "comm":
-            return "comm(" + ", ".join(f"{o.kind}[{o.chunk},{o.mb}]->{o.peer}" for o in self.ops) + ")"
-        return f"{self.kind}[{self.chunk},{self.mb}]"
-
-
-class _Builder:
-    """Collects one rank's actions; the op helpers return None where no message exists
-    (no input on the first virtual stage, no gradient into the last)."""
-
-    def __init__(self, P, V, rank, forward_only):
-        self.P, self.V, self.rank, self.forward_only = P, V, rank, forward_only
-        self.actions: list[Action] = []
-        self.next_in = [0] * V    # next microbatch whose activation each chunk receives
-        self.next_grad = [0] * V  # ... and whose output gradient
-
-    def _first(self, v):
-        return v == 0 and self.rank == 0
-
-    def _last(self, v):
-        return v == self.V - 1 and self.rank == self.P - 1
-
-    def send_fwd(self, v, mb):
-        return None if self._last(v) else Op("send_fwd", v, mb, (self.rank + 1) % self.P)
-
-    def send_bwd(self, v, mb):
-        return None if self._first(v) else Op("send_bwd", v, mb, (self.rank - 1) % self.P)
-
-    def recv_fwd(self, v):
-        """The next activation chunk v receives (microbatches arrive in order per chunk)."""
-        if self._first(v):
-            return None
-        self.next_in[v] += 1
-        return Op("recv_fwd", v, self.next_in[v] - 1, (self.rank - 1) % self.P)
-
-    def recv_bwd(self, v):
-        if self._last(v) or self.forward_only:
-            return None
-        self.next_grad[v] += 1
-        return Op("recv_bwd", v, self.next_grad[v] - 1, (self.rank + 1) % self.P)
-
-    def comm(self, *ops):
-        ops = tuple(sorted((o for o in ops if o is not None), key=lambda o: _ORDER[o.kind]))
-        if ops:
-            self.actions.append(Action("comm", ops=ops))
-
-    def F(self, v, mb):
-        self.actions.append(Action("F", v, mb))
-
-    def B(self, v, mb):
-        self.actions.append(Action("B", v, mb))
+from ..errors import ScheduleError  # noqa: F401 (callers catch it from here)
+from .actions import Action, Op, _Builder, _check
+from .zero_bubble import zb_h1, zb_h2
 
 
 def no_pipelining(P, M, V, rank, forward_only=False) -> list[Action]:
@@ -210,12 +142,7 @@ def gpipe(P, M, V, rank, forward_only=False) -> list[Action]:
 
 
 SCHEDULES = {"no_pipelining": no_pipelining, "gpipe": gpipe, "1f1b": one_f_one_b,
-             "interleaved_1f1b": interleaved_1f1b}
-
-
-def _check(cond, message):
-    if not cond:
-        raise ScheduleError(message)
+             "interleaved_1f1b": interleaved_1f1b, "zb_h1": zb_h1, "zb_h2": zb_h2}
 
 
 def default_schedule(P: int, V: int) -> str:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import comm
+from . import weight_grad
 from .mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_tensor_model_parallel_region,
@@ -82,7 +83,11 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x):
         bias = None if self.skip_bias_add else self.bias
-        if self.sequence_parallel and self.tp > 1:
+        if weight_grad.split_enabled():  # zero-bubble schedules: weight gradients in a later W action
+            sp = self.sequence_parallel and self.tp > 1
+            x = x if sp else copy_to_tensor_model_parallel_region(x, self.group)
+            y = weight_grad.linear(x, self.weight, bias, self.group if sp else None)
+        elif self.sequence_parallel and self.tp > 1:
             y = _SequenceParallelLinear.apply(x, self.weight, bias, self.group)
         else:
             y = F.linear(copy_to_tensor_model_parallel_region(x, self.group), self.weight, bias)
@@ -123,13 +128,15 @@ class RowParallelLinear(nn.Module):
     def forward(self, x):
         if not self.input_is_parallel:
             x = scatter_to_tensor_model_parallel_region(x, self.group)
-        y = F.linear(x, self.weight)
+        y = (weight_grad.linear if weight_grad.split_enabled() else F.linear)(x, self.weight)
         if self.sequence_parallel:
             y = reduce_scatter_to_sequence_parallel_region(y, self.group)
         else:
             y = reduce_from_tensor_model_parallel_region(y, self.group)
         if self.skip_bias_add:
             return y, self.bias
+        if self.bias is not None and weight_grad.split_enabled():
+            return weight_grad.add_bias(y, self.bias), None
         return (y + self.bias if self.bias is not None else y), None
 
 
@@ -155,12 +162,13 @@ class VocabParallelEmbedding(nn.Module):
         set_init(self.weight, "normal", init_std)
 
     def forward(self, ids):
+        embed = weight_grad.embedding if weight_grad.split_enabled() else F.embedding
         if self.tp > 1:
             outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
             local = (ids - self.vocab_start).masked_fill(outside, 0)
-            out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+            out = embed(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
         else:
-            out = F.embedding(ids, self.weight)
+            out = embed(ids, self.weight)
         if self.reduce_scatter_embeddings:
             return reduce_scatter_to_sequence_parallel_region(out, self.group)
         return reduce_from_tensor_model_parallel_region(out, self.group)

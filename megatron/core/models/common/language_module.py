@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ...pipeline_parallel.split import stage_layers
-from ...tensor_parallel import mappings
+from ...tensor_parallel import mappings, weight_grad
 from ...tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from ...tensor_parallel.layers import ColumnParallelLinear, VocabParallelEmbedding
 from ...tensor_parallel.param_meta import set_init, set_init_key, set_tensor_parallel, set_tied_embedding
@@ -122,6 +122,8 @@ class LanguageModule(nn.Module):
                 hidden = mappings.gather_from_sequence_parallel_region(hidden, self.groups.tp)
             else:
                 hidden = mappings.copy_to_tensor_model_parallel_region(hidden, self.groups.tp)
+            if weight_grad.split_enabled():  # zero-bubble schedules: the table's gradient in a later W action
+                return weight_grad.linear(hidden, self.word_embeddings.weight)
             return torch.nn.functional.linear(hidden, self.word_embeddings.weight)
         return self.output_layer(hidden)[0]
 
