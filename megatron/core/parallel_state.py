@@ -117,6 +117,24 @@ def grid_rank(tp_rank: int, dp_rank: int, pp_rank: int, tp: int, dp: int, cp_ran
     return tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank))
 
 
+def grid_rank_lists(tp: int, cp: int, dp: int, pp: int) -> dict[str, list[list[int]]]:
+    """{group name: the global ranks of each group of that kind}, in the order they are built:
+    tp, dp, pp, mp (TP x PP), embd (first and last stage), and with cp > 1 also cp and dp_cp."""
+    def at(t, c, d, p):
+        return grid_rank(t, d, p, tp, dp, c, cp)
+
+    T, C, D, P = range(tp), range(cp), range(dp), range(pp)
+    lists = {"tp": [[at(t, c, d, p) for t in T] for p in P for d in D for c in C],
+             "dp": [[at(t, c, d, p) for d in D] for p in P for c in C for t in T],
+             "pp": [[at(t, c, d, p) for p in P] for d in D for c in C for t in T],
+             "mp": [[at(t, c, d, p) for p in P for t in T] for d in D for c in C]}
+    lists["embd"] = [sorted({r[0], r[-1]}) for r in lists["pp"]]
+    if cp > 1:
+        lists["cp"] = [[at(t, c, d, p) for c in C] for p in P for d in D for t in T]
+        lists["dp_cp"] = [[at(t, c, d, p) for d in D for c in C] for p in P for t in T]
+    return lists
+
+
 def initialize_model_parallel(tensor_model_parallel_size: int = 1,
                               pipeline_model_parallel_size: int = 1,
                               virtual_pipeline_model_parallel_size: int | None = None,
@@ -145,25 +163,15 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1,
                 mine = group
         return mine
 
-    def at(t, c, d, p):
-        return grid_rank(t, d, p, tp, dp, c, cp)
-
-    T, C, D, P = range(tp), range(cp), range(dp), range(pp)
-    tp_lists = [[at(t, c, d, p) for t in T] for p in P for d in D for c in C]
-    dp_lists = [[at(t, c, d, p) for d in D] for p in P for c in C for t in T]
-    pp_lists = [[at(t, c, d, p) for p in P] for d in D for c in C for t in T]
-    mp_lists = [[at(t, c, d, p) for p in P for t in T] for d in D for c in C]
-    embd_lists = [sorted({r[0], r[-1]}) for r in pp_lists]
-
+    lists = grid_rank_lists(tp, cp, dp, pp)
     groups = ProcessGroups(
-        tp=build(tp_lists), dp=build(dp_lists), pp=build(pp_lists), mp=build(mp_lists),
-        embd=build(embd_lists), tp_size=tp, dp_size=dp, pp_size=pp,
+        tp=build(lists["tp"]), dp=build(lists["dp"]), pp=build(lists["pp"]), mp=build(lists["mp"]),
+        embd=build(lists["embd"]), tp_size=tp, dp_size=dp, pp_size=pp,
         tp_rank=tp_rank, dp_rank=dp_rank, pp_rank=pp_rank, rank=rank, world_size=world,
-        pp_ranks=[at(tp_rank, cp_rank, dp_rank, p) for p in P],
+        pp_ranks=[grid_rank(tp_rank, dp_rank, p, tp, dp, cp_rank, cp) for p in range(pp)],
         vpp_size=virtual_pipeline_model_parallel_size, cp_size=cp, cp_rank=cp_rank)
     if cp > 1:
-        groups.cp = build([[at(t, c, d, p) for c in C] for p in P for d in D for t in T])
-        groups.dp_cp = build([[at(t, c, d, p) for d in D for c in C] for p in P for t in T])
+        groups.cp, groups.dp_cp = build(lists["cp"]), build(lists["dp_cp"])
     _GROUPS = groups
     return groups
 
