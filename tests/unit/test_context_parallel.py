@@ -84,3 +84,10 @@ def test_grid_tp2_cp2_pp2_matches_documented_order():
     assert lists["mp"] == [[0, 1, 4, 5], [2, 3, 6, 7]]  # TP x PP: the CP ranks are not in it
     assert grid_rank_lists(1, 2, 2, 1)["dp_cp"] == [[0, 1, 2, 3]]
     assert grid_rank_lists(1, 2, 2, 1)["dp"] == [[0, 2], [1, 3]]
+
+
+def test_estimated_activations_fall_as_one_over_cp():
+    from megatron.core.transformer.context_parallel import activation_bytes_per_layer
+    one = activation_bytes_per_layer(16384, 1, 256, 8, cp=1)
+    for cp in (2, 4):
+        assert activation_bytes_per_layer(16384, 1, 256, 8, cp=cp) * cp == one

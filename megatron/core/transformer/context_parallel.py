@@ -154,6 +154,15 @@ def a2a_attention(q, k, v, group, causal=True):
     return back.permute(1, 2, 0, 3, 4).reshape(s, b, h * d)
 
 
+def activation_bytes_per_layer(s, b, h, a, tp=1, sp=False, cp=1, element_bytes=2):
+    """Saved-activation bytes of one layer on one rank with context parallelism (Korthikanti et al.'s
+    count on this rank's s / C tokens): s/C b h (34/t with SP, else 10 + 24/t) x element_bytes / 2, and
+    instead of the s x s score terms the fp32 log-sum-exp [b, a/t, s/C] the CP attention keeps."""
+    s_local = s / cp
+    per_token = 34 / tp if sp else 10 + 24 / tp
+    return int(s_local * b * h * per_token * element_bytes / 2 + 4 * b * (a / tp) * s_local)
+
+
 def context_parallel_attention(q, k, v, group, comm_type, scale, causal=True):
     """q [s, b, h, d], k / v [s, b, g, d] holding this CP rank's chunks -> [s, b, h x d], exact
     attention over the whole sequence. Talks to the CP group `group` (see the module docstring)."""
