@@ -122,7 +122,10 @@ class RingAttention(torch.autograd.Function):
                 out[:, :, rows], lse[:, :, rows] = merge(out[:, :, rows], lse[:, :, rows], o, s)
             if pending is not None:
                 kv = ring.finish(pending)
-        out = out.to(q.dtype)
+        # stored as [s, b, h, d]: the caller's [s, b, h x d] view of it is then the same storage,
+        # so linear_proj's saved input costs nothing on top of what is kept here
+        b, h, _, d = out.shape
+        out = torch.empty((sq, b, h, d), dtype=q.dtype, device=q.device).permute(1, 2, 0, 3).copy_(out)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.group, ctx.scale, ctx.causal = group, scale, causal
         return out
