@@ -9,6 +9,7 @@ layout as training) and activations (Korthikanti et al. 2022).
 Takes pretrain_gpt.py's flags plus --world-size.
 """
 import argparse
+import dataclasses
 import os
 import sys
 import types
@@ -23,6 +24,7 @@ from megatron.core.distributed.param_and_grad_buffer import bucket_layout
 from megatron.core.errors import MegatronUserError
 from megatron.core.models.gpt import GPTModel
 from megatron.core.parallel_state import validate_parallel_sizes
+from megatron.core.transformer import context_parallel
 from megatron.training.arguments import parse_args
 from megatron.training.resolve import resolve, validate
 
@@ -30,8 +32,12 @@ from megatron.training.resolve import resolve, validate
 def activation_bytes_per_layer(c, micro_batch, tp, sp):
     """Korthikanti et al. eq. 1-3 for 16-bit activations: s b h (34 + 5 a s / h) without TP,
     s b h (10 + 24/t + 5 a s/(h t)) with TP, s b h/t (34 + 5 a s/h) with TP and SP.
-    fp32 activations (no --bf16/--fp16) double it."""
+    fp32 activations (no --bf16/--fp16) double it. With --context-parallel-size C: the same on s / C
+    tokens, with the CP attention's log-sum-exp instead of the s x s terms (context_parallel.py)."""
     s, b, h, a = c.seq_length, micro_batch, c.hidden_size, c.num_attention_heads
+    if c.context_parallel_size > 1:
+        return context_parallel.activation_bytes_per_layer(s, b, h, a, tp, sp, c.context_parallel_size,
+                                                           2 if c.params_dtype != torch.float32 else 4)
     if tp == 1:
         per = s * b * h * (34 + 5 * a * s / h)
     elif sp:
@@ -53,7 +59,8 @@ def stage_params(model_cfg, pp_rank):
                                        is_first_stage=pp_rank == 0, is_last_stage=pp_rank == pp - 1)
         V = model_cfg.virtual_pipeline_model_parallel_size or 1
         # the same chunks, in the same order, as training.build_model
-        chunks = [GPTModel(model_cfg, groups, pre_process=groups.is_first_stage and v == 0,
+        shard_cfg = dataclasses.replace(model_cfg, context_parallel_size=1)  # CP ranks hold the same parameters
+        chunks = [GPTModel(shard_cfg, groups, pre_process=groups.is_first_stage and v == 0,
                            post_process=groups.is_last_stage and v == V - 1, device="meta", vp_stage=v)
                   for v in range(V)]
         _built[key] = ([p for c in chunks for p in c.parameters() if p.requires_grad],
@@ -65,24 +72,26 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
     """{'params', 'grads', 'optimizer', 'activations', 'working', 'layers', 'in_flight'} for a rank of
     pipeline stage pp_rank (DP rank 0, TP rank 0: other TP ranks hold the same)."""
     tp, pp = model_cfg.tensor_model_parallel_size, model_cfg.pipeline_model_parallel_size
-    dp = validate_parallel_sizes(world_size, tp, pp, model_cfg.virtual_pipeline_model_parallel_size)
+    dp = validate_parallel_sizes(world_size, tp, pp, model_cfg.virtual_pipeline_model_parallel_size,
+                                 model_cfg.context_parallel_size)
     t.validate(dp)
     params, layers = stage_params(model_cfg, pp_rank)
     by_dtype = {}
     for p in params:
         by_dtype.setdefault(p.dtype, []).append(p)
-    bucket_size = t.ddp_bucket_size or max(DEFAULT_BUCKET_SIZE, 1_000_000 * dp)
+    shards = dp * model_cfg.context_parallel_size  # DDP and the distributed optimizer work over DP x CP
+    bucket_size = t.ddp_bucket_size or max(DEFAULT_BUCKET_SIZE, 1_000_000 * shards)
     out = {"params": 0, "grads": 0, "optimizer": 0}
     for dtype, ps in by_dtype.items():
         numels = [p.numel() for p in reversed(ps)]
-        _, buckets, total = bucket_layout(numels, bucket_size, dp, t.use_distributed_optimizer)
+        _, buckets, total = bucket_layout(numels, bucket_size, shards, t.use_distributed_optimizer)
         elt = torch.empty((), dtype=dtype).element_size()
         grad_elt = 2 if (t.grad_reduce_in_bf16 and dtype == torch.bfloat16) else 4
         out["grads"] += total * grad_elt
         if t.use_distributed_optimizer:
             out["params"] += total * elt
             # padding in a shard holds no parameter: no main copy, no Adam state for it
-            owned = _owned_real(numels, buckets, dp)
+            owned = _owned_real(numels, buckets, shards)
         else:
             out["params"] += sum(numels) * elt
             owned = sum(numels)

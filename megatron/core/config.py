@@ -28,6 +28,11 @@ class ModelParallelConfig:
         None, "Layers per model chunk: each pipeline rank holds num_layers / (P x this) chunks and "
         "runs the interleaved 1F1B schedule.")
     sequence_parallel: bool = opt(False, "Split activations outside TP regions along the sequence over the TP group.")
+    context_parallel_size: int = opt(1, "Degree of context parallelism: each sequence split over this many ranks "
+                                     "(rank order TP, CP, DP, PP).")
+    cp_comm_type: str = opt("p2p", "Attention across context-parallel ranks: p2p (ring attention), all_gather "
+                            "(gather K/V) or a2a (Ulysses all-to-all over heads).",
+                            choices=["p2p", "all_gather", "a2a"])
     params_dtype: torch.dtype = dataclasses.field(default=torch.float32, metadata={"cli": False})
 
 

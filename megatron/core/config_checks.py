@@ -62,6 +62,22 @@ def validate(cfg) -> None:
             raise ConfigError(f"{f(name)} must be in [0, 1), got {getattr(cfg, name)}")
     _validate_recompute(cfg, f)
     _validate_pipeline(cfg)
+    _validate_context_parallel(cfg, f)
+
+
+def _validate_context_parallel(cfg, f):
+    """Context parallelism: a positive size; no attention dropout (the CP attention has none);
+    a2a splits each TP rank's heads over CP."""
+    cp, tp = cfg.context_parallel_size, cfg.tensor_model_parallel_size
+    if cp < 1:
+        raise ConfigError(f"{f('context_parallel_size')} must be a positive integer, got {cp}")
+    if cp > 1 and cfg.attention_dropout > 0:
+        raise ConfigError(f"{f('context_parallel_size')} {cp} has no attention dropout; give "
+                          f"{f('attention_dropout')} 0")
+    if cp > 1 and cfg.cp_comm_type == "a2a" and cfg.num_attention_heads % (cp * tp):
+        raise ConfigError(f"{f('cp_comm_type')} a2a needs {f('num_attention_heads')} ({cfg.num_attention_heads}) "
+                          f"divisible by {f('context_parallel_size')} x {f('tensor_model_parallel_size')} "
+                          f"({cp} x {tp}); use p2p or all_gather, or change the sizes")
 
 
 def _validate_pipeline(cfg) -> None:

@@ -1,9 +1,9 @@
 """The rank grid: one object holding every process group, built once.
 
-Rank order (fixed): tensor-parallel ranks are adjacent, then data-parallel, then
-pipeline-parallel ("tp-dp-pp", fastest first):
+Rank order (fixed, Megatron-Core's): tensor-parallel ranks are adjacent, then
+context-parallel, then data-parallel, then pipeline-parallel ("tp-cp-dp-pp", fastest first):
 
-    global_rank = tp_rank + TP * (dp_rank + DP * pp_rank)
+    global_rank = tp_rank + TP * (cp_rank + CP * (dp_rank + DP * pp_rank))
 
 so a TP group is a run of TP consecutive ranks and stays inside a node whenever TP
 divides the GPUs per node. Example, 8 ranks with TP=2, PP=2 (so DP=2):
@@ -12,6 +12,10 @@ divides the GPUs per node. Example, 8 ranks with TP=2, PP=2 (so DP=2):
     DP groups  [0,2] [1,3] [4,6] [5,7]
     PP groups  [0,4] [1,5] [2,6] [3,7]
     MP groups  [0,1,4,5] [2,3,6,7]      (TP x PP: one model replica)
+
+With CP > 1 the CP ranks of a (tp, dp, pp) position hold the same parameters and different parts
+of each sequence: gradients and loss sums are reduced over DP x CP (the dp_cp group). Example,
+8 ranks with TP=2, CP=2, PP=2 (so DP=1): CP groups [0,2] [1,3] [4,6] [5,7].
 """
 from __future__ import annotations
 
@@ -25,13 +29,21 @@ from .errors import ParallelConfigError
 
 def validate_parallel_sizes(world_size: int, tensor_model_parallel_size: int,
                             pipeline_model_parallel_size: int,
-                            virtual_pipeline_model_parallel_size: int | None = None) -> int:
+                            virtual_pipeline_model_parallel_size: int | None = None,
+                            context_parallel_size: int = 1) -> int:
     """Check the sizes before any group exists; returns the data-parallel size."""
-    tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
+    tp, pp, cp = tensor_model_parallel_size, pipeline_model_parallel_size, context_parallel_size
     if tp < 1 or pp < 1:
         raise ParallelConfigError(
             f"--tensor-model-parallel-size ({tp}) and --pipeline-model-parallel-size ({pp}) "
             "must be at least 1")
+    if cp < 1:
+        raise ParallelConfigError(f"--context-parallel-size ({cp}) must be at least 1")
+    if cp > 1 and world_size % (tp * cp * pp) != 0:
+        raise ParallelConfigError(
+            f"world size {world_size} is not divisible by --tensor-model-parallel-size {tp} x "
+            f"--context-parallel-size {cp} x --pipeline-model-parallel-size {pp} = {tp * cp * pp}; launch a "
+            f"multiple of {tp * cp * pp} processes or change the parallel sizes")
     if world_size % (tp * pp) != 0:
         raise ParallelConfigError(
             f"world size {world_size} is not divisible by --tensor-model-parallel-size {tp} x "
@@ -42,7 +54,7 @@ def validate_parallel_sizes(world_size: int, tensor_model_parallel_size: int,
         raise ParallelConfigError(
             "--num-virtual-stages-per-pipeline-rank (virtual pipeline stages) needs "
             "--pipeline-model-parallel-size of at least 2")
-    return world_size // (tp * pp)
+    return world_size // (tp * cp * pp)
 
 
 @dataclasses.dataclass
@@ -51,7 +63,9 @@ class ProcessGroups:
 
     tp: tensor-parallel group; dp: data-parallel group; pp: pipeline group;
     mp: model-parallel group (TP x PP, one model replica); embd: first and last
-    pipeline stage of this (tp, dp) position, for tied embedding gradients.
+    pipeline stage of this (tp, dp) position, for tied embedding gradients. cp: context-parallel
+    group (the ranks splitting each sequence); dp_cp: DP x CP, over which gradients and loss sums
+    are reduced (the dp group itself when CP is 1).
     """
     tp: dist.ProcessGroup
     dp: dist.ProcessGroup
@@ -68,6 +82,14 @@ class ProcessGroups:
     world_size: int
     pp_ranks: list[int]
     vpp_size: int | None = None
+    cp: dist.ProcessGroup | None = None
+    dp_cp: dist.ProcessGroup | None = None
+    cp_size: int = 1
+    cp_rank: int = 0
+
+    def __post_init__(self):
+        if self.dp_cp is None:  # without context parallelism gradients are reduced over DP alone
+            self.dp_cp = self.dp
 
     @property
     def is_first_stage(self) -> bool:
@@ -78,6 +100,10 @@ class ProcessGroups:
         return self.pp_rank == self.pp_size - 1
 
     def describe(self) -> str:
+        if self.cp_size > 1:
+            return (f"world {self.world_size} = TP {self.tp_size} x CP {self.cp_size} x DP {self.dp_size} x PP "
+                    f"{self.pp_size}" + (f" (virtual stages {self.vpp_size})" if self.vpp_size else "")
+                    + "; rank order tp-cp-dp-pp (TP ranks adjacent)")
         return (f"world {self.world_size} = TP {self.tp_size} x DP {self.dp_size} x PP {self.pp_size}"
                 + (f" (virtual stages {self.vpp_size})" if self.vpp_size else "")
                 + "; rank order tp-dp-pp (TP ranks adjacent)")
@@ -86,15 +112,33 @@ class ProcessGroups:
 _GROUPS: ProcessGroups | None = None
 
 
-def grid_rank(tp_rank: int, dp_rank: int, pp_rank: int, tp: int, dp: int) -> int:
+def grid_rank(tp_rank: int, dp_rank: int, pp_rank: int, tp: int, dp: int, cp_rank: int = 0, cp: int = 1) -> int:
     """Global rank of a grid position (see the module docstring)."""
-    return tp_rank + tp * (dp_rank + dp * pp_rank)
+    return tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank))
+
+
+def grid_rank_lists(tp: int, cp: int, dp: int, pp: int) -> dict[str, list[list[int]]]:
+    """{group name: the global ranks of each group of that kind}, in the order they are built:
+    tp, dp, pp, mp (TP x PP), embd (first and last stage), and with cp > 1 also cp and dp_cp."""
+    def at(t, c, d, p):
+        return grid_rank(t, d, p, tp, dp, c, cp)
+
+    T, C, D, P = range(tp), range(cp), range(dp), range(pp)
+    lists = {"tp": [[at(t, c, d, p) for t in T] for p in P for d in D for c in C],
+             "dp": [[at(t, c, d, p) for d in D] for p in P for c in C for t in T],
+             "pp": [[at(t, c, d, p) for p in P] for d in D for c in C for t in T],
+             "mp": [[at(t, c, d, p) for p in P for t in T] for d in D for c in C]}
+    lists["embd"] = [sorted({r[0], r[-1]}) for r in lists["pp"]]
+    if cp > 1:
+        lists["cp"] = [[at(t, c, d, p) for c in C] for p in P for d in D for t in T]
+        lists["dp_cp"] = [[at(t, c, d, p) for d in D for c in C] for p in P for t in T]
+    return lists
 
 
 def initialize_model_parallel(tensor_model_parallel_size: int = 1,
                               pipeline_model_parallel_size: int = 1,
-                              virtual_pipeline_model_parallel_size: int | None = None
-                              ) -> ProcessGroups:
+                              virtual_pipeline_model_parallel_size: int | None = None,
+                              context_parallel_size: int = 1) -> ProcessGroups:
     """Build all groups over the default (world) group; every rank must call this.
 
     Needs torch.distributed initialised. Raises ParallelConfigError, before creating
@@ -103,8 +147,10 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1,
     global _GROUPS
     world, rank = dist.get_world_size(), dist.get_rank()
     tp, pp = tensor_model_parallel_size, pipeline_model_parallel_size
-    dp = validate_parallel_sizes(world, tp, pp, virtual_pipeline_model_parallel_size)
+    cp = context_parallel_size
+    dp = validate_parallel_sizes(world, tp, pp, virtual_pipeline_model_parallel_size, cp)
     tp_rank, rest = rank % tp, rank // tp
+    cp_rank, rest = rest % cp, rest // cp
     dp_rank, pp_rank = rest % dp, rest // dp
 
     def build(rank_lists):
@@ -117,18 +163,15 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1,
                 mine = group
         return mine
 
-    tp_lists = [[grid_rank(t, d, p, tp, dp) for t in range(tp)] for p in range(pp) for d in range(dp)]
-    dp_lists = [[grid_rank(t, d, p, tp, dp) for d in range(dp)] for p in range(pp) for t in range(tp)]
-    pp_lists = [[grid_rank(t, d, p, tp, dp) for p in range(pp)] for d in range(dp) for t in range(tp)]
-    mp_lists = [[grid_rank(t, d, p, tp, dp) for p in range(pp) for t in range(tp)] for d in range(dp)]
-    embd_lists = [sorted({r[0], r[-1]}) for r in pp_lists]
-
+    lists = grid_rank_lists(tp, cp, dp, pp)
     groups = ProcessGroups(
-        tp=build(tp_lists), dp=build(dp_lists), pp=build(pp_lists), mp=build(mp_lists),
-        embd=build(embd_lists), tp_size=tp, dp_size=dp, pp_size=pp,
+        tp=build(lists["tp"]), dp=build(lists["dp"]), pp=build(lists["pp"]), mp=build(lists["mp"]),
+        embd=build(lists["embd"]), tp_size=tp, dp_size=dp, pp_size=pp,
         tp_rank=tp_rank, dp_rank=dp_rank, pp_rank=pp_rank, rank=rank, world_size=world,
-        pp_ranks=[grid_rank(tp_rank, dp_rank, p, tp, dp) for p in range(pp)],
-        vpp_size=virtual_pipeline_model_parallel_size)
+        pp_ranks=[grid_rank(tp_rank, dp_rank, p, tp, dp, cp_rank, cp) for p in range(pp)],
+        vpp_size=virtual_pipeline_model_parallel_size, cp_size=cp, cp_rank=cp_rank)
+    if cp > 1:
+        groups.cp, groups.dp_cp = build(lists["cp"]), build(lists["dp_cp"])
     _GROUPS = groups
     return groups
 

@@ -39,7 +39,7 @@ from .log import print_rank_0
 def _writes(param, groups, optimizer):
     """Whether this rank writes its state of `param`: one DP rank (each its own slices with the
     distributed optimizer), and one of the TP / pipeline copies (counted_once)."""
-    return (optimizer.distributed_optimizer or groups.dp_rank == 0) and counted_once(param, groups)
+    return (optimizer.distributed_optimizer or groups.dp_rank == groups.cp_rank == 0) and counted_once(param, groups)
 
 
 def _config_dict(cfg):

@@ -22,6 +22,7 @@ from ..core.datasets import (
     default_cache_root,
 )
 from ..core.datasets.gpt_masks import EodOptions, ltor_masks
+from ..core.transformer.context_parallel import batch_on_this_cp_rank
 
 
 def index_cache_dir(train_cfg):
@@ -184,14 +185,16 @@ def gpt_collate(train_cfg, tokenizer):
     return functools.partial(collate_gpt, eod_options=opts)
 
 
-def microbatches(dataset, consumed, global_batch, micro, dp_rank, dp_size, device, collate=None):
+def microbatches(dataset, consumed, global_batch, micro, dp_rank, dp_size, device, collate=None, cp=None):
     """This DP rank's microbatches of the global batch starting at sample `consumed`.
 
-    Each is collate(samples, device) (default collate_gpt: tokens, labels, loss_mask).
+    Each is collate(samples, device) (default collate_gpt: tokens, labels, loss_mask); with cp
+    (a context_parallel.CPSlice) only this CP rank's part of each sequence (batch_on_this_cp_rank).
     """
     collate = collate or collate_gpt
     out = []
     for start in range(consumed, consumed + global_batch, micro * dp_size):
         first = start + dp_rank * micro
-        out.append(collate([dataset[i % len(dataset)] for i in range(first, first + micro)], device))
+        batch = collate([dataset[i % len(dataset)] for i in range(first, first + micro)], device)
+        out.append(batch if cp is None else batch_on_this_cp_rank(batch, cp))
     return out

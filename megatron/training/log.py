@@ -7,6 +7,7 @@ import torch.distributed as dist
 
 from ..core import fusions
 from ..core.pipeline_parallel import ReducedLosses, default_schedule, layer_split, loss_means
+from ..core.transformer import context_parallel
 from .flops import peak_tflops_per_gpu
 
 
@@ -166,11 +167,27 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
     ]
     if groups.pp_size > 1:
         lines.append(pipeline_summary(model_cfg, groups.pp_size, train_cfg.pipeline_schedule))
+    if groups.cp_size > 1:
+        lines.append(context_parallel_summary(model_cfg, train_cfg, groups))
     lines.append("> parameters per rank (tp, dp, pp: count):")
     lines += [f"    rank {r:3d} (tp {t}, dp {d}, pp {p}): {n:,} | bytes: params {m[0]:,} grads {m[1]:,}"
               f" optimizer {m[2]:,} (total {sum(m) / 2**20:.1f} MiB)" for r, (t, d, p, n, m) in enumerate(counts)]
     print("\n".join(lines), flush=True)
     sys.stdout.flush()
+
+
+def context_parallel_summary(model_cfg, train_cfg, groups):
+    """One line: CP size and attention, tokens per rank, and the estimated saved activations per layer."""
+    c, cp = model_cfg, groups.cp_size
+    multiple = 2 * cp * groups.tp_size
+    padded = -(-c.seq_length // multiple) * multiple
+    act = context_parallel.activation_bytes_per_layer(
+        padded, train_cfg.micro_batch_size, c.hidden_size, c.num_attention_heads, groups.tp_size,
+        c.sequence_parallel, cp, c.params_dtype.itemsize)
+    return (f"> context parallel: CP {cp}, --cp-comm-type {c.cp_comm_type}, sequence {c.seq_length}"
+            + (f" (padded to {padded} with loss-masked tokens)" if padded != c.seq_length else "")
+            + f" -> {padded // cp} tokens per rank; saved activations about {act:,} bytes per layer per microbatch"
+            " per rank")
 
 
 def _recompute(model_cfg):

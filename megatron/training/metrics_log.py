@@ -29,7 +29,7 @@ class MetricsLog:
         if not path:
             return
         error = ""
-        if groups.is_last_stage and groups.tp_rank == 0 and groups.dp_rank == 0:
+        if groups.is_last_stage and groups.tp_rank == 0 and groups.dp_rank == 0 and groups.cp_rank == 0:
             try:
                 self.file = open(path, "a" if resumed else "w", buffering=1)
             except OSError as e:

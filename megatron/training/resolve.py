@@ -31,7 +31,7 @@ def resolve(model_cfg, train_cfg, world_size, make_tokenizer=build_tokenizer):
     model_cfg.resolve(vocab_size=tokenizer.vocab_size)
     model_cfg.params_dtype = train_cfg.params_dtype
     # a world that TP x PP does not divide is reported by validate(), after the model's own checks
-    train_cfg.resolve(max(1, world_size // (model_cfg.tensor_model_parallel_size *
+    train_cfg.resolve(max(1, world_size // (model_cfg.tensor_model_parallel_size * model_cfg.context_parallel_size *
                                             model_cfg.pipeline_model_parallel_size)))
     return tokenizer
 
@@ -42,7 +42,8 @@ def validate(model_cfg, train_cfg, world_size):
     model_cfg.validate()
     check_fusions(model_cfg)
     pp, vpp = model_cfg.pipeline_model_parallel_size, model_cfg.virtual_pipeline_model_parallel_size
-    dp = validate_parallel_sizes(world_size, model_cfg.tensor_model_parallel_size, pp, vpp)
+    dp = validate_parallel_sizes(world_size, model_cfg.tensor_model_parallel_size, pp, vpp,
+                                 model_cfg.context_parallel_size)
     train_cfg.validate(dp)
     check_ckpt_format(train_cfg)
     schedule_for_flag(train_cfg.pipeline_schedule, pp, vpp or 1)

@@ -14,6 +14,7 @@ from ..core.optimizer.grad_scaler import ConstantGradScaler, DynamicGradScaler
 from ..core.pipeline_parallel import TOKEN_LOSS, default_schedule, get_forward_backward_func
 from ..core.pipeline_parallel.schedule_flag import schedule_for_flag
 from ..core.tensor_parallel.initialization import initialize_parameters
+from ..core.transformer.context_parallel import cp_slice
 from .checkpointing import Checkpointer
 from .data import end_of_training_sets, microbatches, validation_window
 from .flops import num_floating_point_operations, peak_tflops_per_gpu
@@ -85,7 +86,7 @@ def evaluate(model, dataset, spec: ModelSpec, groups, train_cfg, device):
     forward_backward_func = get_forward_backward_func()
     for k in range(train_cfg.eval_iters):
         batches = microbatches(dataset, k * global_batch, global_batch, micro, groups.dp_rank, groups.dp_size,
-                               device, spec.collate)
+                               device, spec.collate, cp_slice(groups))
         losses = forward_backward_func(model, batches, spec.forward_step, groups, spec.loss_terms, forward_only=True)
         sums += torch.stack([losses[name][0] for name in names])
         counts += torch.stack([losses[name][1] for name in names])
@@ -136,7 +137,7 @@ def setup_model_and_optimizer(model_cfg, train_cfg, groups, device, model_provid
     """Model chunks (initialised layout-free), their DDP buffers, the optimizer and LR schedule."""
     model = build_model(model_provider, model_cfg, groups, device)
     initialize_parameters(model, train_cfg.seed, groups.tp_rank, groups.tp_size)
-    ddp = DistributedDataParallel(model, groups.dp, train_cfg.ddp_bucket_size, train_cfg.overlap_grad_reduce,
+    ddp = DistributedDataParallel(model, groups.dp_cp, train_cfg.ddp_bucket_size, train_cfg.overlap_grad_reduce,
                                   train_cfg.use_distributed_optimizer, train_cfg.overlap_param_gather,
                                   train_cfg.grad_reduce_in_bf16)
     optimizer = get_megatron_optimizer(ddp, groups, train_cfg.lr, train_cfg.weight_decay,
@@ -173,7 +174,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     for iteration in range(start + 1, (start if train_cfg.skip_train else train_cfg.train_iters) + 1):
         fault_point("train.iteration", iteration, groups.rank)
         batches = microbatches(train_ds, consumed, train_cfg.global_batch_size, train_cfg.micro_batch_size,
-                               groups.dp_rank, groups.dp_size, device, spec.collate)
+                               groups.dp_rank, groups.dp_size, device, spec.collate, cp_slice(groups))
         trace = [] if iteration == trace_iter else None
         fb = forward_backward_func if trace is None else functools.partial(forward_backward_func, trace=trace)
         losses, grad_norm, lr, updated = train_step(model, ddp, optimizer, scheduler, batches, spec.forward_step,

@@ -9,7 +9,7 @@ from torch import nn
 from megatron.core.pipeline_parallel import forward_backward, loss_means
 from megatron.core.pipeline_parallel.losses import masked_sums
 
-ONE_RANK = SimpleNamespace(pp_size=1, pp_rank=0, dp_size=1, tp_size=1, is_last_stage=True)
+ONE_RANK = SimpleNamespace(pp_size=1, pp_rank=0, dp_size=1, cp_size=1, tp_size=1, is_last_stage=True)
 TERMS = {"token loss": "loss_mask", "sample loss": None}
 
 

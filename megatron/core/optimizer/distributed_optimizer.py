@@ -29,7 +29,7 @@ class DistributedOptimizer(MegatronOptimizer):
         return out
 
     def _norm_groups(self):
-        return [self.groups.mp, self.groups.dp]
+        return [self.groups.mp, self.groups.dp_cp]  # shards are over DDP's group, DP x CP
 
     def _after_update(self):
         self.ddp.start_param_sync()

@@ -190,9 +190,9 @@ def forward_backward(model, batches, forward_step, groups, loss_terms: LossDecla
         comm = P2PCommunicator(groups, shape, cfg.params_dtype, counts.device)
     total = run_actions(actions, chunks, batches, forward_step, groups, comm, counts, names, forward_only, trace,
                         stats, loss_scale)
-    if groups.is_last_stage and groups.dp_size > 1:
-        with waiting("all-reduce (losses)", groups.dp):
-            dist.all_reduce(total, group=groups.dp)
+    if groups.is_last_stage and groups.dp_size * groups.cp_size > 1:
+        with waiting("all-reduce (losses)", groups.dp_cp):
+            dist.all_reduce(total, group=groups.dp_cp)
     return {name: (total[i], counts[i]) for i, name in enumerate(names)}
 
 

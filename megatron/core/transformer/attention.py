@@ -5,6 +5,7 @@ from torch import nn
 
 from .. import comm
 from ..fusions import rope as rope_front
+from ..parallel_state import get_process_groups
 from ..tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from ..tensor_parallel.random import checkpoint
 from .core_attention import CoreAttention
@@ -36,7 +37,9 @@ class SelfAttention(nn.Module):
             config.hidden_size, qkv_size, group=tp_group, bias=config.add_bias_linear,
             init_std=config.init_method_std, sequence_parallel=config.sequence_parallel,
             params_dtype=config.params_dtype, device=device)
-        self.core_attention = CoreAttention(config, tp_group, layer_number, device)
+        # context parallelism: the CP group from the one grid (parallel_state), as only attention talks to it
+        cp_group = get_process_groups().cp if config.context_parallel_size > 1 else None
+        self.core_attention = CoreAttention(config, tp_group, layer_number, device, cp_group)
         self.linear_proj = RowParallelLinear(
             config.num_attention_heads * config.kv_channels, config.hidden_size, group=tp_group,
             bias=config.add_bias_linear, init_std=out_std, sequence_parallel=config.sequence_parallel,

@@ -13,16 +13,18 @@ from torch import nn
 from ..fusions import attention as attention_front
 from ..fusions import softmax as softmax_front
 from ..tensor_parallel.random import get_rng_tracker
+from .context_parallel import context_parallel_attention
 
 
 class CoreAttention(nn.Module):
     """q [s, b, heads, d], k / v [sk, b, groups, d] (heads a multiple of groups) -> [s, b, heads * d].
 
     attn_mask None means causal (sk == s); otherwise SDPA's convention (bool True = attend, or
-    an additive float mask) broadcastable to [b, heads, s, sk]. No parameters.
+    an additive float mask) broadcastable to [b, heads, s, sk]. No parameters. cp_group: the
+    context-parallel group when CP > 1 (q, k, v then hold this rank's chunks of the sequence).
     """
 
-    def __init__(self, config, tp_group=None, layer_number=1, device=None):
+    def __init__(self, config, tp_group=None, layer_number=1, device=None, cp_group=None):
         super().__init__()
         dtype = config.params_dtype
         device = torch.device(device or "cpu")
@@ -32,6 +34,7 @@ class CoreAttention(nn.Module):
         self.softmax_impl = softmax_front.select(config.masked_softmax_fusion, device, dtype, causal=True)
         self.softmax_in_fp32 = config.attention_softmax_in_fp32
         self.te_attention = None
+        self.cp_group, self.cp_comm_type = cp_group, config.cp_comm_type
         if self.backend == "te":
             self.te_attention = attention_front.build_te(config, tp_group, layer_number)
             if self.te_attention is None:
@@ -42,6 +45,10 @@ class CoreAttention(nn.Module):
         return name + (f", softmax={self.softmax_impl}" if self.backend == "unfused" else "")
 
     def forward(self, q, k, v, attn_mask=None):
+        if self.cp_group is not None:  # this rank holds two chunks of each sequence (context_parallel.py)
+            if attn_mask is not None:
+                raise ValueError("context parallelism takes the causal mask only")
+            return context_parallel_attention(q, k, v, self.cp_group, self.cp_comm_type, self.scale)
         backend = self.backend
         if attn_mask is not None and backend in ("flash", "te"):
             backend = "sdpa"

@@ -105,8 +105,9 @@ class LanguageModule(nn.Module):
         config = self.config
         if config.position_embedding_type != "rope":
             return None
-        if position_ids is not None:
-            cos, sin = rope_cos_sin(seq_len, config.rotary_dim, config.rotary_base, like.device, like.dtype)
+        if position_ids is not None:  # context parallelism gives global positions past the local seq_len
+            cos, sin = rope_cos_sin(max(seq_len, config.seq_length), config.rotary_dim, config.rotary_base,
+                                    like.device, like.dtype)
             return cos[:, 0][position_ids.t()], sin[:, 0][position_ids.t()]
         cos, sin = rope_cos_sin(position_offset + seq_len, config.rotary_dim, config.rotary_base,
                                 like.device, like.dtype)

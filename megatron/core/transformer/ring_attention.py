@@ -1,0 +1,164 @@
+"""Ring attention (--cp-comm-type p2p): K/V blocks travel around the context-parallel ring.
+
+Each CP rank holds two chunks of the sequence, i and 2C-1-i of 2C (load balancing: with a
+causal mask every rank then does the same work). At ring step j rank r holds the K/V of rank
+src = r - j; what its queries may see of that block:
+    causal, src == r:  both local chunks, lower-triangular mask (their global order is local order)
+    causal, src <  r:  all local queries against src's first chunk, no mask (the second is later)
+    causal, src >  r:  the local second chunk against both of src's chunks, no mask
+    full mask:         everything against everything.
+Partial outputs are merged with their log-sum-exp, so only q, k, v, out and lse are kept for
+backward (as flash attention: no s x s probabilities). The next K/V block is sent and received
+while the current one is computed. The backward walks the ring the other way: K/V go to r - 1
+with the gradient accumulated for them so far, and after C hops each dK/dV is home.
+"""
+import torch
+import torch.distributed as dist
+
+from ..watchdog import waiting
+
+
+class _Ring:
+    """Send to one neighbour and receive from the other on a CP group, asynchronously."""
+
+    def __init__(self, group):
+        self.group = group
+        self.size, self.rank = dist.get_world_size(group), dist.get_rank(group)
+
+    def peer(self, offset):
+        return dist.get_global_rank(self.group, (self.rank + offset) % self.size)
+
+    def start(self, tensor, forward=True, tag=0):
+        """Post send(tensor) to the next rank (the previous when not forward) and a receive from the
+        other side; returns (handles, receive buffer). Transfers in flight together need distinct tags."""
+        buf = torch.empty_like(tensor)
+        to, frm = (self.peer(1), self.peer(-1)) if forward else (self.peer(-1), self.peer(1))
+        ops = [dist.P2POp(dist.isend, tensor, to, self.group, tag), dist.P2POp(dist.irecv, buf, frm, self.group, tag)]
+        return dist.batch_isend_irecv(ops), buf
+
+    def finish(self, pending):
+        handles, buf = pending
+        with waiting("ring attention send/recv", self.group):
+            for h in handles:
+                h.wait()
+        return buf
+
+
+def _expand(kv, heads):
+    """[b, groups, s, d] -> [b, heads, s, d] (query head i uses group i // (heads / groups))."""
+    return kv if kv.shape[1] == heads else kv.repeat_interleave(heads // kv.shape[1], dim=1)
+
+
+def _fold(grad, groups):
+    """The inverse of _expand for gradients: sum each group's heads."""
+    b, heads, s, d = grad.shape
+    return grad if heads == groups else grad.view(b, groups, heads // groups, s, d).sum(2)
+
+
+def _acc(t):
+    """t in the accumulation dtype: fp32 for half precision (fp64 stays fp64)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def _scores(q, k, scale, causal):
+    s = torch.matmul(_acc(q), _acc(k).transpose(-1, -2)) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    return s
+
+
+def block_forward(q, k, v, scale, causal):
+    """q [b, h, sq, d], k / v [b, g, sk, d] -> (out [b, h, sq, d] fp32, lse [b, h, sq] fp32)."""
+    s = _scores(q, _expand(k, q.shape[1]), scale, causal)
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.matmul(torch.exp(s - lse.unsqueeze(-1)), _acc(_expand(v, q.shape[1]))), lse
+
+
+def block_backward(q, k, v, dout, lse, delta, scale, causal):
+    """Gradients of one block given the final lse and delta = rowsum(dout x out): (dq, dk, dv), fp32."""
+    heads, groups = q.shape[1], k.shape[1]
+    ke, ve = _acc(_expand(k, heads)), _acc(_expand(v, heads))
+    p = torch.exp(_scores(q, ke, scale, causal) - lse.unsqueeze(-1))
+    dv = torch.matmul(p.transpose(-1, -2), dout)
+    ds = p * (torch.matmul(dout, ve.transpose(-1, -2)) - delta.unsqueeze(-1))
+    dq = torch.matmul(ds, ke) * scale
+    dk = torch.matmul(ds.transpose(-1, -2), _acc(q)) * scale
+    return dq, _fold(dk, groups), _fold(dv, groups)
+
+
+def merge(out, lse, block_out, block_lse):
+    """Combine two softmax-normalised partials of the same rows by their log-sum-exp."""
+    new = torch.logaddexp(lse, block_lse)
+    return out * torch.exp(lse - new).unsqueeze(-1) + block_out * torch.exp(block_lse - new).unsqueeze(-1), new
+
+
+def _plan(rank, src, causal, sq, sk):
+    """(query rows, key rows, causal mask) rank computes against src's K/V block (see the docstring)."""
+    if not causal:
+        return slice(0, sq), slice(0, sk), False
+    if src == rank:
+        return slice(0, sq), slice(0, sk), True
+    if src < rank:
+        return slice(0, sq), slice(0, sk // 2), False
+    return slice(sq // 2, sq), slice(0, sk), False
+
+
+class RingAttention(torch.autograd.Function):
+    """q [b, h, s, d], k / v [b, g, s, d] (this rank's two chunks) -> out [b, h, s, d]. Talks to `group`."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, group, scale, causal):
+        ring = _Ring(group)
+        kv = torch.stack([k, v]).contiguous()
+        sq, sk = q.shape[2], k.shape[2]
+        out = lse = None
+        for step in range(ring.size):
+            pending = ring.start(kv) if step < ring.size - 1 else None
+            rows, cols, mask = _plan(ring.rank, (ring.rank - step) % ring.size, causal, sq, sk)
+            o, s = block_forward(q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], scale, mask)
+            if out is None:  # step 0 covers every row (its own block)
+                out, lse = o, s
+            else:
+                out[:, :, rows], lse[:, :, rows] = merge(out[:, :, rows], lse[:, :, rows], o, s)
+            if pending is not None:
+                kv = ring.finish(pending)
+        # stored as [s, b, h, d]: the caller's [s, b, h x d] view of it is then the same storage,
+        # so linear_proj's saved input costs nothing on top of what is kept here
+        b, h, _, d = out.shape
+        out = torch.empty((sq, b, h, d), dtype=q.dtype, device=q.device).permute(1, 2, 0, 3).copy_(out)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.group, ctx.scale, ctx.causal = group, scale, causal
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        ring = _Ring(ctx.group)
+        dout = _acc(dout)
+        delta = (dout * _acc(out)).sum(-1)
+        sq, sk = q.shape[2], k.shape[2]
+        dq = torch.zeros_like(dout)
+        kv = torch.stack([k, v]).contiguous()
+        dkv = torch.zeros(kv.shape, dtype=dout.dtype, device=q.device)
+        for step in range(ring.size):
+            src = (ring.rank + step) % ring.size  # the backward ring turns the other way
+            pending = ring.start(kv, forward=False) if step < ring.size - 1 else None
+            rows, cols, mask = _plan(ring.rank, src, ctx.causal, sq, sk)
+            g = block_backward(q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], dout[:, :, rows],
+                               lse[:, :, rows], delta[:, :, rows], ctx.scale, mask)
+            dq[:, :, rows] += g[0]
+            dkv[0][:, :, cols] += g[1]
+            dkv[1][:, :, cols] += g[2]
+            # this block's gradient so far follows it to the previous rank (after the last
+            # step that rank is the block's owner)
+            dkv = ring.finish(ring.start(dkv, forward=False, tag=1))
+            if pending is not None:
+                kv = ring.finish(pending)
+        dk, dv = dkv.to(k.dtype).unbind(0)
+        return dq.to(q.dtype), dk, dv, None, None, None
+
+
+def ring_attention(q, k, v, group, scale, causal=True):
+    """q [b, h, s, d], k / v [b, g, s, d] holding chunks (i, 2C-1-i) of the sequence on CP rank i of
+    `group` -> out [b, h, s, d]; exact attention over the whole sequence (causal or full)."""
+    return RingAttention.apply(q, k, v, group, scale, causal)
