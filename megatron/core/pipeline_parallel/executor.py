@@ -125,11 +125,14 @@ def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P
     per term), times loss_scale (fp16), as training without pipelining does. trace: gets (kind, chunk, mb, start, end)
     per action (time.perf_counter). stats: gets peak_in_flight (microbatch-chunks forwarded,
     not yet backwarded, or not yet through W where the schedule has W's) and
-    peak_kept_output_elems (elements of sent outputs still held).
+    peak_kept_output_elems (elements of sent outputs still held); a callable stats["probe"] is
+    called after every action with what the rank holds: outputs {(chunk, mb): tensor whose graph
+    backward needs} and weight work {(chunk, mb): weight_grad work} (bench/pipeline_memory.py).
     """
     r = _Rank(chunks, batches, forward_step, groups, comm, num_tokens, names, forward_only, loss_scale)
     r.split = any(a.kind == "W" for a in actions)
     peak = peak_elems = 0
+    probe = stats.get("probe") if stats is not None else None
     sync = trace is not None and num_tokens.device.type == "cuda"
     for a in actions:
         t0 = time.perf_counter() if trace is not None else 0.0
@@ -146,6 +149,8 @@ def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P
             peak = max(peak, len(r.outputs.keys() | r.weight_work.keys()))  # held until B, or W
             if a.kind == "comm":  # outputs are sent at the next comm: count what stays after it
                 peak_elems = max(peak_elems, r.kept_output_elems())
+            if probe is not None:
+                probe(r.outputs, r.weight_work)
         if trace is not None:
             if sync:
                 torch.cuda.synchronize(num_tokens.device)

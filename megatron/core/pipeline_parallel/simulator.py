@@ -87,13 +87,14 @@ _COMPUTE = ("F", "B", "W")
 
 
 def uniform_costs(forward=1.0, backward=2.0, comm=0.0, V=1):
-    """Cost function with the whole stage's forward costing `forward` (each chunk 1/V of it)."""
+    """Cost function with the whole stage's forward costing `forward` (each chunk 1/V of it).
+    W actions cost nothing here (B is the whole backward): use fbw_costs to split it."""
     def cost(rank, action):
         if action.kind == "F":
             return forward / V
         if action.kind == "B":
             return backward / V
-        return comm
+        return 0.0 if action.kind == "W" else comm
     return cost
 
 

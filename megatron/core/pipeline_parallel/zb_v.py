@@ -5,9 +5,9 @@ the ranks through chunk 0, turn on the last rank (chunk 0 to chunk 1 in place, n
 and come back up through chunk 1; the loss is on rank 0's chunk 1. Messages are named by
 simulator.v_stage. The order of F, B and W on each rank is found by list scheduling for a
 given F:B:W ratio (default equal; messages free): a free rank runs a
-B whose gradient is there, else an F whose input is there (chunk 1 first; a new microbatch
-enters chunk 0 only while the rank holds fewer than 2P chunk-microbatches, 1F1B's peak
-activation memory), else a pending W. Messages are placed as in zero_bubble.py.
+B whose gradient is there, else an F whose input is there (chunk 1 first) while the rank holds
+fewer than 2P chunk-microbatches (P stage-microbatches: 1F1B's peak activation memory), else
+a pending W. Messages are placed as in zero_bubble.py.
 
 Schedule data and simulator only: the executor, model building and layer split do not know
 the V layout yet (--pipeline-schedule zb-v is refused).
@@ -52,7 +52,7 @@ def v_order(P, M, costs=(1.0, 1.0, 1.0)) -> tuple[tuple[tuple[str, int, int], ..
             if pick is None:
                 for c in (1, 0):
                     mb = nf[r][c]
-                    if mb < M and (c == 1 or held[r] < 2 * P) and _is_ready(P, r, "F", c, mb, done, t):
+                    if mb < M and held[r] < 2 * P and _is_ready(P, r, "F", c, mb, done, t):
                         pick = ("F", c, mb)
                         break
             if pick is None and pending_w[r]:
