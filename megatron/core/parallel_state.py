@@ -12,6 +12,11 @@ divides the GPUs per node. Example, 8 ranks with TP=2, PP=2 (so DP=2):
     DP groups  [0,2] [1,3] [4,6] [5,7]
     PP groups  [0,4] [1,5] [2,6] [3,7]
     MP groups  [0,1,4,5] [2,3,6,7]      (TP x PP: one model replica)
+
+Expert parallelism (MoE) is carved out of the data-parallel ranks, as in Megatron-Core: EP
+consecutive DP ranks form an expert-parallel group (they hold different experts), and the DP
+ranks EP apart an expert-data-parallel group (replicas of the same experts), EP x EDP = DP.
+With 8 ranks, TP=2, EP=2 (DP=4): EP groups [0,2] [4,6] [1,3] [5,7], EDP groups [0,4] [2,6] [1,5] [3,7].
 """
 from __future__ import annotations
 
@@ -68,6 +73,13 @@ class ProcessGroups:
     world_size: int
     pp_ranks: list[int]
     vpp_size: int | None = None
+    # MoE: expert-parallel group (None when EP = 1) and expert-data-parallel group (groups.dp when EP = 1)
+    ep: dist.ProcessGroup | None = None
+    edp: dist.ProcessGroup | None = None
+    ep_size: int = 1
+    ep_rank: int = 0
+    edp_size: int = 1
+    edp_rank: int = 0
 
     @property
     def is_first_stage(self) -> bool:
@@ -93,8 +105,8 @@ def grid_rank(tp_rank: int, dp_rank: int, pp_rank: int, tp: int, dp: int) -> int
 
 def initialize_model_parallel(tensor_model_parallel_size: int = 1,
                               pipeline_model_parallel_size: int = 1,
-                              virtual_pipeline_model_parallel_size: int | None = None
-                              ) -> ProcessGroups:
+                              virtual_pipeline_model_parallel_size: int | None = None,
+                              expert_model_parallel_size: int = 1) -> ProcessGroups:
     """Build all groups over the default (world) group; every rank must call this.
 
     Needs torch.distributed initialised. Raises ParallelConfigError, before creating
@@ -129,8 +141,30 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1,
         tp_rank=tp_rank, dp_rank=dp_rank, pp_rank=pp_rank, rank=rank, world_size=world,
         pp_ranks=[grid_rank(tp_rank, dp_rank, p, tp, dp) for p in range(pp)],
         vpp_size=virtual_pipeline_model_parallel_size)
+    _add_expert_groups(groups, expert_model_parallel_size, build)
     _GROUPS = groups
     return groups
+
+
+def validate_expert_parallel_size(dp: int, ep: int) -> None:
+    """ParallelConfigError unless EP divides the data-parallel size (expert groups are carved out of it)."""
+    if ep < 1 or dp % ep:
+        raise ParallelConfigError(
+            f"--expert-model-parallel-size ({ep}) must divide the data-parallel size ({dp}): expert-parallel "
+            "groups are carved out of the data-parallel ranks; change it or launch more processes")
+
+
+def _add_expert_groups(g: ProcessGroups, ep: int, build) -> None:
+    """Fill g.ep / g.edp (see the module docstring). Collective over the world."""
+    tp, dp, pp = g.tp_size, g.dp_size, g.pp_size
+    validate_expert_parallel_size(dp, ep)
+    g.ep_size, g.ep_rank, g.edp_size, g.edp_rank = ep, g.dp_rank % ep, dp // ep, g.dp_rank // ep
+    if ep == 1:
+        g.edp = g.dp
+        return
+    cells = [(t, p) for p in range(pp) for t in range(tp)]
+    g.ep = build([[grid_rank(t, d, p, tp, dp) for d in range(b, b + ep)] for t, p in cells for b in range(0, dp, ep)])
+    g.edp = build([[grid_rank(t, d, p, tp, dp) for d in range(j, dp, ep)] for t, p in cells for j in range(ep)])
 
 
 def get_process_groups() -> ProcessGroups:
