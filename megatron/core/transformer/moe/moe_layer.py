@@ -16,8 +16,8 @@ class MoELayer(nn.Module):
     """[s(/TP with SP), b, h] -> same, in place of the dense MLP of layer `layer_number`.
 
     Tokens are replicated over TP (gathered first with sequence parallelism); the experts are
-    split over TP like the dense MLP, so their outputs are summed over `tp_group` once, after
-    combine. Experts are split over `ep_group` (None: all here) in blocks of E / EP, this rank
+    split over TP like the dense MLP, so their outputs are summed over `tp_group` before combine.
+    Experts are split over `ep_group` (None: all here) in blocks of E / EP, this rank
     holding block `ep_rank`. The router's losses join backward through the output.
     """
 
@@ -45,11 +45,11 @@ class MoELayer(nn.Module):
         probs, indices, aux = self.router(tokens, s)
         expert_in = mappings.copy_to_tensor_model_parallel_region(tokens, self.tp_group)
         routed, counts = self.dispatcher.dispatch(expert_in, probs, indices)
-        out = self.dispatcher.combine(self.experts(routed, counts)).view(s, b, h)
+        # summed over TP before the probs weigh them: the router's gradient needs whole outputs
+        expert_out = mappings.reduce_from_tensor_model_parallel_region(self.experts(routed, counts), self.tp_group)
+        out = self.dispatcher.combine(expert_out).view(s, b, h)
         if sp:
-            out = mappings.reduce_scatter_to_sequence_parallel_region(out, self.tp_group)
-        else:
-            out = mappings.reduce_from_tensor_model_parallel_region(out, self.tp_group)
+            out = mappings.scatter_to_sequence_parallel_region(out, self.tp_group)
         if self.shared_experts is not None:
             out = out + self.shared_experts(hidden)
         return aux_losses.attach(out, aux) if aux is not None else out

@@ -48,10 +48,9 @@ class TopKRouter(nn.Module):
         E = config.num_experts
         self.weight = nn.Parameter(torch.empty(E, config.hidden_size, dtype=config.params_dtype, device=device))
         set_init(self.weight, "normal", config.init_method_std)
-        self.expert_bias = None
-        if config.moe_router_enable_expert_bias:
-            self.register_buffer("expert_bias", torch.zeros(E, device=device))
-            self.register_buffer("bias_tokens", torch.zeros(E, device=device))
+        enabled = config.moe_router_enable_expert_bias
+        self.register_buffer("expert_bias", torch.zeros(E, device=device) if enabled else None)
+        self.register_buffer("bias_tokens", torch.zeros(E, device=device) if enabled else None)
 
     def forward(self, x, seq_len):
         """x [T, h] with T = seq_len x b (row si*b + bi). -> (probs, indices, aux) where aux is the
