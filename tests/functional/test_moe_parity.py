@@ -6,8 +6,8 @@ Each layout proves something the others do not:
   EP2 x DP2, alltoall, distributed optimizer, grouped GEMM: token counts then tokens exchanged;
       expert grads reduced over expert-DP and sharded by the distributed optimizer
   TP2 x EP2, allgather, sequence parallel: experts split over TP, tokens gathered over TP and EP
-  PP2 x EP2, alltoall, replicated optimizer: router losses from both stages; the expert grad norm
-      summed over the EP group
+  PP2 x EP2, alltoall, replicated optimizer, capacity 1.0 (drop by position): router losses from
+      both stages; the expert grad norm summed over the EP group; the same pairs dropped as one process
   TP2 x PP2 x EP2 (8 ranks): saves at iteration 2; one process loads it and goes on identically
 """
 import pytest
@@ -22,29 +22,33 @@ MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", 
 TERMS = ("lm loss", "load_balancing_loss", "z_loss")
 EP2 = ["--expert-model-parallel-size", "2"]
 
+CAPACITY = ["--moe-expert-capacity-factor", "1.0", "--moe-token-drop-policy", "position"]
 _ref = {}
 
 
-def reference():
-    if not _ref:
-        _ref["m"] = run_metrics(FLAGS + MOE)[1]
-        assert sorted(_ref["m"]["train"]) == list(range(1, ITERS + 1))
-    return _ref["m"]
+def reference(extra=()):
+    """The one-process run's metrics for MOE + extra model flags (run once each)."""
+    key = tuple(extra)
+    if key not in _ref:
+        _ref[key] = run_metrics(FLAGS + MOE + list(extra))[1]
+        assert sorted(_ref[key]["train"]) == list(range(1, ITERS + 1))
+    return _ref[key]
 
 
-LAYOUTS = {
+LAYOUTS = {  # name: (ranks, layout flags, model flags the reference shares)
     "ep2xdp2-alltoall-distopt-grouped": (4, EP2 + ["--moe-token-dispatcher-type", "alltoall",
-                                                   "--use-distributed-optimizer", "--moe-grouped-gemm"]),
-    "tp2xep2-allgather-sp": (4, EP2 + ["--tensor-model-parallel-size", "2", "--sequence-parallel"]),
-    "pp2xep2-alltoall": (4, EP2 + ["--pipeline-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"]),
+                                                   "--use-distributed-optimizer", "--moe-grouped-gemm"], []),
+    "tp2xep2-allgather-sp": (4, EP2 + ["--tensor-model-parallel-size", "2", "--sequence-parallel"], []),
+    "pp2xep2-alltoall-capacity": (4, EP2 + ["--pipeline-model-parallel-size", "2",
+                                            "--moe-token-dispatcher-type", "alltoall"], CAPACITY),
 }
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_moe_layout_matches_one_process(name):
-    nproc, flags = LAYOUTS[name]
-    got = run_metrics(FLAGS + MOE + flags, nproc=nproc)[1]
-    assert_metrics_parity(reference(), got, TERMS)
+    nproc, flags, model = LAYOUTS[name]
+    got = run_metrics(FLAGS + MOE + model + flags, nproc=nproc)[1]
+    assert_metrics_parity(reference(model), got, TERMS)
 
 
 def test_checkpoint_saved_at_tp2_pp2_ep2_continues_at_one_process(tmp_path):

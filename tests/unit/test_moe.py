@@ -158,7 +158,34 @@ def test_expert_bias_moves_load_towards_balance():
     (dict(num_experts=6, expert_model_parallel_size=4), "--expert-model-parallel-size"),
     (dict(moe_router_topk=5), "--moe-router-topk"),
     (dict(tensor_model_parallel_size=2, add_bias_linear=True), "--disable-bias-linear"),
-    (dict(moe_expert_capacity_factor=1.0), "--moe-expert-capacity-factor")])
+    (dict(moe_pad_expert_input_to_capacity=True), "--moe-pad-expert-input-to-capacity")])
 def test_bad_moe_flags_name_the_flag(kw, flag):
     with pytest.raises(ConfigError, match=flag):
         cfg(**kw).validate()
+
+
+def test_capacity_drop_rules():
+    from megatron.core.transformer.moe.capacity import drop_over_capacity
+    # 4 tokens, k=1, 2 experts, factor 0.5: capacity ceil(4 x 1 / 2 x 0.5) = 1 token per expert
+    probs = torch.tensor([[0.3], [0.9], [0.6], [0.8]])
+    idx = torch.tensor([[0], [0], [1], [1]])
+    p, i = drop_over_capacity(probs, idx, 2, 0.5, "probs")
+    assert i.flatten().tolist() == [2, 0, 2, 1] and p.flatten().tolist() == pytest.approx([0, 0.9, 0, 0.8])
+    p, i = drop_over_capacity(probs, idx, 2, 0.5, "position")
+    assert i.flatten().tolist() == [0, 2, 1, 2] and p.flatten().tolist() == pytest.approx([0.3, 0, 0.6, 0])
+
+
+@pytest.mark.parametrize("dispatcher", ["allgather", "alltoall"])
+def test_layer_with_capacity_skips_dropped_pairs(dispatcher):
+    config = cfg(moe_router_topk=2, moe_expert_capacity_factor=0.5, moe_token_dispatcher_type=dispatcher)
+    m = layer(config)
+    x = torch.randn(6, 2, 16)
+    tokens = x.reshape(12, 16)
+    from megatron.core.transformer.moe.capacity import drop_over_capacity
+    probs, idx, _ = topk_routing(F.linear(tokens, m.router.weight), 2)
+    probs, idx = drop_over_capacity(probs, idx, 4, 0.5)
+    assert (idx == 4).any()  # some pairs are dropped
+    experts = m.experts.local_experts
+    want = torch.stack([sum((probs[t, j] * experts[str(int(idx[t, j]))](tokens[t:t + 1])[0]
+                             for j in range(2) if idx[t, j] < 4), torch.zeros(16)) for t in range(12)])
+    assert torch.allclose(m(x), want.view(6, 2, 16), atol=1e-6)

@@ -78,10 +78,10 @@ def check_moe(cfg) -> None:
     if cfg.add_bias_linear and cfg.tensor_model_parallel_size > 1:
         raise ConfigError(f"MoE experts with {f('tensor_model_parallel_size')} > 1 have no biases: give "
                           f"{f('add_bias_linear')}")
-    if cfg.moe_expert_capacity_factor is not None:
-        raise ConfigError(f"{f('moe_expert_capacity_factor')}: token dropping is not supported yet; leave it "
-                          "out (dropless)")
+    if cfg.moe_expert_capacity_factor is not None and cfg.moe_expert_capacity_factor <= 0:
+        raise ConfigError(f"{f('moe_expert_capacity_factor')} must be positive (leave it out: dropless)")
     if cfg.moe_pad_expert_input_to_capacity:
-        raise ConfigError(f"{f('moe_pad_expert_input_to_capacity')} needs {f('moe_expert_capacity_factor')}")
+        raise ConfigError(f"{f('moe_pad_expert_input_to_capacity')} is not supported yet; leave it out (experts "
+                          "take the tokens under their capacity, unpadded)")
     if cfg.moe_router_pre_softmax and cfg.moe_router_score_function != "softmax":
         raise ConfigError(f"{f('moe_router_pre_softmax')} needs {f('moe_router_score_function')} softmax")

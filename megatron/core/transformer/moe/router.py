@@ -6,6 +6,7 @@ from torch import nn
 
 from ...tensor_parallel.param_meta import set_init
 from . import aux_losses
+from .capacity import drop_over_capacity
 
 
 def topk_routing(logits, topk, score_function="softmax", pre_softmax=False, expert_bias=None):
@@ -54,12 +55,17 @@ class TopKRouter(nn.Module):
 
     def forward(self, x, seq_len):
         """x [T, h] with T = seq_len x b (row si*b + bi). -> (probs, indices, aux) where aux is the
-        sum of the losses to attach to the layer's output (None when there are none)."""
+        sum of the losses to attach to the layer's output (None when there are none). With a capacity
+        factor, dropped pairs have index E and prob 0 (capacity.py)."""
         c = self.config
         logits = F.linear(x, self.weight)
         probs, indices, scores = topk_routing(logits, c.moe_router_topk, c.moe_router_score_function,
                                               c.moe_router_pre_softmax, self.expert_bias)
-        counts = torch.bincount(indices.reshape(-1), minlength=c.num_experts)
+        chosen = indices  # the balance losses and counts see the choice before any drop
+        counts = torch.bincount(chosen.reshape(-1), minlength=c.num_experts)
+        if c.moe_expert_capacity_factor is not None:
+            probs, indices = drop_over_capacity(probs, indices, c.num_experts, c.moe_expert_capacity_factor,
+                                                c.moe_token_drop_policy)
         losses = []
         if torch.is_grad_enabled():  # training (recompute: only the pass that builds the graph)
             aux_losses.record_tokens(self.layer_number, counts)
@@ -70,7 +76,7 @@ class TopKRouter(nn.Module):
                     loss = aux_losses.switch_load_balancing_loss(scores, counts.to(scores.dtype),
                                                                  c.moe_router_topk, c.moe_aux_loss_coeff)
                 else:
-                    loss = aux_losses.sequence_load_balancing_loss(scores, indices, seq_len, c.moe_router_topk,
+                    loss = aux_losses.sequence_load_balancing_loss(scores, chosen, seq_len, c.moe_router_topk,
                                                                    c.moe_aux_loss_coeff)
                 aux_losses.record("load_balancing_loss", self.layer_number, loss)
                 losses.append(loss)

@@ -3,7 +3,8 @@
 Both take tokens [T, h] replicated over TP (each TP rank dispatches within its own EP group,
 groups.ep, EP ranks holding consecutive blocks of experts) and give the local experts their
 tokens sorted by local expert; combine() weighs each expert output by its routing prob and
-sums the k choices of every token. Without EP both are a local permutation.
+sums the k choices of every token. Without EP both are a local permutation. Pairs with expert
+index E (dropped over capacity) go nowhere and add nothing.
 """
 import torch
 import torch.distributed as dist
@@ -68,9 +69,10 @@ class AllToAllDispatcher:
     def dispatch(self, x, probs, indices):
         k = indices.shape[1]
         expert = indices.reshape(-1)
-        order = torch.argsort(expert, stable=True)
+        per_expert = torch.bincount(expert, minlength=self.num_experts + 1)[:self.num_experts]
+        # dropped pairs (index E, capacity.py) sort last and are cut off
+        order = torch.argsort(expert, stable=True)[:int(per_expert.sum())]
         self.rows, self.weights, self.total = order // k, probs.reshape(-1)[order], x.shape[0]
-        per_expert = torch.bincount(expert, minlength=self.num_experts)
         tokens = x[self.rows]
         if self.group is None:
             return tokens, per_expert.tolist()
