@@ -23,6 +23,7 @@ from megatron.core.distributed.param_and_grad_buffer import bucket_layout
 from megatron.core.errors import MegatronUserError
 from megatron.core.models.gpt import GPTModel
 from megatron.core.parallel_state import validate_parallel_sizes
+from megatron.core.tensor_parallel.param_meta import is_expert_parallel
 from megatron.training.arguments import parse_args
 from megatron.training.resolve import resolve, validate
 
@@ -56,20 +57,22 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
               for v in range(V)]
     params = [p for c in chunks for p in c.parameters() if p.requires_grad]
     by_dtype = {}
-    for p in params:
-        by_dtype.setdefault(p.dtype, []).append(p)
+    ep = model_cfg.expert_model_parallel_size
+    for p in params:  # MoE experts (this EP rank's) in buffers of their own, sharded over expert-DP
+        by_dtype.setdefault((p.dtype, ep > 1 and is_expert_parallel(p)), []).append(p)
     bucket_size = t.ddp_bucket_size or max(DEFAULT_BUCKET_SIZE, 1_000_000 * dp)
     out = {"params": 0, "grads": 0, "optimizer": 0}
-    for dtype, ps in by_dtype.items():
+    for (dtype, expert), ps in by_dtype.items():
         numels = [p.numel() for p in reversed(ps)]
-        _, buckets, total = bucket_layout(numels, bucket_size, dp, t.use_distributed_optimizer)
+        shards = dp // ep if expert else dp
+        _, buckets, total = bucket_layout(numels, bucket_size, shards, t.use_distributed_optimizer)
         elt = torch.empty((), dtype=dtype).element_size()
         grad_elt = 2 if (t.grad_reduce_in_bf16 and dtype == torch.bfloat16) else 4
         out["grads"] += total * grad_elt
         if t.use_distributed_optimizer:
             out["params"] += total * elt
             # padding in a shard holds no parameter: no main copy, no Adam state for it
-            owned = _owned_real(numels, buckets, dp)
+            owned = _owned_real(numels, buckets, shards)
         else:
             out["params"] += sum(numels) * elt
             owned = sum(numels)

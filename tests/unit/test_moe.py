@@ -189,3 +189,14 @@ def test_layer_with_capacity_skips_dropped_pairs(dispatcher):
     want = torch.stack([sum((probs[t, j] * experts[str(int(idx[t, j]))](tokens[t:t + 1])[0]
                              for j in range(2) if idx[t, j] < 4), torch.zeros(16)) for t in range(12)])
     assert torch.allclose(m(x), want.view(6, 2, 16), atol=1e-6)
+
+
+def test_flops_count_active_experts_only():
+    from megatron.training.flops import num_floating_point_operations
+    dense = TransformerConfig(num_layers=2, hidden_size=16, num_attention_heads=2, ffn_hidden_size=64, vocab_size=100)
+    moe = TransformerConfig(num_layers=2, hidden_size=16, num_attention_heads=2, ffn_hidden_size=64, vocab_size=100,
+                            num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=32, moe_layer_freq=2)
+    # layer 1 is MoE: its MLP (2 h f x 2 = 4096) becomes router 2 h E (256) + 2 experts x 2 h f_moe x 2 (4096)
+    per_token_change = 256 + 4096 - 4096
+    assert num_floating_point_operations(moe, 3) - num_floating_point_operations(dense, 3) == 3 * 3 * 256 * \
+        per_token_change

@@ -57,11 +57,14 @@ class MoELayer(nn.Module):
 
 def build_mlp(config, tp_group, layer_number, device=None):
     """The feed-forward block of layer `layer_number`: an MoELayer where config.is_moe_layer, else
-    the dense MLP. The expert-parallel group is read from parallel_state when EP > 1."""
+    the dense MLP. The expert-parallel group is read from parallel_state when EP > 1 (a PlanGroup on
+    the meta device, for planning)."""
     if not config.is_moe_layer(layer_number):
         return MLP(config, tp_group, device)
-    ep_group, ep_rank = None, 0
-    if config.expert_model_parallel_size > 1:
+    ep_group, ep_rank, ep = None, 0, config.expert_model_parallel_size
+    if ep > 1 and str(device) == "meta":  # planning (tools/estimate_memory.py): EP rank 0's experts
+        ep_group = comm.PlanGroup(ep, 0)
+    elif ep > 1:
         from ...parallel_state import get_process_groups
         groups = get_process_groups()
         ep_group, ep_rank = groups.ep, groups.ep_rank
