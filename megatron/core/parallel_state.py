@@ -162,9 +162,16 @@ def _add_expert_groups(g: ProcessGroups, ep: int, build) -> None:
     if ep == 1:
         g.edp = g.dp
         return
+    ep_lists, edp_lists = expert_rank_lists(tp, dp, pp, ep)
+    g.ep, g.edp = build(ep_lists), build(edp_lists)
+
+
+def expert_rank_lists(tp: int, dp: int, pp: int, ep: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(expert-parallel groups, expert-data-parallel groups) as lists of global ranks: per (tp, pp)
+    position, EP consecutive DP ranks hold different experts; DP ranks EP apart hold the same ones."""
     cells = [(t, p) for p in range(pp) for t in range(tp)]
-    g.ep = build([[grid_rank(t, d, p, tp, dp) for d in range(b, b + ep)] for t, p in cells for b in range(0, dp, ep)])
-    g.edp = build([[grid_rank(t, d, p, tp, dp) for d in range(j, dp, ep)] for t, p in cells for j in range(ep)])
+    return ([[grid_rank(t, d, p, tp, dp) for d in range(b, b + ep)] for t, p in cells for b in range(0, dp, ep)],
+            [[grid_rank(t, d, p, tp, dp) for d in range(j, dp, ep)] for t, p in cells for j in range(ep)])
 
 
 def get_process_groups() -> ProcessGroups:

@@ -200,3 +200,14 @@ def test_flops_count_active_experts_only():
     per_token_change = 256 + 4096 - 4096
     assert num_floating_point_operations(moe, 3) - num_floating_point_operations(dense, 3) == 3 * 3 * 256 * \
         per_token_change
+
+
+def test_expert_groups_carved_out_of_data_parallel_ranks():
+    from megatron.core.parallel_state import ParallelConfigError, expert_rank_lists, validate_expert_parallel_size
+    ep, edp = expert_rank_lists(tp=2, dp=4, pp=1, ep=2)  # the module docstring's example
+    assert sorted(ep) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert sorted(edp) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    ep, edp = expert_rank_lists(tp=1, dp=2, pp=2, ep=2)
+    assert ep == [[0, 1], [2, 3]] and edp == [[0], [1], [2], [3]]
+    with pytest.raises(ParallelConfigError, match="--expert-model-parallel-size"):
+        validate_expert_parallel_size(6, 4)
