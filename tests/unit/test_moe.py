@@ -158,7 +158,9 @@ def test_expert_bias_moves_load_towards_balance():
     (dict(num_experts=6, expert_model_parallel_size=4), "--expert-model-parallel-size"),
     (dict(moe_router_topk=5), "--moe-router-topk"),
     (dict(tensor_model_parallel_size=2, add_bias_linear=True), "--disable-bias-linear"),
-    (dict(moe_pad_expert_input_to_capacity=True), "--moe-pad-expert-input-to-capacity")])
+    (dict(moe_pad_expert_input_to_capacity=True), "--moe-pad-expert-input-to-capacity"),
+    (dict(tensor_model_parallel_size=2, num_attention_heads=4, expert_tensor_parallel_size=4),
+     "--expert-tensor-parallel-size")])
 def test_bad_moe_flags_name_the_flag(kw, flag):
     with pytest.raises(ConfigError, match=flag):
         cfg(**kw).validate()

@@ -12,7 +12,8 @@ class ExpertMLP(nn.Module):
     """One expert: [n, h] -> [n, h], partial over TP (the caller sums over the TP group).
 
     linear_fc1 [ffn(x2 with SwiGLU)/TP, h] ([gate; up] blocks split separately, as the dense MLP),
-    linear_fc2 [h, ffn/TP]. Biases only without TP (the layer refuses biases with TP).
+    linear_fc2 [h, ffn/TP]; tp_size 1 (no TP, or expert TP 1): whole, replicated over TP. Biases only
+    with tp_size 1 (the config refuses them otherwise).
     """
 
     def __init__(self, config, tp_size, device=None):
@@ -26,8 +27,9 @@ class ExpertMLP(nn.Module):
         self.fc2_weight = nn.Parameter(torch.empty(h, ffn // tp_size, **kw))
         set_init(self.fc1_weight, "normal", config.init_method_std)
         set_init(self.fc2_weight, "normal", config.init_method_std / math.sqrt(2.0 * config.num_layers))
-        set_tensor_parallel(self.fc1_weight, 0, stride=2 if config.swiglu else 1)
-        set_tensor_parallel(self.fc2_weight, 1)
+        if tp_size > 1:
+            set_tensor_parallel(self.fc1_weight, 0, stride=2 if config.swiglu else 1)
+            set_tensor_parallel(self.fc2_weight, 1)
         self.fc1_bias = self.fc2_bias = None
         if config.add_bias_linear:
             self.fc1_bias = nn.Parameter(torch.empty(rows // tp_size, **kw))

@@ -42,7 +42,8 @@ class MoEConfig:
     moe_pad_expert_input_to_capacity: bool = opt(False, "Pad each expert's input to its capacity.")
     expert_model_parallel_size: int = opt(1, "Degree of expert parallelism (carved out of data parallelism).")
     expert_tensor_parallel_size: Optional[int] = opt(
-        None, "Tensor parallelism of the experts (default: --tensor-model-parallel-size).")
+        None, "Tensor parallelism of the experts: --tensor-model-parallel-size (default; experts split like the "
+        "dense MLP) or 1 (whole experts on every TP rank, their compute repeated over TP).")
 
     @property
     def expert_ffn_hidden_size(self) -> int:
@@ -71,11 +72,10 @@ def check_moe(cfg) -> None:
         raise ConfigError(f"{f('num_experts')} ({cfg.num_experts}) is not divisible by "
                           f"{f('expert_model_parallel_size')} ({ep}); each expert-parallel rank needs whole experts")
     etp = cfg.expert_tensor_parallel_size
-    if etp is not None and etp != cfg.tensor_model_parallel_size:
-        raise ConfigError(f"{f('expert_tensor_parallel_size')} {etp} differs from "
-                          f"{f('tensor_model_parallel_size')} {cfg.tensor_model_parallel_size}: not supported yet; "
-                          "leave it out (the experts are split like the dense MLP)")
-    if cfg.add_bias_linear and cfg.tensor_model_parallel_size > 1:
+    if etp is not None and etp not in (1, cfg.tensor_model_parallel_size):
+        raise ConfigError(f"{f('expert_tensor_parallel_size')} {etp}: give 1 (whole experts on every TP rank) "
+                          f"or {f('tensor_model_parallel_size')} ({cfg.tensor_model_parallel_size}, the default)")
+    if cfg.add_bias_linear and cfg.tensor_model_parallel_size > 1 and etp != 1:
         raise ConfigError(f"MoE experts with {f('tensor_model_parallel_size')} > 1 have no biases: give "
                           f"{f('add_bias_linear')}")
     if cfg.moe_expert_capacity_factor is not None and cfg.moe_expert_capacity_factor <= 0:

@@ -25,10 +25,12 @@ class MoELayer(nn.Module):
         super().__init__()
         self.config, self.tp_group = config, tp_group
         self.tp_size = comm.world(tp_group)
+        # expert TP 1: whole experts on every TP rank, no TP collective around them
+        self.expert_tp = tp_group if config.expert_tensor_parallel_size != 1 and self.tp_size > 1 else None
         ep = comm.world(ep_group) if ep_group is not None else 1
         count = config.num_experts // ep
         self.router = TopKRouter(config, layer_number, device)
-        self.experts = LocalExperts(config, ep_rank * count, count, self.tp_size, device)
+        self.experts = LocalExperts(config, ep_rank * count, count, self.tp_size if self.expert_tp else 1, device)
         self.dispatcher = build_dispatcher(config.moe_token_dispatcher_type, config.num_experts, ep_rank * count,
                                            count, ep_group)
         self.shared_experts = None
@@ -43,10 +45,12 @@ class MoELayer(nn.Module):
         s, b, h = x.shape
         tokens = x.reshape(s * b, h)
         probs, indices, aux = self.router(tokens, s)
-        expert_in = mappings.copy_to_tensor_model_parallel_region(tokens, self.tp_group)
+        etp = self.expert_tp
+        expert_in = mappings.copy_to_tensor_model_parallel_region(tokens, etp) if etp is not None else tokens
         routed, counts = self.dispatcher.dispatch(expert_in, probs, indices)
-        # summed over TP before the probs weigh them: the router's gradient needs whole outputs
-        expert_out = mappings.reduce_from_tensor_model_parallel_region(self.experts(routed, counts), self.tp_group)
+        expert_out = self.experts(routed, counts)
+        if etp is not None:  # summed over TP before the probs weigh them: the router's gradient needs whole outputs
+            expert_out = mappings.reduce_from_tensor_model_parallel_region(expert_out, etp)
         out = self.dispatcher.combine(expert_out).view(s, b, h)
         if sp:
             out = mappings.scatter_to_sequence_parallel_region(out, self.tp_group)
