@@ -44,6 +44,7 @@ LAYOUTS = {  # name: (ranks, layout flags, model flags the reference shares)
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_moe_layout_matches_one_process(name):
     nproc, flags, model = LAYOUTS[name]
@@ -51,6 +52,7 @@ def test_moe_layout_matches_one_process(name):
     assert_metrics_parity(reference(model), got, TERMS)
 
 
+@pytest.mark.slow
 def test_checkpoint_saved_at_tp2_pp2_ep2_continues_at_one_process(tmp_path):
     ref = reference()
     d = str(tmp_path / "ck")
