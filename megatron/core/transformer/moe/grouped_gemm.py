@@ -11,7 +11,9 @@ _HAS_GROUPED = hasattr(torch, "_grouped_mm")
 
 
 def _fits(x, w):
-    return (_HAS_GROUPED and x.dtype in (torch.float32, torch.bfloat16) and x.dtype == w.dtype
+    # CUDA kernels take bf16 only (Hopper and later); the CPU one takes fp32 too
+    dtypes = (torch.float32, torch.bfloat16) if x.device.type == "cpu" else (torch.bfloat16,)
+    return (_HAS_GROUPED and x.dtype in dtypes and x.dtype == w.dtype
             and all(d * x.element_size() % 16 == 0 for d in (x.shape[1], w.shape[2])))
 
 
@@ -19,7 +21,10 @@ def _mm(x, w, counts):
     """[N, K] x [G, K, M] with counts[g] rows for group g (offs) -> [N, M]."""
     if _fits(x, w):
         offs = torch.cumsum(torch.tensor(counts, device=x.device), 0).to(torch.int32)
-        return torch._grouped_mm(x, w, offs=offs)
+        try:
+            return torch._grouped_mm(x, w, offs=offs)
+        except RuntimeError:  # a GPU or layout this torch's kernel refuses: the loop gives the same products
+            pass
     outs = [chunk @ w[g] for g, chunk in enumerate(x.split(counts))]
     return torch.cat(outs) if outs else x.new_zeros(0, w.shape[2])
 
