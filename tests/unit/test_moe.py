@@ -158,7 +158,7 @@ def test_expert_bias_moves_load_towards_balance():
     (dict(num_experts=6, expert_model_parallel_size=4), "--expert-model-parallel-size"),
     (dict(moe_router_topk=5), "--moe-router-topk"),
     (dict(tensor_model_parallel_size=2, add_bias_linear=True), "--disable-bias-linear"),
-    (dict(moe_pad_expert_input_to_capacity=True), "--moe-pad-expert-input-to-capacity"),
+    (dict(moe_pad_expert_input_to_capacity=True), "--moe-expert-capacity-factor"),
     (dict(tensor_model_parallel_size=2, num_attention_heads=4, expert_tensor_parallel_size=4),
      "--expert-tensor-parallel-size")])
 def test_bad_moe_flags_name_the_flag(kw, flag):
@@ -177,9 +177,10 @@ def test_capacity_drop_rules():
     assert i.flatten().tolist() == [0, 2, 1, 2] and p.flatten().tolist() == pytest.approx([0.3, 0, 0.6, 0])
 
 
-@pytest.mark.parametrize("dispatcher", ["allgather", "alltoall"])
-def test_layer_with_capacity_skips_dropped_pairs(dispatcher):
-    config = cfg(moe_router_topk=2, moe_expert_capacity_factor=0.5, moe_token_dispatcher_type=dispatcher)
+@pytest.mark.parametrize("dispatcher,pad", [("allgather", False), ("alltoall", False), ("alltoall", True)])
+def test_layer_with_capacity_skips_dropped_pairs(dispatcher, pad):
+    config = cfg(moe_router_topk=2, moe_expert_capacity_factor=0.5, moe_token_dispatcher_type=dispatcher,
+                 moe_pad_expert_input_to_capacity=pad)
     m = layer(config)
     x = torch.randn(6, 2, 16)
     tokens = x.reshape(12, 16)

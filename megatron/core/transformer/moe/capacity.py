@@ -32,3 +32,18 @@ def drop_over_capacity(probs, indices, num_experts, factor, policy="probs"):
     keep[order] = rank_in_expert < cap
     keep = keep.view(T, k)
     return probs * keep, torch.where(keep, indices, torch.full_like(indices, num_experts))
+
+
+def pad_to_capacity(x, counts, size):
+    """--moe-pad-expert-input-to-capacity: x [N, h] in groups of counts[g] rows -> [G x size, h], each
+    group followed by zero rows up to `size` (its capacity from every EP rank), so the experts see
+    fixed shapes. The zero rows' outputs are cut off again by unpad; they change no value or gradient."""
+    parts = []
+    for chunk in x.split(counts):
+        parts += [chunk, chunk.new_zeros(size - chunk.shape[0], x.shape[1])]
+    return torch.cat(parts)
+
+
+def unpad(y, counts, size):
+    """The inverse of pad_to_capacity: [G x size, h] -> [N, h]."""
+    return torch.cat([chunk[:n] for chunk, n in zip(y.split(size), counts)]) if counts else y

@@ -39,7 +39,9 @@ class MoEConfig:
         None, "Tokens each expert takes, as a multiple of its even share (None: dropless).")
     moe_token_drop_policy: str = opt("probs", "Which tokens an over-full expert drops: lowest probs, or latest "
                                      "position.", choices=["probs", "position"])
-    moe_pad_expert_input_to_capacity: bool = opt(False, "Pad each expert's input to its capacity.")
+    moe_pad_expert_input_to_capacity: bool = opt(
+        False, "Pad each expert's input to its capacity (from every EP rank) with zero rows: fixed shapes, same "
+        "values.")
     expert_model_parallel_size: int = opt(1, "Degree of expert parallelism (carved out of data parallelism).")
     expert_tensor_parallel_size: Optional[int] = opt(
         None, "Tensor parallelism of the experts: --tensor-model-parallel-size (default; experts split like the "
@@ -80,8 +82,7 @@ def check_moe(cfg) -> None:
                           f"{f('add_bias_linear')}")
     if cfg.moe_expert_capacity_factor is not None and cfg.moe_expert_capacity_factor <= 0:
         raise ConfigError(f"{f('moe_expert_capacity_factor')} must be positive (leave it out: dropless)")
-    if cfg.moe_pad_expert_input_to_capacity:
-        raise ConfigError(f"{f('moe_pad_expert_input_to_capacity')} is not supported yet; leave it out (experts "
-                          "take the tokens under their capacity, unpadded)")
+    if cfg.moe_pad_expert_input_to_capacity and cfg.moe_expert_capacity_factor is None:
+        raise ConfigError(f"{f('moe_pad_expert_input_to_capacity')} needs {f('moe_expert_capacity_factor')}")
     if cfg.moe_router_pre_softmax and cfg.moe_router_score_function != "softmax":
         raise ConfigError(f"{f('moe_router_pre_softmax')} needs {f('moe_router_score_function')} softmax")

@@ -7,6 +7,7 @@ from ... import comm
 from ...tensor_parallel import mappings
 from ..mlp import MLP
 from . import aux_losses
+from .capacity import capacity, pad_to_capacity, unpad
 from .experts import LocalExperts
 from .router import TopKRouter
 from .token_dispatcher import build_dispatcher
@@ -29,6 +30,7 @@ class MoELayer(nn.Module):
         self.expert_tp = tp_group if config.expert_tensor_parallel_size != 1 and self.tp_size > 1 else None
         ep = comm.world(ep_group) if ep_group is not None else 1
         count = config.num_experts // ep
+        self.ep = ep
         self.router = TopKRouter(config, layer_number, device)
         self.experts = LocalExperts(config, ep_rank * count, count, self.tp_size if self.expert_tp else 1, device)
         self.dispatcher = build_dispatcher(config.moe_token_dispatcher_type, config.num_experts, ep_rank * count,
@@ -48,7 +50,13 @@ class MoELayer(nn.Module):
         etp = self.expert_tp
         expert_in = mappings.copy_to_tensor_model_parallel_region(tokens, etp) if etp is not None else tokens
         routed, counts = self.dispatcher.dispatch(expert_in, probs, indices)
-        expert_out = self.experts(routed, counts)
+        if self.config.moe_pad_expert_input_to_capacity:
+            size = self.ep * capacity(s * b, indices.shape[1], self.config.num_experts,
+                                      self.config.moe_expert_capacity_factor)
+            expert_out = unpad(self.experts(pad_to_capacity(routed, counts, size), [size] * len(counts)), counts,
+                               size)
+        else:
+            expert_out = self.experts(routed, counts)
         if etp is not None:  # summed over TP before the probs weigh them: the router's gradient needs whole outputs
             expert_out = mappings.reduce_from_tensor_model_parallel_region(expert_out, etp)
         out = self.dispatcher.combine(expert_out).view(s, b, h)
