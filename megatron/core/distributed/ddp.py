@@ -24,6 +24,8 @@ class DistributedDataParallel:
 
     bucket_size: elements per bucket (default max(40M, 1M x DP), as Megatron-LM).
     grad_reduce_in_bf16: keep and reduce the gradients of bf16 parameters in bf16.
+    expert_dp_group: with MoE expert parallelism, the expert-data-parallel group: the parameters of
+    experts (param_meta.is_expert_parallel) get buffers of their own, reduced (sharded) over it.
     """
 
     def __init__(self, module, dp_group, bucket_size=None, overlap_grad_reduce=False,
