@@ -25,6 +25,7 @@ from megatron.core.errors import MegatronUserError
 from megatron.core.models.gpt import GPTModel
 from megatron.core.parallel_state import validate_parallel_sizes
 from megatron.core.transformer import context_parallel
+from megatron.core.tensor_parallel.param_meta import is_expert_parallel
 from megatron.training.arguments import parse_args
 from megatron.training.resolve import resolve, validate
 
@@ -77,13 +78,15 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
     t.validate(dp)
     params, layers = stage_params(model_cfg, pp_rank)
     by_dtype = {}
-    for p in params:
-        by_dtype.setdefault(p.dtype, []).append(p)
-    shards = dp * model_cfg.context_parallel_size  # DDP and the distributed optimizer work over DP x CP
-    bucket_size = t.ddp_bucket_size or max(DEFAULT_BUCKET_SIZE, 1_000_000 * shards)
+    ep = model_cfg.expert_model_parallel_size
+    for p in params:  # MoE experts (this EP rank's) in buffers of their own, sharded over expert-DP
+        by_dtype.setdefault((p.dtype, ep > 1 and is_expert_parallel(p)), []).append(p)
+    dp_cp = dp * model_cfg.context_parallel_size  # DDP and the distributed optimizer work over DP x CP
+    bucket_size = t.ddp_bucket_size or max(DEFAULT_BUCKET_SIZE, 1_000_000 * dp_cp)
     out = {"params": 0, "grads": 0, "optimizer": 0}
-    for dtype, ps in by_dtype.items():
+    for (dtype, expert), ps in by_dtype.items():
         numels = [p.numel() for p in reversed(ps)]
+        shards = dp_cp // ep if expert else dp_cp
         _, buckets, total = bucket_layout(numels, bucket_size, shards, t.use_distributed_optimizer)
         elt = torch.empty((), dtype=dtype).element_size()
         grad_elt = 2 if (t.grad_reduce_in_bf16 and dtype == torch.bfloat16) else 4

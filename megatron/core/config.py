@@ -15,6 +15,7 @@ from . import config_checks
 from .config_fields import flag_of as flag_of  # re-exported (as ConfigError): importers name this module
 from .config_fields import opt
 from .errors import ConfigError as ConfigError
+from .transformer.moe.moe_config import MoEConfig
 
 
 @dataclass
@@ -37,7 +38,7 @@ class ModelParallelConfig:
 
 
 @dataclass
-class TransformerConfig(ModelParallelConfig):
+class TransformerConfig(ModelParallelConfig, MoEConfig):
     num_layers: int = opt(4, "Number of transformer layers.")
     decoder_first_pipeline_num_layers: Optional[int] = opt(
         None, "Layers on the first pipeline stage (uneven split; the other stages share the rest evenly).")

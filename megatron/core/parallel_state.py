@@ -16,6 +16,12 @@ divides the GPUs per node. Example, 8 ranks with TP=2, PP=2 (so DP=2):
 With CP > 1 the CP ranks of a (tp, dp, pp) position hold the same parameters and different parts
 of each sequence: gradients and loss sums are reduced over DP x CP (the dp_cp group). Example,
 8 ranks with TP=2, CP=2, PP=2 (so DP=1): CP groups [0,2] [1,3] [4,6] [5,7].
+
+Expert parallelism (MoE) is carved out of the data-parallel ranks, as in Megatron-Core: EP
+consecutive DP x CP ranks (CP fastest, as in the dp_cp group) form an expert-parallel group (they
+hold different experts), and the DP x CP ranks EP apart an expert-data-parallel group (replicas of
+the same experts), EP x EDP = DP x CP.
+With 8 ranks, TP=2, EP=2 (DP=4): EP groups [0,2] [4,6] [1,3] [5,7], EDP groups [0,4] [2,6] [1,5] [3,7].
 """
 from __future__ import annotations
 
@@ -86,6 +92,13 @@ class ProcessGroups:
     dp_cp: dist.ProcessGroup | None = None
     cp_size: int = 1
     cp_rank: int = 0
+    # MoE: expert-parallel group (None when EP = 1) and expert-data-parallel group (groups.dp_cp when EP = 1)
+    ep: dist.ProcessGroup | None = None
+    edp: dist.ProcessGroup | None = None
+    ep_size: int = 1
+    ep_rank: int = 0
+    edp_size: int = 1
+    edp_rank: int = 0
 
     def __post_init__(self):
         if self.dp_cp is None:  # without context parallelism gradients are reduced over DP alone
@@ -138,7 +151,8 @@ def grid_rank_lists(tp: int, cp: int, dp: int, pp: int) -> dict[str, list[list[i
 def initialize_model_parallel(tensor_model_parallel_size: int = 1,
                               pipeline_model_parallel_size: int = 1,
                               virtual_pipeline_model_parallel_size: int | None = None,
-                              context_parallel_size: int = 1) -> ProcessGroups:
+                              context_parallel_size: int = 1,
+                              expert_model_parallel_size: int = 1) -> ProcessGroups:
     """Build all groups over the default (world) group; every rank must call this.
 
     Needs torch.distributed initialised. Raises ParallelConfigError, before creating
@@ -172,8 +186,39 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1,
         vpp_size=virtual_pipeline_model_parallel_size, cp_size=cp, cp_rank=cp_rank)
     if cp > 1:
         groups.cp, groups.dp_cp = build(lists["cp"]), build(lists["dp_cp"])
+    _add_expert_groups(groups, expert_model_parallel_size, build)
     _GROUPS = groups
     return groups
+
+
+def validate_expert_parallel_size(dp: int, ep: int) -> None:
+    """ParallelConfigError unless EP divides the data-parallel size (expert groups are carved out of it)."""
+    if ep < 1 or dp % ep:
+        raise ParallelConfigError(
+            f"--expert-model-parallel-size ({ep}) must divide the data-parallel size ({dp}): expert-parallel "
+            "groups are carved out of the data-parallel ranks; change it or launch more processes")
+
+
+def _add_expert_groups(g: ProcessGroups, ep: int, build) -> None:
+    """Fill g.ep / g.edp (see the module docstring). Collective over the world."""
+    # a (dp, cp) position as one index of the dp_cp group: grid_rank(t, j, p, tp, dp * cp) is its rank
+    tp, dp, pp, j = g.tp_size, g.dp_size * g.cp_size, g.pp_size, g.cp_rank + g.cp_size * g.dp_rank
+    validate_expert_parallel_size(dp, ep)
+    g.ep_size, g.ep_rank, g.edp_size, g.edp_rank = ep, j % ep, dp // ep, j // ep
+    if ep == 1:
+        g.edp = g.dp_cp
+        return
+    ep_lists, edp_lists = expert_rank_lists(tp, dp, pp, ep)
+    g.ep, g.edp = build(ep_lists), build(edp_lists)
+
+
+def expert_rank_lists(tp: int, dp: int, pp: int, ep: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(expert-parallel groups, expert-data-parallel groups) as lists of global ranks: per (tp, pp)
+    position, EP consecutive DP ranks hold different experts; DP ranks EP apart hold the same ones.
+    With context parallelism pass dp = DP x CP (the dp_cp index, CP fastest)."""
+    cells = [(t, p) for p in range(pp) for t in range(tp)]
+    return ([[grid_rank(t, d, p, tp, dp) for d in range(b, b + ep)] for t, p in cells for b in range(0, dp, ep)],
+            [[grid_rank(t, d, p, tp, dp) for d in range(j, dp, ep)] for t, p in cells for j in range(ep)])
 
 
 def get_process_groups() -> ProcessGroups:

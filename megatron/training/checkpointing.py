@@ -30,7 +30,7 @@ from ..core.checkpointing import (
     write_rank_file,
 )
 from ..core.optimizer import STATE_NAMES, StatePiece
-from ..core.tensor_parallel.param_meta import counted_once, param_meta
+from ..core.tensor_parallel.param_meta import counted_once, is_data_parallel_writer, param_meta
 from ..core.tensor_parallel.random import get_rng_tracker
 from .checkpoint_args import find_source
 from .log import print_rank_0
@@ -39,7 +39,7 @@ from .log import print_rank_0
 def _writes(param, groups, optimizer):
     """Whether this rank writes its state of `param`: one DP rank (each its own slices with the
     distributed optimizer), and one of the TP / pipeline copies (counted_once)."""
-    return (optimizer.distributed_optimizer or groups.dp_rank == groups.cp_rank == 0) and counted_once(param, groups)
+    return (optimizer.distributed_optimizer or is_data_parallel_writer(param, groups)) and counted_once(param, groups)
 
 
 def _config_dict(cfg):

@@ -12,6 +12,8 @@ import re
 
 import torch
 
+from ..core.transformer.moe.flops import moe_flops_per_token
+
 
 def num_floating_point_operations(config, batch_size):
     """Model FLOPs of one training iteration over `batch_size` samples of config.seq_length."""
@@ -21,6 +23,7 @@ def num_floating_point_operations(config, batch_size):
     per_layer = (2 * h * (q + 2 * kv) + 4 * s * q + 2 * q * h
                  + 2 * h * config.ffn_hidden_size * (3 if config.swiglu else 2))
     per_token = L * per_layer + 2 * h * config.padded_vocab_size
+    per_token += moe_flops_per_token(config)  # MoE layers: active experts instead of the dense MLP
     return 3 * batch_size * s * per_token
 
 

@@ -13,7 +13,7 @@ Sizes are checked positive before anything divides by them. Nothing here needs a
 """
 from ..core.config import ConfigError
 from ..core.fusions import check_config as check_fusions
-from ..core.parallel_state import validate_parallel_sizes
+from ..core.parallel_state import validate_expert_parallel_size, validate_parallel_sizes
 from ..core.pipeline_parallel.schedule_flag import schedule_for_flag
 from .checkpoint_args import apply_checkpoint_args, check_ckpt_format
 from .tokenizer import build_tokenizer
@@ -44,6 +44,7 @@ def validate(model_cfg, train_cfg, world_size):
     pp, vpp = model_cfg.pipeline_model_parallel_size, model_cfg.virtual_pipeline_model_parallel_size
     dp = validate_parallel_sizes(world_size, model_cfg.tensor_model_parallel_size, pp, vpp,
                                  model_cfg.context_parallel_size)
+    validate_expert_parallel_size(dp * model_cfg.context_parallel_size, model_cfg.expert_model_parallel_size)
     train_cfg.validate(dp)
     check_ckpt_format(train_cfg)
     schedule_for_flag(train_cfg.pipeline_schedule, pp, vpp or 1)

@@ -15,10 +15,11 @@ from ..core.pipeline_parallel import TOKEN_LOSS, default_schedule, get_forward_b
 from ..core.pipeline_parallel.schedule_flag import schedule_for_flag
 from ..core.tensor_parallel.initialization import initialize_parameters
 from ..core.transformer.context_parallel import cp_slice
+from ..core.transformer.moe import step_hooks as moe_hooks
 from .checkpointing import Checkpointer
 from .data import end_of_training_sets, microbatches, validation_window
 from .flops import num_floating_point_operations, peak_tflops_per_gpu
-from .log import TrainingLogger, print_rank_0, startup_summary
+from .log import TrainingLogger, print_rank_0, print_rank_last, startup_summary
 from .metrics_log import MetricsLog
 from .model_spec import ModelSpec
 from .numerics import check_finite
@@ -65,6 +66,7 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
     of loss_terms added), whatever the layout.
     """
     ddp.start_step(len(batches))
+    moe_hooks.start_step(model, len(batches), groups.dp_size, optimizer.loss_scale)
     forward_backward_func = forward_backward_func or get_forward_backward_func()
     losses = forward_backward_func(model, batches, forward_step, groups, loss_terms, loss_scale=optimizer.loss_scale)
     finalize_model_grads(model, groups, ddp)
@@ -72,6 +74,7 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
     updated, grad_norm = optimizer.step()
     if updated:
         scheduler.step()
+    losses = moe_hooks.finish_step(model, groups, len(batches), losses, updated)
     return losses, grad_norm, lr, updated
 
 
@@ -139,7 +142,8 @@ def setup_model_and_optimizer(model_cfg, train_cfg, groups, device, model_provid
     initialize_parameters(model, train_cfg.seed, groups.tp_rank, groups.tp_size)
     ddp = DistributedDataParallel(model, groups.dp_cp, train_cfg.ddp_bucket_size, train_cfg.overlap_grad_reduce,
                                   train_cfg.use_distributed_optimizer, train_cfg.overlap_param_gather,
-                                  train_cfg.grad_reduce_in_bf16)
+                                  train_cfg.grad_reduce_in_bf16,
+                                  expert_dp_group=groups.edp if groups.ep_size > 1 else None)
     optimizer = get_megatron_optimizer(ddp, groups, train_cfg.lr, train_cfg.weight_decay,
                                        (train_cfg.adam_beta1, train_cfg.adam_beta2), train_cfg.adam_eps,
                                        train_cfg.clip_grad, build_grad_scaler(train_cfg))
@@ -193,6 +197,9 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                 torch.cuda.synchronize()
             logger.log(iteration, consumed, lr, train_cfg.global_batch_size, flops, groups.world_size,
                        optimizer.loss_scale if train_cfg.fp16 else None)
+            balance = moe_hooks.balance_line(model, groups, device)
+            if balance:
+                print_rank_last(f" iteration {iteration:8d} |{balance}")
         if train_cfg.eval_iters > 0 and train_cfg.eval_interval and iteration % train_cfg.eval_interval == 0:
             valid = evaluate(model, validation_window(valid_ds, iteration, train_cfg), spec, groups, train_cfg, device)
             logger.log_validation(iteration, valid)

@@ -28,6 +28,7 @@ from megatron.core.checkpointing import (
     CheckpointReader,
     find_checkpoint,
     hf_bert,
+    hf_mixtral,
     save_global_checkpoint,
     whole_piece,
 )
@@ -38,7 +39,7 @@ from megatron.core.errors import MegatronUserError
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_tokenizer
 
-HF_TYPES = {"GPT": ("gpt2", "llama"), "BERT": ("bert",)}
+HF_TYPES = {"GPT": ("gpt2", "llama", "mixtral"), "BERT": ("bert",)}
 
 
 def _transformers():
@@ -57,7 +58,8 @@ def load_hf(path, model_type="GPT"):
         config = tf.AutoConfig.from_pretrained(path, local_files_only=True)
     except Exception as e:  # transformers rejects bad values with several exception types
         raise CheckpointError(f"{path}/config.json: {type(e).__name__}: {str(e).splitlines()[0]}") from None
-    convert = {"gpt2": hc.gpt2_to_ours, "llama": hc.llama_to_ours, "bert": hf_bert.bert_to_ours}[raw["model_type"]]
+    convert = {"gpt2": hc.gpt2_to_ours, "llama": hc.llama_to_ours, "bert": hf_bert.bert_to_ours,
+               "mixtral": hf_mixtral.mixtral_to_ours}[raw["model_type"]]
     sd = read_state_dict(path)
     try:
         args, tensors = convert(config, sd)
@@ -72,6 +74,10 @@ def save_hf(path, args, tensors, training, model_type="GPT"):
         cfg, sd, binary = hf_bert.ours_to_bert(args, tensors)
         config, cls = tf.BertConfig(**cfg), tf.BertForPreTraining if binary else tf.BertForMaskedLM
         tied = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+    elif args.get("num_experts"):
+        cfg, sd = hf_mixtral.ours_to_mixtral(args, tensors)
+        config, cls = tf.MixtralConfig(**cfg), tf.MixtralForCausalLM
+        tied = ("lm_head.weight",)
     elif hc.hf_family(args) == "llama":
         cfg, sd = hc.ours_to_llama(args, tensors)
         config, cls = tf.LlamaConfig(**cfg), tf.LlamaForCausalLM

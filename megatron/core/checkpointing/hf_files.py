@@ -19,6 +19,8 @@ REQUIRED_KEYS = {
               "max_position_embeddings"),
     "bert": ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
              "max_position_embeddings"),
+    "mixtral": ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "max_position_embeddings", "num_local_experts", "num_experts_per_tok"),
 }
 
 

@@ -13,6 +13,7 @@ distributed optimizer, which then all-gathers the updated parameters per bucket.
 import torch
 
 from .. import comm
+from ..tensor_parallel.param_meta import is_expert_parallel
 from .param_and_grad_buffer import ParamAndGradBuffer
 
 DEFAULT_BUCKET_SIZE = 40_000_000
@@ -23,10 +24,13 @@ class DistributedDataParallel:
 
     bucket_size: elements per bucket (default max(40M, 1M x DP), as Megatron-LM).
     grad_reduce_in_bf16: keep and reduce the gradients of bf16 parameters in bf16.
+    expert_dp_group: with MoE expert parallelism, the expert-data-parallel group: the parameters of
+    experts (param_meta.is_expert_parallel) get buffers of their own, reduced (sharded) over it.
     """
 
     def __init__(self, module, dp_group, bucket_size=None, overlap_grad_reduce=False,
-                 use_distributed_optimizer=False, overlap_param_gather=False, grad_reduce_in_bf16=False):
+                 use_distributed_optimizer=False, overlap_param_gather=False, grad_reduce_in_bf16=False,
+                 expert_dp_group=None):
         self.module, self.dp_group = module, dp_group
         self.overlap_grad_reduce = overlap_grad_reduce
         self.use_distributed_optimizer = use_distributed_optimizer
@@ -36,11 +40,14 @@ class DistributedDataParallel:
         by_dtype = {}
         for p in module.parameters():
             if p.requires_grad:
-                by_dtype.setdefault(p.dtype, []).append(p)
+                # MoE experts' parameters get buffers of their own, reduced over the expert-DP group
+                key = (p.dtype, True) if expert_dp_group is not None and is_expert_parallel(p) else p.dtype
+                by_dtype.setdefault(key, []).append(p)
         self.buffers = []
-        for dtype, params in by_dtype.items():
+        for key, params in by_dtype.items():
+            dtype, group = (key[0], expert_dp_group) if isinstance(key, tuple) else (key, dp_group)
             grad_dtype = torch.bfloat16 if (grad_reduce_in_bf16 and dtype == torch.bfloat16) else torch.float32
-            self.buffers.append(ParamAndGradBuffer(params, grad_dtype, dp_group, bucket_size,
+            self.buffers.append(ParamAndGradBuffer(params, grad_dtype, group, bucket_size,
                                                    use_distributed_optimizer))
         self.buckets = [b for buf in self.buffers for b in buf.buckets]
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
@@ -79,9 +86,9 @@ class DistributedDataParallel:
 
     def _start_grad_sync(self, bucket):
         if self.use_distributed_optimizer:
-            bucket.grad_handle = comm.reduce_scatter_inplace_async(bucket.grad, self.dp_group, tag="dp-grads")
+            bucket.grad_handle = comm.reduce_scatter_inplace_async(bucket.grad, bucket.group, tag="dp-grads")
         else:
-            bucket.grad_handle = comm.all_reduce_async(bucket.grad, self.dp_group, tag="dp-grads")
+            bucket.grad_handle = comm.all_reduce_async(bucket.grad, bucket.group, tag="dp-grads")
         bucket.pending = None  # started
 
     def finish_grad_sync(self):
@@ -99,7 +106,7 @@ class DistributedDataParallel:
         """All-gather every bucket's updated shards; waits unless overlap_param_gather."""
         # the first layers' parameters sit in the last bucket: gather those first
         for b in reversed(self.buckets):
-            b.param_handle = comm.all_gather_inplace_async(b.param, self.dp_group, tag="dp-params")
+            b.param_handle = comm.all_gather_inplace_async(b.param, b.group, tag="dp-params")
         if not self.overlap_param_gather:
             self.finish_param_sync()
 

@@ -17,6 +17,21 @@ def global_norm(grads, reduce_groups, device):
     return total.sqrt()
 
 
+def expert_parallel_norm(dense, expert, groups, device):
+    """L2 norm of `dense` grads summed over groups.mp plus `expert` grads (MoE experts, held by one
+    expert-parallel rank each, identical over expert-DP) summed over groups.mp and groups.ep."""
+    def squares(grads):
+        if not grads:
+            return torch.zeros((), device=device)
+        return torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).pow(2).sum()
+    total = torch.stack([squares(dense), squares(expert)])
+    if dist.get_world_size(groups.mp) > 1:
+        dist.all_reduce(total, group=groups.mp)
+    expert_total = total[1].clone()
+    dist.all_reduce(expert_total, group=groups.ep)
+    return (total[0] + expert_total).sqrt()
+
+
 def get_grad_norm(params, groups):
     """L2 norm of all `.grad`s of the model (fp32 tensor, on the grads' device).
 

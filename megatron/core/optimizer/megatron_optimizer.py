@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..tensor_parallel.param_meta import counted_once, has_weight_decay
-from .clip_grads import clip_by_norm_, global_norm
+from ..tensor_parallel.param_meta import counted_once, has_weight_decay, is_expert_parallel
+from .clip_grads import clip_by_norm_, expert_parallel_norm, global_norm
 
 ADAM_STATES = ("exp_avg", "exp_avg_sq")
 STATE_NAMES = ("param",) + ADAM_STATES
@@ -72,6 +72,9 @@ class MegatronOptimizer:
                 "step": torch.zeros((), dtype=torch.float32, device=device),
                 "exp_avg": torch.zeros_like(pc.main), "exp_avg_sq": torch.zeros_like(pc.main)}
         self._counted = [counted_once(pc.param, groups) for pc in self._pieces]
+        # MoE with EP and replicated optimizer state: experts live on other EP ranks, summed over groups.ep
+        self._expert = [is_expert_parallel(pc.param) for pc in self._pieces] \
+            if groups.ep_size > 1 and not self.distributed_optimizer else None
 
     def _ranges(self):
         """(param, lo, hi) flat ranges this rank updates, in buffer order: every parameter whole."""
@@ -126,7 +129,12 @@ class MegatronOptimizer:
             self.grad_scaler.update(overflow)
             if overflow:
                 return False, None
-        norm = global_norm([g for g, c in zip(grads, self._counted) if c], self._norm_groups(), self.device)
+        if self._expert is not None:
+            counted = [(g, e) for g, c, e in zip(grads, self._counted, self._expert) if c]
+            norm = expert_parallel_norm([g for g, e in counted if not e], [g for g, e in counted if e], self.groups,
+                                        self.device)
+        else:
+            norm = global_norm([g for g, c in zip(grads, self._counted) if c], self._norm_groups(), self.device)
         clip_by_norm_(grads, self.clip_grad, norm)
         self.optimizer.step()
         for pc in self._pieces:

@@ -32,7 +32,7 @@ class ParamMeta:
     sequence_parallel: bool = False    # TP-replicated, fed a sequence shard: its grad is summed over TP
     tied_embedding: bool = False       # the word embedding on the first and the last pipeline stage
     no_weight_decay: bool = False      # AdamW leaves it undecayed
-    # expert_parallel (a parameter of one expert, reduced over the expert-DP group) goes here with MoE
+    expert_parallel: bool = False      # one MoE expert's: held by one expert-parallel rank, reduced over expert-DP
 
 
 def _default(param):
@@ -73,6 +73,24 @@ def set_sequence_parallel(param, flag=True):
 def set_tied_embedding(param):
     """The word embedding held on both the first and the last pipeline stage (grads summed over groups.embd)."""
     _update(param, tied_embedding=True)
+
+
+def set_expert_parallel(param):
+    """A parameter of one MoE expert: only its expert-parallel rank holds it; its gradient is summed
+    over the expert-data-parallel group (groups.edp), not groups.dp."""
+    _update(param, expert_parallel=True)
+
+
+def is_expert_parallel(param) -> bool:
+    return param_meta(param).expert_parallel
+
+
+def is_data_parallel_writer(param, groups) -> bool:
+    """Whether this rank is the data-parallel replica that writes `param` (without the distributed
+    optimizer): DP rank 0, or expert-DP rank 0 for an expert's parameter (each EP rank holds others)."""
+    if param_meta(param).expert_parallel:
+        return groups.edp_rank == 0
+    return groups.dp_rank == 0
 
 
 def set_init_key(param, key):

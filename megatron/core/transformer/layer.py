@@ -7,7 +7,7 @@ from torch import nn
 
 from ..tensor_parallel.random import get_rng_tracker
 from .attention import SelfAttention
-from .mlp import MLP
+from .moe.moe_layer import build_mlp
 from .norm import build_norm
 
 
@@ -36,7 +36,7 @@ class TransformerLayer(nn.Module):
         setattr(self, first, build_norm(config, device))
         self.self_attention = SelfAttention(config, tp_group, device, layer_number)
         setattr(self, second, build_norm(config, device))
-        self.mlp = MLP(config, tp_group, device)
+        self.mlp = build_mlp(config, tp_group, layer_number, device)
         self.norms = (getattr(self, first), getattr(self, second))
 
     def _dropout(self, x):

@@ -1,0 +1,108 @@
+"""Router losses (load balancing, z-loss), how their gradient enters backward, and their report.
+
+The losses are formed inside each MoE layer, on every pipeline stage, so they cannot ride the
+last stage's loss terms (pipeline_parallel/losses.py) for backward. As Megatron-Core does,
+each is attached to the layer's output by an autograd function that is the identity forward
+and, backward, gives the loss the gradient `backward_scale` (the iteration's loss scale over
+the number of microbatches in the global batch, set by start_iteration). The values are
+recorded here, detached, and reported after the iteration as named terms in the
+ReducedLosses form ({name: (sum, count)}), so the log and the metrics file treat them
+like "lm loss".
+"""
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+_STATE = {"scale": 1.0, "sums": {}, "layers": set(), "tokens": {}}
+
+
+def switch_load_balancing_loss(scores, tokens_per_expert, topk, coeff):
+    """Switch / GShard loss over one micro-batch: coeff x E / (k T^2) x sum_e (sum_t p_te) n_e.
+
+    scores [T, E]: softmax (or normalised sigmoid) over all experts; tokens_per_expert [E]:
+    the (token, choice) pairs routed to each expert. -> scalar. No communication.
+    """
+    T, E = scores.shape
+    return coeff * E / (topk * T * T) * (scores.sum(0) * tokens_per_expert).sum()
+
+
+def sequence_load_balancing_loss(scores, indices, seq_len, topk, coeff):
+    """Per-sequence balance (DeepSeek-V2): coeff x mean_b sum_e f_be P_be with f_be = n_be E / (k s)
+    and P_be = mean over the sequence of p_te. scores [s*b, E] (row si*b + bi), indices [s*b, k]."""
+    T, E = scores.shape
+    b = T // seq_len
+    counts = F.one_hot(indices.view(seq_len, b, topk), E).sum((0, 2)).to(scores.dtype)  # [b, E]
+    f = counts * E / (topk * seq_len)
+    P = scores.view(seq_len, b, E).mean(0)
+    return coeff * (f * P).sum(1).mean()
+
+
+def z_loss(logits, coeff):
+    """ST-MoE router z-loss: coeff x mean_t logsumexp(logits_t)^2. logits [T, E] -> scalar."""
+    return coeff * torch.logsumexp(logits, dim=-1).square().mean()
+
+
+class _AttachLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, out, loss):
+        ctx.shape, ctx.dtype = loss.shape, loss.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, torch.full(ctx.shape, _STATE["scale"], dtype=ctx.dtype, device=g.device)
+
+
+def attach(out, loss):
+    """out, with `loss`'s gradient (backward_scale) joining backward through it."""
+    return _AttachLoss.apply(out, loss)
+
+
+def start_iteration(loss_scale, microbatches_in_global_batch):
+    """Before forward_backward: the router losses' gradient scale; clears the records."""
+    _STATE["scale"] = float(loss_scale) / microbatches_in_global_batch
+    _STATE["sums"], _STATE["layers"] = {}, set()
+
+
+def record(name, layer_number, value):
+    """Add one micro-batch's loss value of one layer (detached) to this iteration's sums."""
+    sums = _STATE["sums"]
+    sums[name] = sums.get(name, 0.0) + value.detach().float()
+    _STATE["layers"].add(layer_number)
+
+
+def record_tokens(layer_number, tokens_per_expert):
+    """Add a micro-batch's tokens per expert [E] of one layer to the counts of the log interval."""
+    tokens = _STATE["tokens"]
+    tokens[layer_number] = tokens.get(layer_number, 0) + tokens_per_expert.detach().float()
+
+
+def iteration_report(names, groups, microbatches_in_global_batch, moe_layers, device):
+    """{name: (sum, count)} of each router loss over the global batch: summed over this rank's
+    micro-batches and layers, all-reduced over groups.dp and groups.pp; count = micro-batches x MoE
+    layers, so the mean is per layer and micro-batch. Every rank calls it (collective)."""
+    if not names:
+        return {}
+    sums = torch.stack([torch.as_tensor(_STATE["sums"].get(n, 0.0), device=device, dtype=torch.float32)
+                        for n in names])
+    for group, size in ((groups.dp, groups.dp_size), (groups.pp, groups.pp_size)):
+        if size > 1:
+            dist.all_reduce(sums, group=group)
+    count = torch.tensor(float(microbatches_in_global_batch * moe_layers), device=device)
+    return {n: (sums[i], count) for i, n in enumerate(names)}
+
+
+def tokens_balance(groups, num_layers, num_experts, device):
+    """(min, max) over MoE layers and experts of the tokens routed since the last call, summed over
+    groups.dp and groups.pp (collective); clears the counts. None when nothing was routed."""
+    table = torch.zeros(num_layers, num_experts, device=device)
+    for layer, counts in _STATE["tokens"].items():
+        table[layer - 1] += counts.to(device)
+    _STATE["tokens"] = {}
+    for group, size in ((groups.dp, groups.dp_size), (groups.pp, groups.pp_size)):
+        if size > 1:
+            dist.all_reduce(table, group=group)
+    used = table[table.sum(1) > 0]
+    if used.numel() == 0:
+        return None
+    return float(used.min()), float(used.max())

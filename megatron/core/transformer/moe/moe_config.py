@@ -1,0 +1,91 @@
+"""Mixture-of-Experts configuration: Megatron-Core's flag names and defaults.
+
+A base of TransformerConfig (config.py), so the CLI is generated from these fields too.
+check_moe() is called by config_checks.validate(); the fields are read by the moe package.
+"""
+from dataclasses import dataclass
+from typing import Optional
+
+from ...config_fields import flag_namer, opt
+from ...errors import ConfigError
+
+
+@dataclass
+class MoEConfig:
+    num_experts: Optional[int] = opt(None, "Number of experts in each MoE layer (None: a dense model).")
+    moe_layer_freq: int = opt(1, "Every this many layers is an MoE layer, counting from the first (1: all).")
+    moe_ffn_hidden_size: Optional[int] = opt(None, "Hidden size of each expert (default --ffn-hidden-size).")
+    moe_shared_expert_intermediate_size: Optional[int] = opt(
+        None, "Hidden size of the shared experts, run on every token beside the routed ones (None: none).")
+    moe_router_topk: int = opt(2, "Experts each token is routed to.")
+    moe_router_score_function: str = opt("softmax", "Router scores.", choices=["softmax", "sigmoid"])
+    moe_router_pre_softmax: bool = opt(
+        False, "Softmax over all experts before the top-k (default: top-k logits, then softmax over those k).")
+    moe_router_load_balancing_type: str = opt(
+        "aux_loss", "Load balancing: aux_loss (Switch/GShard over the micro-batch), seq_aux_loss (per sequence, "
+        "DeepSeek-V2) or none.", choices=["aux_loss", "seq_aux_loss", "none"])
+    moe_aux_loss_coeff: float = opt(0.0, "Weight of the load-balancing loss (0: not applied).")
+    moe_z_loss_coeff: Optional[float] = opt(None, "Weight of the router z-loss (ST-MoE; None: not applied).")
+    moe_router_enable_expert_bias: bool = opt(
+        False, "Aux-loss-free balancing (DeepSeek-V3): a per-expert bias added to the scores for the top-k "
+        "choice only, moved towards balance after every step.")
+    moe_router_bias_update_rate: float = opt(1e-3, "Step of the expert-bias update.")
+    moe_token_dispatcher_type: str = opt(
+        "allgather", "How tokens reach their experts over the expert-parallel group.",
+        choices=["allgather", "alltoall"])
+    moe_grouped_gemm: bool = opt(False, "Run the local experts as one grouped matmul (torch._grouped_mm where "
+                                 "available, else a loop).")
+    moe_expert_capacity_factor: Optional[float] = opt(
+        None, "Tokens each expert takes, as a multiple of its even share (None: dropless).")
+    moe_token_drop_policy: str = opt("probs", "Which tokens an over-full expert drops: lowest probs, or latest "
+                                     "position.", choices=["probs", "position"])
+    moe_pad_expert_input_to_capacity: bool = opt(
+        False, "Pad each expert's input to its capacity (from every EP rank) with zero rows: fixed shapes, same "
+        "values.")
+    expert_model_parallel_size: int = opt(1, "Degree of expert parallelism (carved out of data parallelism).")
+    expert_tensor_parallel_size: Optional[int] = opt(
+        None, "Tensor parallelism of the experts: --tensor-model-parallel-size (default; experts split like the "
+        "dense MLP) or 1 (whole experts on every TP rank, their compute repeated over TP).")
+
+    @property
+    def expert_ffn_hidden_size(self) -> int:
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
+
+    def is_moe_layer(self, layer_number: int) -> bool:
+        """layer_number counts from 1 over the whole model."""
+        return self.num_experts is not None and (layer_number - 1) % self.moe_layer_freq == 0
+
+
+def check_moe(cfg) -> None:
+    """ConfigError for MoE flags that do not fit together (reads cfg only)."""
+    f = flag_namer(cfg)
+    ep = cfg.expert_model_parallel_size
+    if cfg.num_experts is None:
+        if ep > 1:
+            raise ConfigError(f"{f('expert_model_parallel_size')} {ep} needs {f('num_experts')}")
+        return
+    if cfg.num_experts < 1 or ep < 1 or cfg.moe_layer_freq < 1:
+        raise ConfigError(f"{f('num_experts')}, {f('expert_model_parallel_size')} and {f('moe_layer_freq')} "
+                          "must be positive")
+    if not 1 <= cfg.moe_router_topk <= cfg.num_experts:
+        raise ConfigError(f"{f('moe_router_topk')} ({cfg.moe_router_topk}) must be between 1 and "
+                          f"{f('num_experts')} ({cfg.num_experts})")
+    if cfg.num_experts % ep:
+        raise ConfigError(f"{f('num_experts')} ({cfg.num_experts}) is not divisible by "
+                          f"{f('expert_model_parallel_size')} ({ep}); each expert-parallel rank needs whole experts")
+    if cfg.context_parallel_size > 1:  # the router's balance statistics are not reduced over CP yet
+        raise ConfigError(f"MoE layers ({f('num_experts')}) do not run with {f('context_parallel_size')} > 1 "
+                          f"yet; give {f('context_parallel_size')} 1")
+    etp = cfg.expert_tensor_parallel_size
+    if etp is not None and etp not in (1, cfg.tensor_model_parallel_size):
+        raise ConfigError(f"{f('expert_tensor_parallel_size')} {etp}: give 1 (whole experts on every TP rank) "
+                          f"or {f('tensor_model_parallel_size')} ({cfg.tensor_model_parallel_size}, the default)")
+    if cfg.add_bias_linear and cfg.tensor_model_parallel_size > 1 and etp != 1:
+        raise ConfigError(f"MoE experts with {f('tensor_model_parallel_size')} > 1 have no biases: give "
+                          f"{f('add_bias_linear')}")
+    if cfg.moe_expert_capacity_factor is not None and cfg.moe_expert_capacity_factor <= 0:
+        raise ConfigError(f"{f('moe_expert_capacity_factor')} must be positive (leave it out: dropless)")
+    if cfg.moe_pad_expert_input_to_capacity and cfg.moe_expert_capacity_factor is None:
+        raise ConfigError(f"{f('moe_pad_expert_input_to_capacity')} needs {f('moe_expert_capacity_factor')}")
+    if cfg.moe_router_pre_softmax and cfg.moe_router_score_function != "softmax":
+        raise ConfigError(f"{f('moe_router_pre_softmax')} needs {f('moe_router_score_function')} softmax")

@@ -1,0 +1,83 @@
+"""The MoE layer: router, token dispatch over the expert-parallel group, local experts, shared experts."""
+import dataclasses
+
+from torch import nn
+
+from ... import comm
+from ...tensor_parallel import mappings
+from ..mlp import MLP
+from . import aux_losses
+from .capacity import capacity, pad_to_capacity, unpad
+from .experts import LocalExperts
+from .router import TopKRouter
+from .token_dispatcher import build_dispatcher
+
+
+class MoELayer(nn.Module):
+    """[s(/TP with SP), b, h] -> same, in place of the dense MLP of layer `layer_number`.
+
+    Tokens are replicated over TP (gathered first with sequence parallelism); the experts are
+    split over TP like the dense MLP, so their outputs are summed over `tp_group` before combine.
+    Experts are split over `ep_group` (None: all here) in blocks of E / EP, this rank
+    holding block `ep_rank`. The router's losses join backward through the output.
+    """
+
+    def __init__(self, config, tp_group, layer_number, ep_group=None, ep_rank=0, device=None):
+        super().__init__()
+        self.config, self.tp_group = config, tp_group
+        self.tp_size = comm.world(tp_group)
+        # expert TP 1: whole experts on every TP rank, no TP collective around them
+        self.expert_tp = tp_group if config.expert_tensor_parallel_size != 1 and self.tp_size > 1 else None
+        ep = comm.world(ep_group) if ep_group is not None else 1
+        count = config.num_experts // ep
+        self.ep = ep
+        self.router = TopKRouter(config, layer_number, device)
+        self.experts = LocalExperts(config, ep_rank * count, count, self.tp_size if self.expert_tp else 1, device)
+        self.dispatcher = build_dispatcher(config.moe_token_dispatcher_type, config.num_experts, ep_rank * count,
+                                           count, ep_group)
+        self.shared_experts = None
+        if config.moe_shared_expert_intermediate_size:
+            shared = dataclasses.replace(config, ffn_hidden_size=config.moe_shared_expert_intermediate_size)
+            self.shared_experts = MLP(shared, tp_group, device)
+
+    def forward(self, hidden):
+        sp = self.config.sequence_parallel and self.tp_size > 1
+        # the router is replicated: its input gradient is whole on every rank (split, not summed)
+        x = mappings.gather_from_sequence_parallel_region(hidden, self.tp_group, False) if sp else hidden
+        s, b, h = x.shape
+        tokens = x.reshape(s * b, h)
+        probs, indices, aux = self.router(tokens, s)
+        etp = self.expert_tp
+        expert_in = mappings.copy_to_tensor_model_parallel_region(tokens, etp) if etp is not None else tokens
+        routed, counts = self.dispatcher.dispatch(expert_in, probs, indices)
+        if self.config.moe_pad_expert_input_to_capacity:
+            size = self.ep * capacity(s * b, indices.shape[1], self.config.num_experts,
+                                      self.config.moe_expert_capacity_factor)
+            expert_out = unpad(self.experts(pad_to_capacity(routed, counts, size), [size] * len(counts)), counts,
+                               size)
+        else:
+            expert_out = self.experts(routed, counts)
+        if etp is not None:  # summed over TP before the probs weigh them: the router's gradient needs whole outputs
+            expert_out = mappings.reduce_from_tensor_model_parallel_region(expert_out, etp)
+        out = self.dispatcher.combine(expert_out).view(s, b, h)
+        if sp:
+            out = mappings.scatter_to_sequence_parallel_region(out, self.tp_group)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(hidden)
+        return aux_losses.attach(out, aux) if aux is not None else out
+
+
+def build_mlp(config, tp_group, layer_number, device=None):
+    """The feed-forward block of layer `layer_number`: an MoELayer where config.is_moe_layer, else
+    the dense MLP. The expert-parallel group is read from parallel_state when EP > 1 (a PlanGroup on
+    the meta device, for planning)."""
+    if not config.is_moe_layer(layer_number):
+        return MLP(config, tp_group, device)
+    ep_group, ep_rank, ep = None, 0, config.expert_model_parallel_size
+    if ep > 1 and str(device) == "meta":  # planning (tools/estimate_memory.py): EP rank 0's experts
+        ep_group = comm.PlanGroup(ep, 0)
+    elif ep > 1:
+        from ...parallel_state import get_process_groups
+        groups = get_process_groups()
+        ep_group, ep_rank = groups.ep, groups.ep_rank
+    return MoELayer(config, tp_group, layer_number, ep_group, ep_rank, device)

@@ -1,0 +1,99 @@
+"""Top-k router: scores every token against every expert and picks k experts per token."""
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ...tensor_parallel.param_meta import set_init
+from . import aux_losses
+from .capacity import drop_over_capacity
+
+
+def topk_routing(logits, topk, score_function="softmax", pre_softmax=False, expert_bias=None):
+    """logits [T, E] -> (probs [T, k], indices [T, k], scores [T, E] for the balance loss).
+
+    softmax: top-k of the logits, then softmax over those k (with pre_softmax: softmax over all
+    experts, then its top-k, unnormalised). sigmoid: top-k of sigmoid(logits), normalised to sum
+    to 1 when k > 1. expert_bias [E] (aux-loss-free balancing) shifts the choice only: the probs
+    are the unbiased scores of the chosen experts.
+    """
+    if score_function == "softmax":
+        full = torch.softmax(logits.float(), dim=-1).type_as(logits)
+        if pre_softmax or expert_bias is not None:
+            choice = full if expert_bias is None else full + expert_bias
+            indices = torch.topk(choice, topk, dim=-1).indices
+            probs = full.gather(1, indices)
+        else:
+            top, indices = torch.topk(logits, topk, dim=-1)
+            probs = torch.softmax(top.float(), dim=-1).type_as(logits)
+        return probs, indices, full
+    scores = torch.sigmoid(logits.float()).type_as(logits)
+    choice = scores if expert_bias is None else scores + expert_bias
+    indices = torch.topk(choice, topk, dim=-1).indices
+    probs = scores.gather(1, indices)
+    if topk > 1:
+        probs = probs / (probs.sum(-1, keepdim=True) + 1e-20)
+    return probs, indices, scores / (scores.sum(-1, keepdim=True) + 1e-20)
+
+
+class TopKRouter(nn.Module):
+    """[T, h] tokens -> (probs [T, k], expert indices [T, k]); replicated on every rank.
+
+    Adds the load-balancing and z losses to the output's backward (aux_losses.attach) and records
+    them. The expert bias (a buffer, not trained by the optimizer) moves by update_expert_bias().
+    """
+
+    def __init__(self, config, layer_number, device=None):
+        super().__init__()
+        self.config, self.layer_number = config, layer_number
+        E = config.num_experts
+        self.weight = nn.Parameter(torch.empty(E, config.hidden_size, dtype=config.params_dtype, device=device))
+        set_init(self.weight, "normal", config.init_method_std)
+        enabled = config.moe_router_enable_expert_bias
+        self.register_buffer("expert_bias", torch.zeros(E, device=device) if enabled else None)
+        self.register_buffer("bias_tokens", torch.zeros(E, device=device) if enabled else None)
+
+    def forward(self, x, seq_len):
+        """x [T, h] with T = seq_len x b (row si*b + bi). -> (probs, indices, aux) where aux is the
+        sum of the losses to attach to the layer's output (None when there are none). With a capacity
+        factor, dropped pairs have index E and prob 0 (capacity.py)."""
+        c = self.config
+        logits = F.linear(x, self.weight)
+        probs, indices, scores = topk_routing(logits, c.moe_router_topk, c.moe_router_score_function,
+                                              c.moe_router_pre_softmax, self.expert_bias)
+        chosen = indices  # the balance losses and counts see the choice before any drop
+        counts = torch.bincount(chosen.reshape(-1), minlength=c.num_experts)
+        if c.moe_expert_capacity_factor is not None:
+            probs, indices = drop_over_capacity(probs, indices, c.num_experts, c.moe_expert_capacity_factor,
+                                                c.moe_token_drop_policy)
+        losses = []
+        if torch.is_grad_enabled():  # training (recompute: only the pass that builds the graph)
+            aux_losses.record_tokens(self.layer_number, counts)
+            if self.expert_bias is not None:
+                self.bias_tokens += counts.float()
+            if c.moe_router_load_balancing_type != "none" and c.moe_aux_loss_coeff > 0:
+                if c.moe_router_load_balancing_type == "aux_loss":
+                    loss = aux_losses.switch_load_balancing_loss(scores, counts.to(scores.dtype),
+                                                                 c.moe_router_topk, c.moe_aux_loss_coeff)
+                else:
+                    loss = aux_losses.sequence_load_balancing_loss(scores, chosen, seq_len, c.moe_router_topk,
+                                                                   c.moe_aux_loss_coeff)
+                aux_losses.record("load_balancing_loss", self.layer_number, loss)
+                losses.append(loss)
+            if c.moe_z_loss_coeff:
+                loss = aux_losses.z_loss(logits, c.moe_z_loss_coeff)
+                aux_losses.record("z_loss", self.layer_number, loss)
+                losses.append(loss)
+        return probs, indices, (sum(losses) if losses else None)
+
+    @torch.no_grad()
+    def update_expert_bias(self, groups):
+        """After an iteration: bias_e += rate x sign(mean - tokens_e), tokens summed over groups.dp
+        (every TP and pipeline rank of a layer holds the same counts). Clears the counts."""
+        if self.expert_bias is None:
+            return
+        if groups.dp_size > 1:
+            dist.all_reduce(self.bias_tokens, group=groups.dp)
+        offset = self.bias_tokens.mean() - self.bias_tokens
+        self.expert_bias += self.config.moe_router_bias_update_rate * torch.sign(offset)
+        self.bias_tokens.zero_()

@@ -1,0 +1,62 @@
+"""What the training step does for MoE layers, in one place: the router losses' gradient scale
+before the schedule, their report as named loss terms after it, the expert-bias update after
+the optimizer step, and the tokens-per-expert balance at log intervals. All are no-ops for a
+model without MoE layers."""
+from . import aux_losses
+from .moe_layer import MoELayer
+
+
+def moe_layers(model):
+    """The MoELayer modules of `model` (a module or a list of pipeline chunks) on this rank."""
+    return [m for m in model.modules() if isinstance(m, MoELayer)]
+
+
+def loss_names(config):
+    """The router loss terms this config produces, in logging order."""
+    names = []
+    if config.moe_router_load_balancing_type != "none" and config.moe_aux_loss_coeff > 0:
+        names.append("load_balancing_loss")
+    if config.moe_z_loss_coeff:
+        names.append("z_loss")
+    return names
+
+
+def _config(model):
+    layers = moe_layers(model)
+    return layers[0].config if layers else None
+
+
+def start_step(model, num_microbatches, dp_size, loss_scale):
+    """Before forward_backward: the router losses' backward scale (loss_scale / micro-batches in
+    the global batch, as the token loss is normalised over the global batch)."""
+    if _config(model) is not None:
+        aux_losses.start_iteration(loss_scale, num_microbatches * dp_size)
+
+
+def finish_step(model, groups, num_microbatches, losses, updated):
+    """After the optimizer step: losses (ReducedLosses) with the router loss terms added
+    (collective over groups.dp and groups.pp, on every rank of a MoE model); moves the expert
+    biases when the step was taken."""
+    config = _config(model)
+    # every pipeline stage must join the collectives: stages without MoE layers read the config off
+    # the model's chunks
+    config = config or next((m.config for m in model.modules() if hasattr(m, "config")), None)
+    if config is None or config.num_experts is None:
+        return losses
+    device = next(iter(losses.values()))[0].device
+    moe_count = sum(config.is_moe_layer(n) for n in range(1, config.num_layers + 1))
+    report = aux_losses.iteration_report(loss_names(config), groups, num_microbatches * groups.dp_size, moe_count,
+                                         device)
+    if updated:
+        for layer in moe_layers(model):
+            layer.router.update_expert_bias(groups)
+    return {**losses, **report}
+
+
+def balance_line(model, groups, device):
+    """' tokens per expert min/max: a / b |' over the log interval (collective), or '' without MoE."""
+    config = next((m.config for m in model.modules() if hasattr(m, "config")), None)
+    if config is None or config.num_experts is None:
+        return ""
+    found = aux_losses.tokens_balance(groups, config.num_layers, config.num_experts, device)
+    return f" tokens per expert min/max: {found[0]:.0f} / {found[1]:.0f} |" if found else ""

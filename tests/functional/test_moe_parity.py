@@ -1,0 +1,65 @@
+"""MoE through the CLI: every expert-parallel layout gives the per-iteration losses (the token loss
+and both router losses) and grad norms of one process, and a checkpoint saved at TP2 x EP2 x PP2
+continues at one process with the same losses. fp32, dropout 0, dropless.
+
+Each layout proves something the others do not:
+  EP2 x DP2, alltoall, distributed optimizer, grouped GEMM: token counts then tokens exchanged;
+      expert grads reduced over expert-DP and sharded by the distributed optimizer
+  TP2 x EP2, allgather, sequence parallel: experts split over TP, tokens gathered over TP and EP
+  PP2 x EP2, alltoall, replicated optimizer, capacity 1.0 (drop by position): router losses from
+      both stages; the expert grad norm summed over the EP group; the same pairs dropped as one process
+  TP2 x PP2 x EP2 (8 ranks): saves at iteration 2; one process loads it and goes on identically
+"""
+import pytest
+
+from .cli import run_metrics
+from .test_parity import BASE, assert_metrics_parity
+
+ITERS = 4
+FLAGS = BASE + ["--train-iters", str(ITERS), "--eval-iters", "0"]  # the last occurrence of a flag wins
+MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "96", "--moe-aux-loss-coeff", "1e-2",
+       "--moe-z-loss-coeff", "1e-3", "--disable-bias-linear"]
+TERMS = ("lm loss", "load_balancing_loss", "z_loss")
+EP2 = ["--expert-model-parallel-size", "2"]
+
+CAPACITY = ["--moe-expert-capacity-factor", "1.0", "--moe-token-drop-policy", "position"]
+_ref = {}
+
+
+def reference(extra=()):
+    """The one-process run's metrics for MOE + extra model flags (run once each)."""
+    key = tuple(extra)
+    if key not in _ref:
+        _ref[key] = run_metrics(FLAGS + MOE + list(extra))[1]
+        assert sorted(_ref[key]["train"]) == list(range(1, ITERS + 1))
+    return _ref[key]
+
+
+LAYOUTS = {  # name: (ranks, layout flags, model flags the reference shares)
+    "ep2xdp2-alltoall-distopt-grouped": (4, EP2 + ["--moe-token-dispatcher-type", "alltoall",
+                                                   "--use-distributed-optimizer", "--moe-grouped-gemm"], []),
+    "tp2xep2-allgather-sp": (4, EP2 + ["--tensor-model-parallel-size", "2", "--sequence-parallel"], []),
+    "pp2xep2-alltoall-capacity": (4, EP2 + ["--pipeline-model-parallel-size", "2",
+                                            "--moe-token-dispatcher-type", "alltoall"], CAPACITY),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_moe_layout_matches_one_process(name):
+    nproc, flags, model = LAYOUTS[name]
+    got = run_metrics(FLAGS + MOE + model + flags, nproc=nproc)[1]
+    assert_metrics_parity(reference(model), got, TERMS)
+
+
+@pytest.mark.slow
+def test_checkpoint_saved_at_tp2_pp2_ep2_continues_at_one_process(tmp_path):
+    ref = reference()
+    d = str(tmp_path / "ck")
+    first = run_metrics(FLAGS + MOE + EP2 + ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
+                                             "--moe-token-dispatcher-type", "alltoall", "--save", d,
+                                             "--save-interval", "2", "--exit-interval", "2"], nproc=8)[1]
+    second = run_metrics(FLAGS + MOE + ["--load", d])[1]
+    assert sorted(first["train"]) == [1, 2] and sorted(second["train"]) == [3, 4]
+    got = {"train": {**first["train"], **second["train"]}, "validation": {}}
+    assert_metrics_parity(ref, got, TERMS)
