@@ -24,8 +24,8 @@ from megatron.core.distributed.param_and_grad_buffer import bucket_layout
 from megatron.core.errors import MegatronUserError
 from megatron.core.models.gpt import GPTModel
 from megatron.core.parallel_state import validate_parallel_sizes
-from megatron.core.transformer import context_parallel
 from megatron.core.tensor_parallel.param_meta import is_expert_parallel
+from megatron.core.transformer import context_parallel
 from megatron.training.arguments import parse_args
 from megatron.training.resolve import resolve, validate
 
