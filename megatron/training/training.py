@@ -66,7 +66,7 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
     of loss_terms added), whatever the layout.
     """
     ddp.start_step(len(batches))
-    moe_hooks.start_step(model, len(batches), groups.dp_size, optimizer.loss_scale)
+    moe_hooks.start_step(model, len(batches), groups, optimizer.loss_scale)
     forward_backward_func = forward_backward_func or get_forward_backward_func()
     losses = forward_backward_func(model, batches, forward_step, groups, loss_terms, loss_scale=optimizer.loss_scale)
     finalize_model_grads(model, groups, ddp)

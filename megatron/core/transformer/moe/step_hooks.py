@@ -26,11 +26,11 @@ def _config(model):
     return layers[0].config if layers else None
 
 
-def start_step(model, num_microbatches, dp_size, loss_scale):
+def start_step(model, num_microbatches, groups, loss_scale):
     """Before forward_backward: the router losses' backward scale (loss_scale / micro-batches in
-    the global batch, as the token loss is normalised over the global batch)."""
+    the global batch, as the token loss is normalised over the global batch; groups.dp_size)."""
     if _config(model) is not None:
-        aux_losses.start_iteration(loss_scale, num_microbatches * dp_size)
+        aux_losses.start_iteration(loss_scale, num_microbatches * groups.dp_size)
 
 
 def finish_step(model, groups, num_microbatches, losses, updated):
