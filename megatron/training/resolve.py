@@ -44,6 +44,9 @@ def validate(model_cfg, train_cfg, world_size):
     dp = validate_parallel_sizes(world_size, model_cfg.tensor_model_parallel_size, pp, vpp,
                                  model_cfg.context_parallel_size)
     train_cfg.validate(dp)
+    if model_cfg.context_parallel_size > 1 and train_cfg.reset_attention_mask:
+        raise ConfigError("--reset-attention-mask needs --context-parallel-size 1 (no attention mask crosses "
+                          "context-parallel ranks); drop one of them")
     check_ckpt_format(train_cfg)
     num_micro = train_cfg.global_batch_size // (train_cfg.micro_batch_size * dp)
     if vpp and num_micro % pp:
