@@ -10,7 +10,8 @@ src = r - j; what its queries may see of that block:
 Partial outputs are merged with their log-sum-exp, so only q, k, v, out and lse are kept for
 backward (as flash attention: no s x s probabilities). The next K/V block is sent and received
 while the current one is computed. The backward walks the ring the other way: K/V go to r - 1
-with the gradient accumulated for them so far, and after C hops each dK/dV is home.
+with the gradient accumulated for them so far (that hop overlapped with the next block's
+compute), and after C hops each dK/dV is home.
 """
 import torch
 import torch.distributed as dist
@@ -156,7 +157,7 @@ class RingAttention(torch.autograd.Function):
         sq, sk = q.shape[2], k.shape[2]
         dq = torch.zeros_like(dout)
         kv = torch.stack([k, v]).contiguous()
-        dkv = torch.zeros(kv.shape, dtype=dout.dtype, device=q.device)
+        carried = None  # the dK/dV earlier ranks accumulated for the block held now, in flight
         for step in range(ring.size):
             src = (ring.rank + step) % ring.size  # the backward ring turns the other way
             pending = ring.start(kv, forward=False) if step < ring.size - 1 else None
@@ -164,13 +165,17 @@ class RingAttention(torch.autograd.Function):
             g = block_backward(q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], out[:, :, rows],
                                dout[:, :, rows], lse[:, :, rows], ctx.scale, mask)
             dq[:, :, rows] += g[0]
+            dkv = torch.zeros(kv.shape, dtype=dout.dtype, device=q.device)
             dkv[0][:, :, cols] += g[1]
             dkv[1][:, :, cols] += g[2]
-            # this block's gradient so far follows it to the previous rank (after the last
-            # step that rank is the block's owner)
-            dkv = ring.finish(ring.start(dkv, forward=False, tag=1))
+            if carried is not None:  # received while this block was computed
+                dkv += ring.finish(carried)
+            # the block's gradient so far follows it to the previous rank (after the last step that
+            # rank is the block's owner); it travels while the next block is computed
+            carried = ring.start(dkv, forward=False, tag=1)
             if pending is not None:
                 kv = ring.finish(pending)
+        dkv = ring.finish(carried)
         dk, dv = dkv.to(k.dtype).unbind(0)
         return dq.to(q.dtype), dk, dv, None, None, None
 
