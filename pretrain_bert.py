@@ -53,6 +53,8 @@ def check_bert_config(model_cfg, train_cfg, bert, tokenizer):
     bert.validate()
     if model_cfg.position_embedding_type != "learned_absolute":
         raise ConfigError("BERT uses learned absolute positions: drop --position-embedding-type rope")
+    if model_cfg.context_parallel_size > 1:
+        raise ConfigError("--context-parallel-size > 1 serves GPT (causal) models; give BERT --context-parallel-size 1")
     if model_cfg.untie_embeddings_and_output_weights:
         raise ConfigError("BERT's LM head is tied to the word embedding: drop --untie-embeddings-and-output-weights")
     missing = [name for name in SPECIAL_TOKENS if getattr(tokenizer, name, None) is None]

@@ -147,13 +147,13 @@ def main():
     p.add_argument("--no-write", action="store_true")
     a = p.parse_args()
     results = {cp: _run(a, cp) for cp in a.cps}
-    mem = ["| seq | " + " | ".join(f"CP {c} bytes" for c in a.cps) + " | " +
-           " | ".join(f"CP1 / CP{c}" for c in a.cps if c > 1) + " |",
-           "|---:|" + "---:|" * (2 * len(a.cps) - 1)]
+    ratios = [c for c in a.cps if c > 1] if 1 in a.cps else []  # CP1 / CPc columns need CP 1
+    mem = ["| seq | " + " | ".join([f"CP {c} bytes" for c in a.cps] + [f"CP1 / CP{c}" for c in ratios]) + " |",
+           "|---:|" + "---:|" * (len(a.cps) + len(ratios))]
     for s in a.seqs:
-        row = [results[c]["memory"][s] for c in a.cps]
-        mem.append(f"| {s} | " + " | ".join(f"{v:,}" for v in row) + " | " +
-                   " | ".join(f"{row[0] / v:.2f}" for v in row[1:]) + " |")
+        row = {c: results[c]["memory"][s] for c in a.cps}
+        mem.append(f"| {s} | " + " | ".join([f"{v:,}" for v in row.values()] +
+                                            [f"{row[1] / row[c]:.2f}" for c in ratios]) + " |")
     lines = ["### Saved activations per layer per rank (forward of one layer, fp32)", ""] + mem
     if 2 in results:
         r2 = results[2]

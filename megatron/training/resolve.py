@@ -46,6 +46,9 @@ def validate(model_cfg, train_cfg, world_size):
                                  model_cfg.context_parallel_size)
     validate_expert_parallel_size(dp * model_cfg.context_parallel_size, model_cfg.expert_model_parallel_size)
     train_cfg.validate(dp)
+    if model_cfg.context_parallel_size > 1 and train_cfg.reset_attention_mask:
+        raise ConfigError("--reset-attention-mask needs --context-parallel-size 1 (no attention mask crosses "
+                          "context-parallel ranks); drop one of them")
     check_ckpt_format(train_cfg)
     schedule_for_flag(train_cfg.pipeline_schedule, pp, vpp or 1)
     num_micro = train_cfg.global_batch_size // (train_cfg.micro_batch_size * dp)

@@ -7,6 +7,7 @@ import torch
 
 from megatron.core.config import ConfigError, TransformerConfig
 from megatron.core.parallel_state import ParallelConfigError, grid_rank, grid_rank_lists, validate_parallel_sizes
+from megatron.core.transformer import ring_attention
 from megatron.core.transformer.context_parallel import CPSlice, batch_on_this_cp_rank, local_positions, slice_sequence
 from megatron.core.transformer.ring_attention import block_backward, block_forward, merge
 
@@ -52,7 +53,10 @@ def test_config_errors_name_the_flags():
         TransformerConfig(**dict(base, cp_comm_type="a2a", context_parallel_size=8)).resolve().validate()
 
 
-def test_block_math_matches_autograd():
+@pytest.mark.parametrize("cpu_flash", [True, False], ids=["cpu-flash-kernel", "explicit"])
+def test_block_math_matches_autograd(cpu_flash, monkeypatch):
+    if not cpu_flash:  # the path other devices take
+        monkeypatch.setattr(ring_attention, "_cpu_flash", lambda q: False)
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 4, 6, 8, generator=gen, dtype=torch.float64) for _ in range(3))
     k, v = k[:, :2], v[:, :2]  # GQA: 2 groups for 4 heads
@@ -70,7 +74,7 @@ def test_block_math_matches_autograd():
     assert torch.allclose(out, ref)
     dout = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
     ref.backward(dout)
-    dq, dk, dv = block_backward(q, k, v, dout, lse, (dout * out).sum(-1), scale, causal=True)
+    dq, dk, dv = block_backward(q, k, v, out, dout, lse, scale, causal=True)
     for got, want in ((dq, qa.grad), (dk, ka.grad), (dv, va.grad)):
         assert torch.allclose(got, want)
 

@@ -10,7 +10,8 @@ src = r - j; what its queries may see of that block:
 Partial outputs are merged with their log-sum-exp, so only q, k, v, out and lse are kept for
 backward (as flash attention: no s x s probabilities). The next K/V block is sent and received
 while the current one is computed. The backward walks the ring the other way: K/V go to r - 1
-with the gradient accumulated for them so far, and after C hops each dK/dV is home.
+with the gradient accumulated for them so far (that hop overlapped with the next block's
+compute), and after C hops each dK/dV is home.
 """
 import torch
 import torch.distributed as dist
@@ -67,16 +68,34 @@ def _scores(q, k, scale, causal):
     return s
 
 
+def _cpu_flash(q):
+    """Whether torch's CPU flash-attention kernels (which return the log-sum-exp) serve q."""
+    return q.device.type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+
+
 def block_forward(q, k, v, scale, causal):
-    """q [b, h, sq, d], k / v [b, g, sk, d] -> (out [b, h, sq, d] fp32, lse [b, h, sq] fp32)."""
+    """q [b, h, sq, d], k / v [b, g, sk, d] -> (out [b, h, sq, d], lse [b, h, sq]), in the accumulation dtype.
+    On CPU torch's flash kernel (tens of times faster than the explicit scores), elsewhere explicit math."""
+    if _cpu_flash(q):
+        heads = q.shape[1]
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, _expand(k, heads), _expand(v, heads), 0.0, causal, scale=scale)
+        return _acc(out), _acc(lse)
     s = _scores(q, _expand(k, q.shape[1]), scale, causal)
     lse = torch.logsumexp(s, dim=-1)
     return torch.matmul(torch.exp(s - lse.unsqueeze(-1)), _acc(_expand(v, q.shape[1]))), lse
 
 
-def block_backward(q, k, v, dout, lse, delta, scale, causal):
-    """Gradients of one block given the final lse and delta = rowsum(dout x out): (dq, dk, dv), fp32."""
+def block_backward(q, k, v, out, dout, lse, scale, causal):
+    """Gradients (dq, dk, dv) of one block, in the accumulation dtype, given the rows' final output
+    out [b, h, sq, d] and log-sum-exp lse [b, h, sq] (over every block) and their gradient dout."""
     heads, groups = q.shape[1], k.shape[1]
+    if _cpu_flash(q):
+        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            dout.to(q.dtype), q, _expand(k, heads), _expand(v, heads), out.to(q.dtype).contiguous(), _acc(lse),
+            0.0, causal, scale=scale)
+        return _acc(grads[0]), _acc(_fold(grads[1], groups)), _acc(_fold(grads[2], groups))
+    delta = (dout * _acc(out)).sum(-1)
     ke, ve = _acc(_expand(k, heads)), _acc(_expand(v, heads))
     p = torch.exp(_scores(q, ke, scale, causal) - lse.unsqueeze(-1))
     dv = torch.matmul(p.transpose(-1, -2), dout)
@@ -135,25 +154,28 @@ class RingAttention(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         ring = _Ring(ctx.group)
         dout = _acc(dout)
-        delta = (dout * _acc(out)).sum(-1)
         sq, sk = q.shape[2], k.shape[2]
         dq = torch.zeros_like(dout)
         kv = torch.stack([k, v]).contiguous()
-        dkv = torch.zeros(kv.shape, dtype=dout.dtype, device=q.device)
+        carried = None  # the dK/dV earlier ranks accumulated for the block held now, in flight
         for step in range(ring.size):
             src = (ring.rank + step) % ring.size  # the backward ring turns the other way
             pending = ring.start(kv, forward=False) if step < ring.size - 1 else None
             rows, cols, mask = _plan(ring.rank, src, ctx.causal, sq, sk)
-            g = block_backward(q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], dout[:, :, rows],
-                               lse[:, :, rows], delta[:, :, rows], ctx.scale, mask)
+            g = block_backward(q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], out[:, :, rows],
+                               dout[:, :, rows], lse[:, :, rows], ctx.scale, mask)
             dq[:, :, rows] += g[0]
+            dkv = torch.zeros(kv.shape, dtype=dout.dtype, device=q.device)
             dkv[0][:, :, cols] += g[1]
             dkv[1][:, :, cols] += g[2]
-            # this block's gradient so far follows it to the previous rank (after the last
-            # step that rank is the block's owner)
-            dkv = ring.finish(ring.start(dkv, forward=False, tag=1))
+            if carried is not None:  # received while this block was computed
+                dkv += ring.finish(carried)
+            # the block's gradient so far follows it to the previous rank (after the last step that
+            # rank is the block's owner); it travels while the next block is computed
+            carried = ring.start(dkv, forward=False, tag=1)
             if pending is not None:
                 kv = ring.finish(pending)
+        dkv = ring.finish(carried)
         dk, dv = dkv.to(k.dtype).unbind(0)
         return dq.to(q.dtype), dk, dv, None, None, None
 
