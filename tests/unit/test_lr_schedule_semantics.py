@@ -66,7 +66,7 @@ def test_train_iters_from_samples():
 
 
 def _fake_step(updates):
-    """train_step's collaborators: no model, an optimizer whose step() reports `updates` in turn."""
+    """train_step's collaborators: an empty model, an optimizer whose step() reports `updates` in turn."""
     steps = iter(updates)
     ddp = types.SimpleNamespace(start_step=lambda n: None)
     opt = types.SimpleNamespace(loss_scale=None, step=lambda: (next(steps), None))
@@ -77,7 +77,8 @@ def test_a_skipped_iteration_does_not_advance_the_schedule(monkeypatch):
     monkeypatch.setattr(training, "finalize_model_grads", lambda *a: None)
     sched, _ = _scheduler(train_iters=10, lr_warmup_iters=4)
     ddp, opt = _fake_step([True, False, True, True])
-    ran = [train_step(None, ddp, opt, sched, [], None, None, it, lambda *a, **k: {})[2] for it in range(1, 5)]
+    model = torch.nn.ModuleList()
+    ran = [train_step(model, ddp, opt, sched, [], None, None, it, lambda *a, **k: {})[2] for it in range(1, 5)]
     # iteration 2 overflowed: iteration 3 runs at iteration 2's rate
     assert ran == pytest.approx([0.0, 0.25, 0.25, 0.5])
     assert sched.state_dict() == {"num_steps": 24}
