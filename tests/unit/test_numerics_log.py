@@ -47,7 +47,7 @@ def test_validation_ppl_of_a_nan_loss_is_nan(monkeypatch, capsys):
 
 
 def test_metrics_jsonl_records_full_precision(tmp_path):
-    groups = SimpleNamespace(is_last_stage=True, tp_rank=0, dp_rank=0, world_size=1)
+    groups = SimpleNamespace(is_last_stage=True, tp_rank=0, dp_rank=0, cp_rank=0, world_size=1)
     path = tmp_path / "m.jsonl"
     m = MetricsLog(str(path), groups, resumed=False, device=torch.device("cpu"))
     loss = torch.tensor(1.0) / 3
