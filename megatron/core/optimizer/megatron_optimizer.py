@@ -37,9 +37,9 @@ class StatePiece:
 
 
 class _Piece:
-    def __init__(self, param, lo, hi, main, grad_view):
+    def __init__(self, param, lo, hi, main, grad_view, param_view):
         self.param, self.lo, self.hi = param, lo, hi
-        self.main, self.grad_view = main, grad_view
+        self.main, self.grad_view, self.param_view = main, grad_view, param_view
 
 
 class MegatronOptimizer:
@@ -62,7 +62,7 @@ class MegatronOptimizer:
         self._index = {(id(pc.param), pc.lo, pc.hi): pc for pc in self._pieces}
         decay = [pc.main for pc in self._pieces if has_weight_decay(pc.param)]
         no_decay = [pc.main for pc in self._pieces if not has_weight_decay(pc.param)]
-        device = ddp.buffers[0].grad_data.device
+        device = ddp.buffers[0].params[0].device
         self.device = device
         self.optimizer = torch.optim.AdamW(
             [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
@@ -84,19 +84,20 @@ class MegatronOptimizer:
     def _after_update(self):
         """Called once the parameters hold their new values (the distributed optimizer gathers)."""
 
-    @staticmethod
-    def _make_piece(param, lo, hi):
-        flat = param.detach().view(-1)[lo:hi]
+    def _make_piece(self, param, lo, hi):
+        # where the range persists (ddp.param_view, ddp.grad_view): the parameter and main_grad, or
+        # the DP shards of the parameters (ZeRO-3) and of the reduced gradients (ZeRO-2 and 3)
+        flat = self.ddp.param_view(param, lo, hi)
         if param.dtype == torch.float32:
             main = torch.nn.Parameter(flat)  # shares the parameter's storage
         else:
             main = torch.nn.Parameter(flat.float())
-        grad_view = param.main_grad.view(-1)[lo:hi]
+        grad_view = self.ddp.grad_view(param, lo, hi)
         if grad_view.dtype == torch.float32:
             main.grad = grad_view
         else:
             main.grad = torch.zeros_like(main)
-        return _Piece(param, lo, hi, main, grad_view)
+        return _Piece(param, lo, hi, main, grad_view, flat)
 
     @property
     def param_groups(self):
@@ -131,7 +132,7 @@ class MegatronOptimizer:
         self.optimizer.step()
         for pc in self._pieces:
             if pc.param.dtype != torch.float32:
-                pc.param.detach().view(-1)[pc.lo:pc.hi].copy_(pc.main.detach())
+                pc.param_view.copy_(pc.main.detach())
         self._after_update()
         return True, norm
 
