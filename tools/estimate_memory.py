@@ -14,12 +14,16 @@ import sys
 import types
 
 import torch
+from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron.core.comm import PlanGroup
+from megatron.core.distributed import zero3
 from megatron.core.distributed.ddp import DEFAULT_BUCKET_SIZE
 from megatron.core.distributed.param_and_grad_buffer import bucket_layout
+from megatron.core.distributed.sharded_buffer import unit_layout
+from megatron.core.distributed.strategy import shards_grads, shards_params
 from megatron.core.errors import MegatronUserError
 from megatron.core.models.gpt import GPTModel
 from megatron.core.parallel_state import validate_parallel_sizes
@@ -42,8 +46,12 @@ def activation_bytes_per_layer(c, micro_batch, tp, sp):
 
 
 def estimate(model_cfg, t, world_size, pp_rank=0):
-    """{'params', 'grads', 'optimizer', 'activations', 'layers', 'in_flight'} for a rank of
-    pipeline stage pp_rank (DP rank 0, TP rank 0: other TP ranks hold the same)."""
+    """{'params', 'grads', 'optimizer', 'activations', 'layers', 'in_flight', 'gathered'} for a rank
+    of pipeline stage pp_rank (DP rank 0, TP rank 0: other TP ranks hold the same). params, grads and
+    optimizer: bytes held across the step (with --data-parallel-sharding-strategy optim_grads the
+    gradient shard, optim_grads_params the parameter shard too); gathered: ZeRO-3's largest
+    working set of full parameters (a chunk's root unit and one layer, two with
+    --overlap-param-gather), 0 otherwise."""
     tp, pp = model_cfg.tensor_model_parallel_size, model_cfg.pipeline_model_parallel_size
     dp = validate_parallel_sizes(world_size, tp, pp, model_cfg.virtual_pipeline_model_parallel_size)
     t.validate(dp)
@@ -59,21 +67,30 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
     for p in params:
         by_dtype.setdefault(p.dtype, []).append(p)
     bucket_size = t.ddp_bucket_size or max(DEFAULT_BUCKET_SIZE, 1_000_000 * dp)
-    out = {"params": 0, "grads": 0, "optimizer": 0}
+    out = {"params": 0, "grads": 0, "optimizer": 0, "gathered": 0}
+    strategy = t.data_parallel_sharding_strategy
+    chunk_units = zero3.units(nn.ModuleList(chunks)) if shards_params(strategy) else None
     for dtype, ps in by_dtype.items():
-        numels = [p.numel() for p in reversed(ps)]
-        _, buckets, total = bucket_layout(numels, bucket_size, dp, t.use_distributed_optimizer)
+        if chunk_units is not None:  # one bucket per unit, as DistributedDataParallel
+            per_unit = zero3.layout_units(chunk_units, ps)
+            numels = [p.numel() for u in per_unit for p in u]
+            offsets, buckets, total = unit_layout([[p.numel() for p in u] for u in per_unit], dp)
+        else:
+            numels = [p.numel() for p in reversed(ps)]
+            offsets, buckets, total = bucket_layout(numels, bucket_size, dp, t.use_distributed_optimizer)
         elt = torch.empty((), dtype=dtype).element_size()
         grad_elt = 2 if (t.grad_reduce_in_bf16 and dtype == torch.bfloat16) else 4
-        out["grads"] += total * grad_elt
+        out["grads"] += total * grad_elt // (dp if shards_grads(strategy) else 1)
         if t.use_distributed_optimizer:
-            out["params"] += total * elt
+            out["params"] += total * elt // (dp if chunk_units is not None else 1)
             # padding in a shard holds no parameter: no main copy, no Adam state for it
-            owned = _owned_real(numels, buckets, dp)
+            owned = _owned_real(offsets, numels, buckets, dp)
         else:
             out["params"] += sum(numels) * elt
             owned = sum(numels)
         out["optimizer"] += owned * (8 + (4 if dtype != torch.float32 else 0))
+        if chunk_units is not None:
+            out["gathered"] += _gathered(chunk_units, buckets, t.overlap_param_gather) * elt
     out["layers"] = sum(len(c.decoder.layers) for c in chunks)
     out["activations"] = int(activation_bytes_per_layer(model_cfg, t.micro_batch_size, tp,
                                                         model_cfg.sequence_parallel) * out["layers"])
@@ -82,12 +99,20 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
     return out
 
 
-def _owned_real(numels, buckets, dp, rank=0):
-    """Parameter elements (padding excluded) in DP rank `rank`'s shard of every bucket."""
-    offsets, pos = [], 0
-    for n in numels:
-        offsets.append((pos, pos + n))
-        pos += n
+def _gathered(chunk_units, buckets, prefetch):
+    """zero3.working_set of the units' buckets (in reverse unit order), in elements."""
+    sizes = [b.end - b.start for b in reversed(buckets)]
+    per_chunk, i = [], 0
+    for chunk in chunk_units:
+        per_chunk.append(sizes[i:i + len(chunk)])
+        i += len(chunk)
+    return zero3.working_set(per_chunk, prefetch)
+
+
+def _owned_real(starts, numels, buckets, dp, rank=0):
+    """Parameter elements (padding excluded) in DP rank `rank`'s shard of every bucket; starts:
+    each parameter's buffer offset (the layout's)."""
+    offsets = [(s, s + n) for s, n in zip(starts, numels)]
     owned = 0
     for b in buckets:
         k = (b.end - b.start) // dp
@@ -114,7 +139,9 @@ def main(argv=None):
         total = est["params"] + est["grads"] + est["optimizer"] + act
         print(f"stage {r} ({est['layers']} layers), per rank (world {known.world_size}): "
               f"bytes: params {est['params']:,}"
-              f" grads {est['grads']:,} optimizer {est['optimizer']:,} | activations {est['activations']:,} per"
+              f" grads {est['grads']:,} optimizer {est['optimizer']:,}"
+              + (f" (+ gathered parameters up to {est['gathered']:,})" if est["gathered"] else "")
+              + f" | activations {est['activations']:,} per"
               f" microbatch x {est['in_flight']} in flight | total {total / 2**30:.2f} GiB")
     return 0
 

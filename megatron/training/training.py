@@ -151,6 +151,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                                                                  spec.model_provider)
     startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
                     ddp.memory_bytes() + (optimizer.memory_bytes(),))
+    print_rank_0(ddp.describe())
     ckpt = Checkpointer(model_cfg, train_cfg, model, optimizer, groups, device, scheduler)
     iteration, consumed = ckpt.load()
     train_ds, valid_ds, _ = datasets

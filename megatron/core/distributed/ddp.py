@@ -21,7 +21,7 @@ from ..tensor_parallel.param_meta import param_meta
 from . import zero3
 from .param_and_grad_buffer import ParamAndGradBuffer, bucket_layout
 from .sharded_buffer import ShardedBuffer, unit_layout
-from .strategy import shards_grads, shards_params
+from .strategy import HELD, shards_grads, shards_params
 
 DEFAULT_BUCKET_SIZE = 40_000_000
 
@@ -195,10 +195,7 @@ class DistributedDataParallel:
             params = list(reversed(params))
             offsets, layouts, _ = bucket_layout([p.numel() for p in params], bucket_size, dp, True)
         else:  # one bucket per unit, the last unit first (backward order)
-            mine = {id(p) for p in params}
-            per_unit = [[p for p in reversed(ps) if id(p) in mine] for chunk in reversed(chunk_units)
-                        for _, ps in reversed(chunk)]
-            per_unit = [ps for ps in per_unit if ps]
+            per_unit = zero3.layout_units(chunk_units, params)
             params = [p for ps in per_unit for p in ps]
             offsets, layouts, _ = unit_layout([[p.numel() for p in ps] for ps in per_unit], dp)
         return ShardedBuffer(params, grad_dtype, self.dp_group, offsets, layouts, self.shards_params)
@@ -221,3 +218,10 @@ class DistributedDataParallel:
         off = self._buffer_of[id(param)].offset(param)
         lo, hi = max(lo, off) - off, min(hi, off + param.numel()) - off
         return [self.grad_view(param, lo, hi)] if lo < hi else []
+
+    def describe(self):
+        """One start-up log line: the strategy, what it holds, ZeRO-3's gathered working set."""
+        line = f"> data-parallel sharding: {self.sharding_strategy}: {HELD[self.sharding_strategy]}"
+        if self.gatherer is not None:
+            line += f"; gathered parameters up to {self.gatherer.working_set_bytes():,} bytes per rank"
+        return line

@@ -18,3 +18,13 @@ def shards_grads(strategy: str) -> bool:
 
 def shards_params(strategy: str) -> bool:
     return strategy == "optim_grads_params"
+
+
+HELD = {
+    "no_shard": "parameters, gradients and optimizer state whole on every DP rank",
+    "optim": "parameters and gradients whole, optimizer state sharded",
+    "optim_grads": "parameters whole, reduced gradients and optimizer state sharded (full-size gradient "
+                   "buckets only from their first gradient to their reduce-scatter)",
+    "optim_grads_params": "parameters, reduced gradients and optimizer state sharded (full parameters only "
+                          "for a unit's forward and backward, full gradient buckets only until reduced)",
+}

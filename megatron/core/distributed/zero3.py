@@ -31,12 +31,33 @@ def units(module):
     chunks = list(module) if isinstance(module, nn.ModuleList) else [module]
     out = []
     for chunk in chunks:
-        layers = [m for lst in chunk.modules() if isinstance(lst, nn.ModuleList) for m in lst]
+        layers, inside = [], set()
+        for lst in chunk.modules():  # pre-order: an outer list's elements are units, not an inner one's
+            if isinstance(lst, nn.ModuleList) and id(lst) not in inside:
+                layers += list(lst)
+                inside |= {id(m) for layer in lst for m in layer.modules()}
         in_layers = {id(p) for m in layers for p in m.parameters()}
         found = [(chunk, [p for p in chunk.parameters() if p.requires_grad and id(p) not in in_layers])]
         found += [(m, [p for p in m.parameters() if p.requires_grad]) for m in layers]
         out.append([(m, ps) for m, ps in found if ps])
     return out
+
+
+def layout_units(chunk_units, params):
+    """The units' parameters among `params` (one dtype), in buffer order: the last unit first and
+    within a unit the last parameter first (backward order), empty units left out."""
+    mine = {id(p) for p in params}
+    per_unit = [[p for p in reversed(ps) if id(p) in mine] for chunk in reversed(chunk_units)
+                for _, ps in reversed(chunk)]
+    return [ps for ps in per_unit if ps]
+
+
+def working_set(chunk_sizes, prefetch):
+    """Largest set of full parameters gathered at once, in elements: over the chunks, the root
+    unit plus the largest layer unit (the two largest with prefetch). chunk_sizes: per chunk, the
+    padded element counts of its units in forward order, root first."""
+    return max((sizes[0] + sum(sorted(sizes[1:], reverse=True)[:2 if prefetch else 1])
+                for sizes in chunk_sizes), default=0)
 
 
 def _tensors(out):
@@ -56,6 +77,7 @@ class ParamGatherer:
     def __init__(self, chunk_units, dp_group, prefetch):
         self.group, self.prefetch = dp_group, prefetch
         self.order = [b for chunk in chunk_units for _, b in chunk]
+        self._chunk_lengths = [len(chunk) for chunk in chunk_units]
         self._seen = {id(b): set() for b in self.order}
         self._bucket_of = {id(p): b for b in self.order for p in b.params}
         # which unit to prefetch after each: the next layer in forward; in backward the root is
@@ -143,6 +165,14 @@ class ParamGatherer:
         self.initial = False
         for b in self.order:
             self.release(b)
+
+    def working_set_bytes(self):
+        """working_set() of these buckets, in bytes of the parameter dtype."""
+        sizes, i = [], 0
+        for n in self._chunk_lengths:
+            sizes.append([b.end - b.start for b in self.order[i:i + n]])
+            i += n
+        return working_set(sizes, self.prefetch) * self.order[0].param.element_size() if self.order else 0
 
     def wait_all(self):
         for b in self.order:
