@@ -117,6 +117,10 @@ class TrainingConfig:
         "ZeRO-1, as --use-distributed-optimizer), optim_grads (+ gradients: ZeRO-2), optim_grads_params "
         "(+ parameters, gathered per layer for its forward and backward: ZeRO-3). Default: optim with "
         "--use-distributed-optimizer, else no_shard.", choices=list(SHARDING_STRATEGIES))
+    optimizer_cpu_offload: bool = opt(False, "Keep the optimizer state (fp32 main values, Adam moments) and run "
+                                      "its update on the host, with explicit copies of gradients and new values.")
+    optimizer_offload_fraction: float = opt(1.0, "With --optimizer-cpu-offload, the share (0 to 1) of each rank's "
+                                            "optimizer state on the host.")
     save: Optional[str] = opt(None, "Directory to save checkpoints to.")
     load: Optional[str] = opt(None, "Directory to load a checkpoint from (any parallel layout).")
     save_interval: Optional[int] = opt(None, "Save a checkpoint every this many iterations (and at the end).")

@@ -140,7 +140,8 @@ def setup_model_and_optimizer(model_cfg, train_cfg, groups, device, model_provid
                                   sharding_strategy=train_cfg.data_parallel_sharding_strategy)
     optimizer = get_megatron_optimizer(ddp, groups, train_cfg.lr, train_cfg.weight_decay,
                                        (train_cfg.adam_beta1, train_cfg.adam_beta2), train_cfg.adam_eps,
-                                       train_cfg.clip_grad, build_grad_scaler(train_cfg))
+                                       train_cfg.clip_grad, build_grad_scaler(train_cfg),
+                                       train_cfg.optimizer_offload_fraction if train_cfg.optimizer_cpu_offload else 0.0)
     return model, ddp, optimizer, build_scheduler(optimizer, train_cfg)
 
 
@@ -152,6 +153,9 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
                     ddp.memory_bytes() + (optimizer.memory_bytes(),))
     print_rank_0(ddp.describe())
+    if train_cfg.optimizer_cpu_offload:
+        print_rank_0(f"> optimizer CPU offload: {train_cfg.optimizer_offload_fraction:.0%} of the optimizer state and"
+                     f" its update on the host: {optimizer.memory_bytes(on_host=True):,} bytes on rank 0's host")
     ckpt = Checkpointer(model_cfg, train_cfg, model, optimizer, groups, device, scheduler)
     iteration, consumed = ckpt.load()
     train_ds, valid_ds, _ = datasets
