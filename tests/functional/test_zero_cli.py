@@ -8,7 +8,8 @@ layout-free checkpoints between ZeRO-3 and one process. Each run proves what the
 - ZeRO-3 PP2xVPP2xDP2, overlap off, full recompute: units of several model chunks, re-gathered by the
   recomputed forward; it loads the one-process checkpoint.
 - ZeRO-2 PP2xDP2: the ZeRO-2 buffers (whole parameters, gradient shards) with the tied table, and
-  --optimizer-cpu-offload of half of each rank's optimizer state (host copies, host AdamW).
+  --optimizer-cpu-offload of half of each rank's optimizer state (host copies, host AdamW); it saves,
+  and one process loads its checkpoint.
 Every run has 2 microbatches per DP rank: gradient accumulation is in all of them.
 """
 import os
@@ -86,10 +87,13 @@ def test_zero3_interleaved_pp2_vpp2_dp2_recompute_matches_one_process_and_loads_
 
 
 @pytest.mark.slow
-def test_zero2_pp2_dp2_with_half_the_optimizer_on_the_host_matches_one_process(tmp_path_factory):
+def test_zero2_pp2_dp2_with_half_the_optimizer_on_the_host_matches_one_process_and_its_checkpoint_loads_at_one(
+        tmp_path_factory):
     ref = reference(tmp_path_factory)
+    d = str(tmp_path_factory.mktemp("zero2-save"))
     proc, got = run_metrics(FLAGS + Z2 + ["--pipeline-model-parallel-size", "2", "--optimizer-cpu-offload",
-                                          "--optimizer-offload-fraction", "0.5"], nproc=4)
+                                          "--optimizer-offload-fraction", "0.5", "--save", d, "--save-interval", "2"],
+                            nproc=4)
     diff = max_relative_differences(ref["metrics"], got)
     print(diff)
     assert max(diff.values()) <= TOL, diff
@@ -98,6 +102,8 @@ def test_zero2_pp2_dp2_with_half_the_optimizer_on_the_host_matches_one_process(t
     host = int(host.group(1).replace(",", ""))
     # fp32: 12 bytes per element on the host (own main copy + moments), 8 on the device (main aliases the param)
     assert host % 12 == 0 and device % 8 == 0 and 0.3 < (host / 12) / (host / 12 + device / 8) <= 0.5, (host, device)
+    _back_to_iteration_2(d)
+    _assert_close(ref["metrics"], run_metrics(FLAGS + ["--load", d])[1], [3, 4])
 
 
 @pytest.mark.slow
