@@ -162,6 +162,9 @@ def main():
         p.add_argument(flag, type=int, default=default)
     p.add_argument("--no-write", action="store_true")
     a = p.parse_args()
+    # glibc raises its mmap threshold after large frees, then keeps freed blocks resident: fix it, so
+    # that a released bucket (ZeRO-3, FSDP2) leaves the resident set (read at each rank's start)
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 17))
     res = {v: run_variant(a, v) for v in VARIANTS}
     med = {v: statistics.median(r["times"]) * 1000 for v, r in res.items()}
     f = res["fsdp2"]
@@ -179,7 +182,8 @@ def main():
             fh.write(f"\n## {datetime.date.today()} DP={a.dp} on CPU (gloo)\n\n"
                      f"- command: `python {' '.join(sys.argv)}`\n"
                      f"- torch {torch.__version__}, python {platform.python_version()}, {os.cpu_count()} CPU cores "
-                     f"(shared with other jobs)\n- model: {a.layers} layers, hidden {a.hidden}, seq {a.seq}, vocab "
+                     f"(shared with other jobs), MALLOC_MMAP_THRESHOLD_={os.environ['MALLOC_MMAP_THRESHOLD_']}\n"
+                     f"- model: {a.layers} layers, hidden {a.hidden}, seq {a.seq}, vocab "
                      f"{a.vocab} (~{params / 1e6:.1f}M params), micro batch {a.micro_batch}, fp32, buckets of "
                      f"{a.bucket_size:,} elements (ours), {a.rounds} timed steps after {a.warmup} warm-up\n\n"
                      f"{table}\n")
