@@ -15,12 +15,16 @@ import sys
 import types
 
 import torch
+from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron.core.comm import PlanGroup
+from megatron.core.distributed import zero3
 from megatron.core.distributed.ddp import DEFAULT_BUCKET_SIZE
 from megatron.core.distributed.param_and_grad_buffer import bucket_layout
+from megatron.core.distributed.sharded_buffer import unit_layout
+from megatron.core.distributed.strategy import shards_grads, shards_params
 from megatron.core.errors import MegatronUserError
 from megatron.core.models.gpt import GPTModel
 from megatron.core.parallel_state import validate_parallel_sizes
@@ -52,7 +56,18 @@ _built = {}  # (config, stage) -> its meta parameters: a planner asks for the sa
 
 
 def stage_params(model_cfg, pp_rank):
-    """(trainable parameters (meta tensors) of pipeline stage pp_rank, its chunks in build order, its layers)."""
+    """(trainable parameters (meta tensors) of pipeline stage pp_rank, its layers)."""
+    params, _, layers = _stage(model_cfg, pp_rank)
+    return params, layers
+
+
+def stage_chunks(model_cfg, pp_rank):
+    """The model chunks (meta tensors) of pipeline stage pp_rank, in build order."""
+    return _stage(model_cfg, pp_rank)[1]
+
+
+def _stage(model_cfg, pp_rank):
+    """(trainable parameters, chunks, layers) of pipeline stage pp_rank, built once per config."""
     key = (repr(model_cfg), pp_rank)
     if key not in _built:
         tp, pp = model_cfg.tensor_model_parallel_size, model_cfg.pipeline_model_parallel_size
@@ -64,14 +79,18 @@ def stage_params(model_cfg, pp_rank):
         chunks = [GPTModel(shard_cfg, groups, pre_process=groups.is_first_stage and v == 0,
                            post_process=groups.is_last_stage and v == V - 1, device="meta", vp_stage=v)
                   for v in range(V)]
-        _built[key] = ([p for c in chunks for p in c.parameters() if p.requires_grad],
+        _built[key] = ([p for c in chunks for p in c.parameters() if p.requires_grad], chunks,
                        sum(len(c.decoder.layers) for c in chunks))
     return _built[key]
 
 
 def estimate(model_cfg, t, world_size, pp_rank=0):
-    """{'params', 'grads', 'optimizer', 'activations', 'working', 'layers', 'in_flight'} for a rank of
-    pipeline stage pp_rank (DP rank 0, TP rank 0: other TP ranks hold the same)."""
+    """{'params', 'grads', 'optimizer', 'activations', 'working', 'layers', 'in_flight', 'gathered'} for
+    a rank of pipeline stage pp_rank (DP rank 0, TP rank 0: other TP ranks hold the same). params,
+    grads and optimizer: bytes held across the step (with --data-parallel-sharding-strategy
+    optim_grads the gradient shard, optim_grads_params the parameter shard too); gathered: ZeRO-3's
+    largest working set of full parameters (a chunk's root unit and one layer, two with
+    --overlap-param-gather), 0 otherwise; working: the recomputed chunk's activations."""
     tp, pp = model_cfg.tensor_model_parallel_size, model_cfg.pipeline_model_parallel_size
     dp = validate_parallel_sizes(world_size, tp, pp, model_cfg.virtual_pipeline_model_parallel_size,
                                  model_cfg.context_parallel_size)
@@ -83,22 +102,31 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
         by_dtype.setdefault((p.dtype, ep > 1 and is_expert_parallel(p)), []).append(p)
     dp_cp = dp * model_cfg.context_parallel_size  # DDP and the distributed optimizer work over DP x CP
     bucket_size = t.ddp_bucket_size or max(DEFAULT_BUCKET_SIZE, 1_000_000 * dp_cp)
-    out = {"params": 0, "grads": 0, "optimizer": 0}
+    out = {"params": 0, "grads": 0, "optimizer": 0, "gathered": 0}
+    strategy = t.data_parallel_sharding_strategy
+    chunk_units = zero3.units(nn.ModuleList(stage_chunks(model_cfg, pp_rank))) if shards_params(strategy) else None
     for (dtype, expert), ps in by_dtype.items():
-        numels = [p.numel() for p in reversed(ps)]
         shards = dp_cp // ep if expert else dp_cp
-        _, buckets, total = bucket_layout(numels, bucket_size, shards, t.use_distributed_optimizer)
+        if chunk_units is not None:  # one bucket per unit, as DistributedDataParallel
+            per_unit = zero3.layout_units(chunk_units, ps)
+            numels = [p.numel() for u in per_unit for p in u]
+            offsets, buckets, total = unit_layout([[p.numel() for p in u] for u in per_unit], shards)
+        else:
+            numels = [p.numel() for p in reversed(ps)]
+            offsets, buckets, total = bucket_layout(numels, bucket_size, shards, t.use_distributed_optimizer)
         elt = torch.empty((), dtype=dtype).element_size()
         grad_elt = 2 if (t.grad_reduce_in_bf16 and dtype == torch.bfloat16) else 4
-        out["grads"] += total * grad_elt
+        out["grads"] += total * grad_elt // (shards if shards_grads(strategy) else 1)
         if t.use_distributed_optimizer:
-            out["params"] += total * elt
+            out["params"] += total * elt // (shards if chunk_units is not None else 1)
             # padding in a shard holds no parameter: no main copy, no Adam state for it
-            owned = _owned_real(numels, buckets, shards)
+            owned = _owned_real(offsets, numels, buckets, shards)
         else:
             out["params"] += sum(numels) * elt
             owned = sum(numels)
         out["optimizer"] += owned * (8 + (4 if dtype != torch.float32 else 0))
+        if chunk_units is not None:
+            out["gathered"] += _gathered(chunk_units, buckets, t.overlap_param_gather) * elt
     out["layers"] = layers
     out["activations"], out["working"] = kept_activation_bytes(model_cfg, t.micro_batch_size, tp, out["layers"])
     num_micro = t.global_batch_size // (t.micro_batch_size * dp)
@@ -126,17 +154,25 @@ def kept_activation_bytes(c, micro_batch, tp, layers):
 
 def total_bytes(est):
     """Peak bytes of a rank from estimate(): states + kept activations of every microbatch in
-    flight + the recomputed chunk's activations during its backward."""
+    flight + the recomputed chunk's activations during its backward + ZeRO-3's gathered parameters."""
     return (est["params"] + est["grads"] + est["optimizer"] + est["activations"] * est["in_flight"]
-            + est["working"])
+            + est["working"] + est["gathered"])
 
 
-def _owned_real(numels, buckets, dp, rank=0):
-    """Parameter elements (padding excluded) in DP rank `rank`'s shard of every bucket."""
-    offsets, pos = [], 0
-    for n in numels:
-        offsets.append((pos, pos + n))
-        pos += n
+def _gathered(chunk_units, buckets, prefetch):
+    """zero3.working_set of the units' buckets (in reverse unit order), in elements."""
+    sizes = [b.end - b.start for b in reversed(buckets)]
+    per_chunk, i = [], 0
+    for chunk in chunk_units:
+        per_chunk.append(sizes[i:i + len(chunk)])
+        i += len(chunk)
+    return zero3.working_set(per_chunk, prefetch)
+
+
+def _owned_real(starts, numels, buckets, dp, rank=0):
+    """Parameter elements (padding excluded) in DP rank `rank`'s shard of every bucket; starts:
+    each parameter's buffer offset (the layout's)."""
+    offsets = [(s, s + n) for s, n in zip(starts, numels)]
     owned = 0
     for b in buckets:
         k = (b.end - b.start) // dp
@@ -162,7 +198,9 @@ def main(argv=None):
         total = total_bytes(est)
         print(f"stage {r} ({est['layers']} layers), per rank (world {known.world_size}): "
               f"bytes: params {est['params']:,}"
-              f" grads {est['grads']:,} optimizer {est['optimizer']:,} | activations {est['activations']:,} per"
+              f" grads {est['grads']:,} optimizer {est['optimizer']:,}"
+              + (f" (+ gathered parameters up to {est['gathered']:,})" if est["gathered"] else "")
+              + f" | activations {est['activations']:,} per"
               f" microbatch x {est['in_flight']} in flight | total {total / 2**30:.2f} GiB")
     return 0
 

@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 
 from ..core.config import ConfigError, opt
+from ..core.distributed.strategy import SHARDING_STRATEGIES
 from . import config_checks
 from .bert_options import BertOptions as BertOptions  # re-exported: pretrain_bert.py imports it from here
 from .tokenizer import TOKENIZER_TYPES
@@ -115,6 +116,15 @@ class TrainingConfig:
     use_distributed_optimizer: bool = opt(False, "Shard fp32 main parameters and Adam states over data-parallel ranks.")
     overlap_param_gather: bool = opt(
         False, "With the distributed optimizer, gather parameters during the next forward.")
+    data_parallel_sharding_strategy: Optional[str] = opt(
+        None, "What each data-parallel rank keeps only its shard of: no_shard (nothing), optim (optimizer state: "
+        "ZeRO-1, as --use-distributed-optimizer), optim_grads (+ gradients: ZeRO-2), optim_grads_params "
+        "(+ parameters, gathered per layer for its forward and backward: ZeRO-3). Default: optim with "
+        "--use-distributed-optimizer, else no_shard.", choices=list(SHARDING_STRATEGIES))
+    optimizer_cpu_offload: bool = opt(False, "Keep the optimizer state (fp32 main values, Adam moments) and run "
+                                      "its update on the host, with explicit copies of gradients and new values.")
+    optimizer_offload_fraction: float = opt(1.0, "With --optimizer-cpu-offload, the share (0 to 1) of each rank's "
+                                            "optimizer state on the host.")
     save: Optional[str] = opt(None, "Directory to save checkpoints to.")
     load: Optional[str] = opt(None, "Directory to load a checkpoint from (any parallel layout).")
     save_interval: Optional[int] = opt(None, "Save a checkpoint every this many iterations (and at the end).")
@@ -161,6 +171,7 @@ class TrainingConfig:
         """Fill the global batch size (default micro batch x DP) and, with --train-samples, the
         iterations (train-samples // global batch, as Megatron-LM), once. Checks the schedule flags first."""
         self.check_schedule()
+        self.resolve_sharding()
         if self.global_batch_size is None:
             self.global_batch_size = self.micro_batch_size * dp_size
         if self.train_samples is not None and self.train_iters is None:
@@ -168,6 +179,16 @@ class TrainingConfig:
             if self.train_iters < 1:
                 raise ConfigError(f"--train-samples ({self.train_samples}) is less than one global batch "
                                   f"({self.global_batch_size} samples)")
+
+    def resolve_sharding(self) -> None:
+        """--data-parallel-sharding-strategy from --use-distributed-optimizer (its alias for optim) when
+        unset; any sharding strategy sets use_distributed_optimizer (the optimizer works on DP shards)."""
+        if self.data_parallel_sharding_strategy is None:
+            self.data_parallel_sharding_strategy = "optim" if self.use_distributed_optimizer else "no_shard"
+        elif self.use_distributed_optimizer and self.data_parallel_sharding_strategy == "no_shard":
+            raise ConfigError("--use-distributed-optimizer shards the optimizer state but "
+                              "--data-parallel-sharding-strategy is no_shard; drop one of the two flags")
+        self.use_distributed_optimizer = self.data_parallel_sharding_strategy != "no_shard"
 
     def check_schedule(self) -> None:
         """The learning-rate and length flags fit together (Megatron-LM's rules)."""

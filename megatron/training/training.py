@@ -143,10 +143,12 @@ def setup_model_and_optimizer(model_cfg, train_cfg, groups, device, model_provid
     ddp = DistributedDataParallel(model, groups.dp_cp, train_cfg.ddp_bucket_size, train_cfg.overlap_grad_reduce,
                                   train_cfg.use_distributed_optimizer, train_cfg.overlap_param_gather,
                                   train_cfg.grad_reduce_in_bf16,
+                                  sharding_strategy=train_cfg.data_parallel_sharding_strategy,
                                   expert_dp_group=groups.edp if groups.ep_size > 1 else None)
     optimizer = get_megatron_optimizer(ddp, groups, train_cfg.lr, train_cfg.weight_decay,
                                        (train_cfg.adam_beta1, train_cfg.adam_beta2), train_cfg.adam_eps,
-                                       train_cfg.clip_grad, build_grad_scaler(train_cfg))
+                                       train_cfg.clip_grad, build_grad_scaler(train_cfg),
+                                       train_cfg.optimizer_offload_fraction if train_cfg.optimizer_cpu_offload else 0.0)
     return model, ddp, optimizer, build_scheduler(optimizer, train_cfg)
 
 
@@ -157,6 +159,10 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                                                                  spec.model_provider)
     startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
                     ddp.memory_bytes() + (optimizer.memory_bytes(),))
+    print_rank_0(ddp.describe())
+    if train_cfg.optimizer_cpu_offload:
+        print_rank_0(f"> optimizer CPU offload: {train_cfg.optimizer_offload_fraction:.0%} of the optimizer state and"
+                     f" its update on the host: {optimizer.memory_bytes(on_host=True):,} bytes on rank 0's host")
     ckpt = Checkpointer(model_cfg, train_cfg, model, optimizer, groups, device, scheduler)
     iteration, consumed = ckpt.load()
     train_ds, valid_ds, _ = datasets

@@ -9,12 +9,19 @@ goes on through earlier layers; otherwise every bucket is reduced in finish_grad
 Reduction is a sum over the DP group (the loss is already normalised by the global
 batch's tokens): all-reduce, or reduce-scatter to each rank's shard with the
 distributed optimizer, which then all-gathers the updated parameters per bucket.
+
+sharding_strategy (strategy.py) optim_grads and optim_grads_params keep only the reduced
+gradient shard (and, for the latter, the parameter shard) across the step: sharded_buffer.py
+says what is held when, zero3.py how parameters are gathered per unit.
 """
 import torch
 
 from .. import comm
-from ..tensor_parallel.param_meta import is_expert_parallel
-from .param_and_grad_buffer import ParamAndGradBuffer
+from ..tensor_parallel.param_meta import is_expert_parallel, param_meta
+from . import zero3
+from .param_and_grad_buffer import ParamAndGradBuffer, bucket_layout
+from .sharded_buffer import ShardedBuffer, unit_layout
+from .strategy import HELD, shards_grads, shards_params
 
 DEFAULT_BUCKET_SIZE = 40_000_000
 
@@ -26,13 +33,19 @@ class DistributedDataParallel:
     grad_reduce_in_bf16: keep and reduce the gradients of bf16 parameters in bf16.
     expert_dp_group: with MoE expert parallelism, the expert-data-parallel group: the parameters of
     experts (param_meta.is_expert_parallel) get buffers of their own, reduced (sharded) over it.
+    sharding_strategy: strategy.SHARDING_STRATEGIES (default optim with use_distributed_optimizer,
+    else no_shard); any but no_shard implies the distributed optimizer.
     """
 
     def __init__(self, module, dp_group, bucket_size=None, overlap_grad_reduce=False,
                  use_distributed_optimizer=False, overlap_param_gather=False, grad_reduce_in_bf16=False,
-                 expert_dp_group=None):
+                 sharding_strategy=None, expert_dp_group=None):
         self.module, self.dp_group = module, dp_group
         self.overlap_grad_reduce = overlap_grad_reduce
+        self.sharding_strategy = sharding_strategy or ("optim" if use_distributed_optimizer else "no_shard")
+        self.shards_grads = shards_grads(self.sharding_strategy)
+        self.shards_params = shards_params(self.sharding_strategy)
+        use_distributed_optimizer = self.sharding_strategy != "no_shard"
         self.use_distributed_optimizer = use_distributed_optimizer
         self.overlap_param_gather = overlap_param_gather and use_distributed_optimizer
         dp = comm.world(dp_group)
@@ -43,20 +56,38 @@ class DistributedDataParallel:
                 # MoE experts' parameters get buffers of their own, reduced over the expert-DP group
                 key = (p.dtype, True) if expert_dp_group is not None and is_expert_parallel(p) else p.dtype
                 by_dtype.setdefault(key, []).append(p)
+        if self.shards_params and len(by_dtype) > 1:
+            raise ValueError("optim_grads_params needs the parameters of one dtype")
+        if self.shards_grads and expert_dp_group is not None:
+            raise ValueError("sharded gradients (optim_grads, optim_grads_params) do not take MoE expert buffers")
         self.buffers = []
+        chunk_units = zero3.units(module) if self.shards_params else None
         for key, params in by_dtype.items():
             dtype, group = (key[0], expert_dp_group) if isinstance(key, tuple) else (key, dp_group)
             grad_dtype = torch.bfloat16 if (grad_reduce_in_bf16 and dtype == torch.bfloat16) else torch.float32
-            self.buffers.append(ParamAndGradBuffer(params, grad_dtype, group, bucket_size,
-                                                   use_distributed_optimizer))
+            if self.shards_grads:
+                self.buffers.append(self._sharded_buffer(params, grad_dtype, bucket_size, chunk_units))
+            else:
+                self.buffers.append(ParamAndGradBuffer(params, grad_dtype, group, bucket_size,
+                                                       use_distributed_optimizer))
         self.buckets = [b for buf in self.buffers for b in buf.buckets]
+        self._buffer_of = {id(p): buf for buf in self.buffers for b in buf.buckets for p in b.params}
+        # a tied word table's gradient is summed over groups.embd before the DP reduction
+        # (finalize_model_grads), so its bucket is not reduced early when the gradients are sharded
+        self._deferred = {id(b) for b in self.buckets if self.shards_grads
+                          and any(param_meta(p).tied_embedding for p in b.params)}
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        self.gatherer = None
+        if self.shards_params:
+            self.gatherer = zero3.ParamGatherer(
+                [[(m, self._bucket_of[id(ps[0])]) for m, ps in chunk] for chunk in chunk_units],
+                dp_group, overlap_param_gather)
         self._counts = {}
         self.num_microbatches = 1
         for p in module.parameters():
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(self._on_grad)
-        if self.overlap_param_gather:
+        if self.overlap_param_gather and not self.shards_params:
             for m in module.modules():
                 if any(True for _ in m.parameters(recurse=False)):
                     m.register_forward_pre_hook(self._wait_params)
@@ -67,13 +98,15 @@ class DistributedDataParallel:
         self.finish_param_sync()
         self.num_microbatches = num_microbatches
         for buf in self.buffers:
-            buf.grad_data.zero_()
+            buf.zero_grad()
         self._counts = {}
         for b in self.buckets:
             b.pending = {id(p) for p in b.params}
             b.grad_handle = None
 
     def _on_grad(self, param):
+        if self.shards_grads:
+            self._bucket_of[id(param)].ensure_grad()
         param.main_grad.add_(param.grad)
         param.grad = None
         key = id(param)
@@ -81,29 +114,50 @@ class DistributedDataParallel:
         if self.overlap_grad_reduce and self._counts[key] == self.num_microbatches:
             bucket = self._bucket_of[key]
             bucket.pending.discard(key)
-            if not bucket.pending:
+            if not bucket.pending and id(bucket) not in self._deferred:
                 self._start_grad_sync(bucket)
+        if self.gatherer is not None:
+            self.gatherer.grad_ready(param)
 
     def _start_grad_sync(self, bucket):
-        if self.use_distributed_optimizer:
+        if self.shards_grads:
+            for b in self.buckets:  # the earlier ones first: at most two full gradient buckets alive
+                if b.grad_handle is not None:
+                    b.finish_reduce()
+            bucket.start_reduce("dp-grads")
+        elif self.use_distributed_optimizer:
             bucket.grad_handle = comm.reduce_scatter_inplace_async(bucket.grad, bucket.group, tag="dp-grads")
         else:
             bucket.grad_handle = comm.all_reduce_async(bucket.grad, bucket.group, tag="dp-grads")
         bucket.pending = None  # started
 
-    def finish_grad_sync(self):
-        """Start the buckets not yet started, then wait for all: grads are summed over DP."""
+    def finish_grad_sync(self, before_reduce=None):
+        """Start the buckets not yet started, then wait for all: grads are summed over DP.
+
+        before_reduce: called once the full gradients are complete and before the buckets not
+        yet started are reduced (with sharded gradients: sums that must precede the DP reduction)."""
+        if before_reduce is not None:
+            for b in self.buckets:
+                if self.shards_grads and b.pending is not None:
+                    b.ensure_grad()
+            before_reduce()
         for b in self.buckets:
             if b.pending is not None:
                 self._start_grad_sync(b)
         for b in self.buckets:
-            if b.grad_handle is not None:
+            if self.shards_grads:
+                b.finish_reduce()
+            elif b.grad_handle is not None:
                 b.grad_handle.wait()
                 b.grad_handle = None
 
     # ---- parameters (distributed optimizer)
     def start_param_sync(self):
-        """All-gather every bucket's updated shards; waits unless overlap_param_gather."""
+        """All-gather every bucket's updated shards; waits unless overlap_param_gather. ZeRO-3:
+        release the stale full parameters instead (each unit is gathered before its next use)."""
+        if self.gatherer is not None:
+            self.gatherer.reshard()
+            return
         # the first layers' parameters sit in the last bucket: gather those first
         for b in reversed(self.buckets):
             b.param_handle = comm.all_gather_inplace_async(b.param, b.group, tag="dp-params")
@@ -111,6 +165,11 @@ class DistributedDataParallel:
             self.finish_param_sync()
 
     def finish_param_sync(self):
+        if self.gatherer is not None:
+            if self.gatherer.initial:
+                self.gatherer.reshard()
+            self.gatherer.wait_all()
+            return
         for b in self.buckets:
             if b.param_handle is not None:
                 b.param_handle.wait()
@@ -124,10 +183,52 @@ class DistributedDataParallel:
                 b.param_handle = None
 
     def memory_bytes(self):
-        """(parameter bytes, gradient bytes) held in buffers / by the module on this rank."""
+        """(parameter bytes, gradient bytes) held in buffers / by the module on this rank across
+        the step (sharded_buffer.py: what the sharded strategies hold only for a while)."""
+        if self.shards_grads:
+            sizes = [buf.memory_bytes() for buf in self.buffers]
+            return sum(s[0] for s in sizes), sum(s[1] for s in sizes)
         grads = sum(buf.grad_data.numel() * buf.grad_data.element_size() for buf in self.buffers)
         if self.use_distributed_optimizer:
             params = sum(buf.param_data.numel() * buf.param_data.element_size() for buf in self.buffers)
         else:
             params = sum(p.numel() * p.element_size() for p in self.module.parameters())
         return params, grads
+
+    # ---- where the optimizer finds its ranges
+    def _sharded_buffer(self, params, grad_dtype, bucket_size, chunk_units):
+        dp = comm.world(self.dp_group)
+        if chunk_units is None:
+            params = list(reversed(params))
+            offsets, layouts, _ = bucket_layout([p.numel() for p in params], bucket_size, dp, True)
+        else:  # one bucket per unit, the last unit first (backward order)
+            per_unit = zero3.layout_units(chunk_units, params)
+            params = [p for ps in per_unit for p in ps]
+            offsets, layouts, _ = unit_layout([[p.numel() for p in ps] for ps in per_unit], dp)
+        return ShardedBuffer(params, grad_dtype, self.dp_group, offsets, layouts, self.shards_params)
+
+    def param_view(self, param, lo, hi):
+        """1-D view of where param's flat [lo, hi) persists on this rank (the optimizer writes it)."""
+        return self._buffer_of[id(param)].param_view(param, lo, hi)
+
+    def grad_view(self, param, lo, hi):
+        """1-D view of the DP-summed gradient of param's flat [lo, hi) after finish_grad_sync."""
+        return self._buffer_of[id(param)].grad_view(param, lo, hi)
+
+    def reduced_grads(self, param):
+        """The tensors holding param's DP-summed gradient on this rank: main_grad, or with sharded
+        gradients the part of it in this rank's shard (none when it lies outside)."""
+        if not self.shards_grads:
+            return [param.main_grad]
+        bucket = self._bucket_of[id(param)]
+        lo, hi = bucket.shard()
+        off = self._buffer_of[id(param)].offset(param)
+        lo, hi = max(lo, off) - off, min(hi, off + param.numel()) - off
+        return [self.grad_view(param, lo, hi)] if lo < hi else []
+
+    def describe(self):
+        """One start-up log line: the strategy, what it holds, ZeRO-3's gathered working set."""
+        line = f"> data-parallel sharding: {self.sharding_strategy}: {HELD[self.sharding_strategy]}"
+        if self.gatherer is not None:
+            line += f"; gathered parameters up to {self.gatherer.working_set_bytes():,} bytes per rank"
+        return line

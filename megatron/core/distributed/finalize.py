@@ -65,6 +65,9 @@ def finalize_model_grads(model, groups, ddp=None):
     shard of each bucket is meaningful afterwards; the TP sum is right on it too, since
     the DP and TP sums commute.
     """
+    if ddp is not None and ddp.shards_grads:
+        _finalize_sharded(model, groups, ddp)
+        return
     if ddp is not None:
         ddp.finish_grad_sync()
     elif groups.dp_size * groups.cp_size > 1:
@@ -77,3 +80,15 @@ def finalize_model_grads(model, groups, ddp=None):
             _all_reduce_coalesced(sp, groups.tp)
     # last, as in Megatron-LM: after the DP reduction (which may be overlapped) is complete
     allreduce_tied_embedding_grads(model, groups, grad_of)
+
+
+def _finalize_sharded(model, groups, ddp):
+    """With sharded gradients (optim_grads, optim_grads_params) the tied table's sum over
+    groups.embd runs on the full gradients, before the DP reduce-scatter (the sums commute; its
+    DP shard differs between the first and the last stage), and the sequence-parallel sum over
+    groups.tp on this rank's reduced shards after it (the same ranges on every TP rank)."""
+    ddp.finish_grad_sync(before_reduce=lambda: allreduce_tied_embedding_grads(model, groups, _grad_of(ddp)))
+    if groups.tp_size > 1:
+        sp = [g for p in model.parameters() if param_meta(p).sequence_parallel for g in ddp.reduced_grads(p)]
+        if sp:
+            _all_reduce_coalesced(sp, groups.tp)

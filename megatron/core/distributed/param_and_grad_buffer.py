@@ -95,3 +95,14 @@ class ParamAndGradBuffer:
 
     def numel(self):
         return self.grad_data.numel()
+
+    def zero_grad(self):
+        self.grad_data.zero_()
+
+    def param_view(self, param, lo, hi):
+        """1-D view of param's flat [lo, hi) (the parameter's own storage)."""
+        return param.detach().view(-1)[lo:hi]
+
+    def grad_view(self, param, lo, hi):
+        """1-D view of param's flat [lo, hi) in the gradient buffer."""
+        return param.main_grad.view(-1)[lo:hi]

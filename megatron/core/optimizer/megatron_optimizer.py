@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from ..tensor_parallel.param_meta import counted_once, has_weight_decay, is_expert_parallel
 from .clip_grads import clip_by_norm_, expert_parallel_norm, global_norm
+from .cpu_offload import host_copy, offloaded
 
 ADAM_STATES = ("exp_avg", "exp_avg_sq")
 STATE_NAMES = ("param",) + ADAM_STATES
@@ -37,9 +38,14 @@ class StatePiece:
 
 
 class _Piece:
-    def __init__(self, param, lo, hi, main, grad_view):
+    def __init__(self, param, lo, hi, main, grad_view, param_view):
         self.param, self.lo, self.hi = param, lo, hi
-        self.main, self.grad_view = main, grad_view
+        self.main, self.grad_view, self.param_view = main, grad_view, param_view
+        self.opt = None  # the torch optimizer that updates it (the device's, or the host's when offloaded)
+        self.on_host = False
+
+    def state(self):
+        return self.opt.state[self.main]
 
 
 class MegatronOptimizer:
@@ -47,34 +53,47 @@ class MegatronOptimizer:
 
     groups: the rank grid; the grad norm is summed over groups.mp; overflow checks (fp16)
     over the whole world. grad_scaler: None (bf16/fp32) or a Constant/DynamicGradScaler (fp16).
+    cpu_offload_fraction: the share of this rank's optimizer state kept and updated on the host
+    (cpu_offload.py); 0 keeps it all on the device.
     """
 
     distributed_optimizer = False
 
     def __init__(self, ddp, groups, lr, weight_decay, betas=(0.9, 0.95), eps=1e-8,
-                 clip_grad=1.0, grad_scaler=None):
+                 clip_grad=1.0, grad_scaler=None, cpu_offload_fraction=0.0):
         if ddp.use_distributed_optimizer != self.distributed_optimizer:
             raise ValueError(f"{type(self).__name__} does not match a DDP built with use_distributed_optimizer="
                              f"{ddp.use_distributed_optimizer}: build it with get_megatron_optimizer")
         self.ddp, self.groups = ddp, groups
         self.clip_grad, self.grad_scaler = clip_grad, grad_scaler
-        self._pieces = [self._make_piece(p, lo, hi) for p, lo, hi in self._ranges()]
+        ranges = self._ranges()
+        host = offloaded([hi - lo for _, lo, hi in ranges], cpu_offload_fraction)
+        self._pieces = [self._make_piece(p, lo, hi, on_host) for (p, lo, hi), on_host in zip(ranges, host)]
         self._index = {(id(pc.param), pc.lo, pc.hi): pc for pc in self._pieces}
-        decay = [pc.main for pc in self._pieces if has_weight_decay(pc.param)]
-        no_decay = [pc.main for pc in self._pieces if not has_weight_decay(pc.param)]
-        device = ddp.buffers[0].grad_data.device
+        device = ddp.buffers[0].params[0].device
         self.device = device
-        self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=lr, betas=betas, eps=eps, fused=True)
+        self.optimizer = self._adamw([pc for pc in self._pieces if not pc.on_host], weight_decay, lr, betas, eps)
+        self.host_optimizer = self._adamw([pc for pc in self._pieces if pc.on_host], weight_decay, lr, betas, eps)
         for pc in self._pieces:  # allocate the Adam state now: memory is accounted at start-up
-            self.optimizer.state[pc.main] = {
-                "step": torch.zeros((), dtype=torch.float32, device=device),
+            pc.opt = self.host_optimizer if pc.on_host else self.optimizer
+            pc.opt.state[pc.main] = {
+                "step": torch.zeros((), dtype=torch.float32, device=pc.main.device),
                 "exp_avg": torch.zeros_like(pc.main), "exp_avg_sq": torch.zeros_like(pc.main)}
         self._counted = [counted_once(pc.param, groups) for pc in self._pieces]
         # MoE with EP and replicated optimizer state: experts live on other EP ranks, summed over groups.ep
         self._expert = [is_expert_parallel(pc.param) for pc in self._pieces] \
             if groups.ep_size > 1 and not self.distributed_optimizer else None
+
+    @staticmethod
+    def _adamw(pieces, weight_decay, lr, betas, eps):
+        """Fused AdamW over `pieces`' main values (decay and no-decay groups); None when there are none."""
+        if not pieces:
+            return None
+        decay = [pc.main for pc in pieces if has_weight_decay(pc.param)]
+        no_decay = [pc.main for pc in pieces if not has_weight_decay(pc.param)]
+        return torch.optim.AdamW(
+            [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=lr, betas=betas, eps=eps, fused=True)
 
     def _ranges(self):
         """(param, lo, hi) flat ranges this rank updates, in buffer order: every parameter whole."""
@@ -87,23 +106,35 @@ class MegatronOptimizer:
     def _after_update(self):
         """Called once the parameters hold their new values (the distributed optimizer gathers)."""
 
+    def _make_piece(self, param, lo, hi, on_host=False):
+        # where the range persists (ddp.param_view, ddp.grad_view): the parameter and main_grad, or
+        # the DP shards of the parameters (ZeRO-3) and of the reduced gradients (ZeRO-2 and 3)
+        flat = self.ddp.param_view(param, lo, hi)
+        grad_view = self.ddp.grad_view(param, lo, hi)
+        if not on_host:
+            return self._device_piece(param, lo, hi, flat, grad_view)
+        # separate host copies, even of fp32 on a CPU machine: the copies are explicit
+        main = torch.nn.Parameter(host_copy(flat.detach()))
+        main.grad = torch.zeros_like(main)
+        pc = _Piece(param, lo, hi, main, grad_view, flat)
+        pc.on_host = True
+        return pc
+
     @staticmethod
-    def _make_piece(param, lo, hi):
-        flat = param.detach().view(-1)[lo:hi]
+    def _device_piece(param, lo, hi, flat, grad_view):
         if param.dtype == torch.float32:
             main = torch.nn.Parameter(flat)  # shares the parameter's storage
         else:
             main = torch.nn.Parameter(flat.float())
-        grad_view = param.main_grad.view(-1)[lo:hi]
         if grad_view.dtype == torch.float32:
             main.grad = grad_view
         else:
             main.grad = torch.zeros_like(main)
-        return _Piece(param, lo, hi, main, grad_view)
+        return _Piece(param, lo, hi, main, grad_view, flat)
 
     @property
     def param_groups(self):
-        return self.optimizer.param_groups
+        return [g for opt in (self.optimizer, self.host_optimizer) if opt is not None for g in opt.param_groups]
 
     @property
     def loss_scale(self):
@@ -116,9 +147,10 @@ class MegatronOptimizer:
         step is skipped and the scale backs off); grad_norm is a tensor or None.
         """
         for pc in self._pieces:
-            if pc.grad_view.dtype != torch.float32:
+            if pc.grad_view.dtype != torch.float32 and not pc.on_host:
                 pc.main.grad.copy_(pc.grad_view)
-        grads = [pc.main.grad for pc in self._pieces]
+        # offloaded pieces are checked and clipped on the device, then copied to the host
+        grads = [pc.grad_view if pc.on_host else pc.main.grad for pc in self._pieces]
         if self.grad_scaler is not None:
             found_inf = torch.zeros(1, device=self.device)
             if grads:
@@ -136,10 +168,15 @@ class MegatronOptimizer:
         else:
             norm = global_norm([g for g, c in zip(grads, self._counted) if c], self._norm_groups(), self.device)
         clip_by_norm_(grads, self.clip_grad, norm)
-        self.optimizer.step()
         for pc in self._pieces:
-            if pc.param.dtype != torch.float32:
-                pc.param.detach().view(-1)[pc.lo:pc.hi].copy_(pc.main.detach())
+            if pc.on_host:
+                pc.main.grad.copy_(pc.grad_view)
+        for opt in (self.optimizer, self.host_optimizer):
+            if opt is not None:
+                opt.step()
+        for pc in self._pieces:
+            if pc.param.dtype != torch.float32 or pc.on_host:
+                pc.param_view.copy_(pc.main.detach())
         self._after_update()
         return True, norm
 
@@ -147,7 +184,7 @@ class MegatronOptimizer:
     def state_pieces(self) -> list[StatePiece]:
         """This rank's optimizer state, one StatePiece per (parameter, flat range) it updates."""
         return [StatePiece(pc.param, pc.lo, pc.hi,
-                           {"param": pc.main.detach(), **{k: self.optimizer.state[pc.main][k] for k in ADAM_STATES}})
+                           {"param": pc.main.detach(), **{k: pc.state()[k] for k in ADAM_STATES}})
                 for pc in self._pieces]
 
     @torch.no_grad()
@@ -163,27 +200,30 @@ class MegatronOptimizer:
                 raise ValueError(f"no optimizer piece for range [{sp.start}, {sp.end}) of a {list(sp.param.shape)} "
                                  "parameter on this rank")
             for name, value in sp.tensors.items():
-                target = pc.main if name == "param" else self.optimizer.state[pc.main][name]
+                target = pc.main if name == "param" else pc.state()[name]
                 target.copy_(value.reshape(-1))
 
     def scalar_state(self) -> dict:
         """{"step": Adam's step count (float), "grad_scaler": the loss scaler's state or None}."""
-        steps = [self.optimizer.state[pc.main]["step"] for pc in self._pieces]
+        steps = [pc.state()["step"] for pc in self._pieces]
         return {"step": float(steps[0]) if steps else 0.0,
                 "grad_scaler": self.grad_scaler.state_dict() if self.grad_scaler is not None else None}
 
     def load_scalar_state(self, state):
         for pc in self._pieces:
-            self.optimizer.state[pc.main]["step"].fill_(state["step"])
+            pc.state()["step"].fill_(state["step"])
         if state.get("grad_scaler") and self.grad_scaler is not None:
             self.grad_scaler.load_state_dict(state["grad_scaler"])
 
-    def memory_bytes(self):
-        """Bytes of optimizer state on this rank: fp32 main copies (when not aliases) + Adam moments."""
+    def memory_bytes(self, on_host=False):
+        """Bytes of optimizer state on this rank's device (on_host: on the host, cpu_offload.py):
+        fp32 main copies (when not aliases) + Adam moments."""
         total = 0
         for pc in self._pieces:
-            if pc.param.dtype != torch.float32:
+            if pc.on_host != on_host:
+                continue
+            if pc.param.dtype != torch.float32 or pc.on_host:
                 total += pc.main.numel() * 4
-            state = self.optimizer.state[pc.main]
+            state = pc.state()
             total += sum(state[k].numel() * state[k].element_size() for k in ADAM_STATES)
         return total
