@@ -129,6 +129,23 @@ def _check_keys(reader, model):
                               f"({len(extra)} such; was it saved with other model flags?)")
 
 
+def _read_shard(reader, key, state, param, groups, ranges, fully_parallel):
+    """This rank's TP shard (param's shape) of key/state; only `ranges` of it when not None.
+    With --ckpt-fully-parallel-load a shard the whole DP group needs (the parameters; with the
+    plain optimizer its state too) is read 1/DP by each DP rank and all-gathered (groups.dp)."""
+    numel = param.numel()
+    if not fully_parallel or groups.dp_size == 1 or ranges not in (None, [(0, numel)]):
+        return reader.shard(key, state, param, groups.tp_rank, groups.tp_size, ranges)
+    dp, r = groups.dp_size, groups.dp_rank
+    bounds = [numel * i // dp for i in range(dp + 1)]
+    mine = reader.shard(key, state, param, groups.tp_rank, groups.tp_size, [(bounds[r], bounds[r + 1])])
+    buf = torch.zeros(-(-numel // dp), dtype=mine.dtype, device=param.device)
+    buf[:bounds[r + 1] - bounds[r]] = mine.reshape(-1)[bounds[r]:bounds[r + 1]]
+    parts = [torch.empty_like(buf) for _ in range(dp)]
+    dist.all_gather(parts, buf, group=groups.dp)
+    return torch.cat([parts[i][:bounds[i + 1] - bounds[i]] for i in range(dp)]).view(param.shape)
+
+
 @torch.no_grad()
 def load_checkpoint(path, model, optimizer, groups, train_cfg, device, scheduler=None):
     """Load a validated checkpoint directory into this rank's shards (any layout).
@@ -148,12 +165,13 @@ def load_checkpoint(path, model, optimizer, groups, train_cfg, device, scheduler
         local_shard(torch.empty(reader.shape(param_meta(p).init_key), device="meta"), p, tp_rank, tp)
     for p in model.parameters():
         key = param_meta(p).init_key
-        value = reader.shard(key, "param", p, tp_rank, tp)
+        value = _read_shard(reader, key, "param", p, groups, None, train_cfg.ckpt_fully_parallel_load)
         p.data.copy_(value)
         states = {"param": value}
         if load_optim:
             for s in STATE_NAMES[1:]:
-                states[s] = reader.shard(key, s, p, tp_rank, tp, ranges_of.get(id(p), []))
+                states[s] = _read_shard(reader, key, s, p, groups, ranges_of.get(id(p), []),
+                                        train_cfg.ckpt_fully_parallel_load)
         optimizer.load_state_pieces(StatePiece(p, lo, hi, {s: v.reshape(-1)[lo:hi] for s, v in states.items()})
                                     for lo, hi in ranges_of.get(id(p), []))
     if load_optim:

@@ -1,5 +1,6 @@
 """--async-save through the CLI: the checkpoints it writes in the background resume bit-exactly
-(two ranks, with --ckpt-fully-parallel-save spreading the replicated state over DP), and a kill
+(two ranks, with --ckpt-fully-parallel-save spreading the replicated state over DP, and the resume
+reading it with --ckpt-fully-parallel-load: each DP rank half, then all-gathered), and a kill
 -9 during the background write loses nothing (test_crash_resume.py's pattern and reference)."""
 import os
 
@@ -26,7 +27,7 @@ def test_async_saves_resume_bit_exactly_on_two_ranks(tmp_path):
     flags = ["--async-save", "--ckpt-fully-parallel-save", "--save", d, "--load", d]
     first = run_cli(args + flags + ["--exit-interval", "4"], nproc=2).stdout
     assert "writing in the background (--async-save)" in first
-    second = run_cli(args + flags, nproc=2).stdout
+    second = run_cli(args + flags + ["--ckpt-fully-parallel-load"], nproc=2).stdout
     got = {**figures(first), **figures(second)}
     assert sorted(got) == list(range(1, 7)) and got == ref
     a, b = global_state(os.path.join(ref_dir, "iter_0000006")), global_state(os.path.join(d, "iter_0000006"))
