@@ -12,9 +12,7 @@ files opened against the files holding its pieces. "before" is the reader withou
 Stall: bench/checkpoint_stall.py (one process, a real model and optimizer).
 """
 import argparse
-import datetime
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -27,6 +25,9 @@ import torch
 from megatron.core.checkpointing import read_metadata
 from megatron.core.checkpointing import scale_sim as sim
 from megatron.core.checkpointing.index_reader import read_index
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checkpoint_stall import append_result  # noqa: E402
 
 
 def layout_for(n):
@@ -85,16 +86,9 @@ def main():
     table = io_table(a.ranks, a.hidden, a.vocab, a.check_up_to)
     print(table)
     if not a.no_write:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "checkpoint_scale_cpu.md")
-        with open(path, "a") as f:
-            f.write(f"\n## {datetime.date.today()} checkpoint I/O per loading rank\n\n"
-                    f"- command: `python {' '.join(sys.argv)}`\n- torch {torch.__version__}, python "
-                    f"{platform.python_version()}, {os.cpu_count()} CPU cores\n"
-                    f"- model: GPT-175B-shaped, 96 layers, hidden {a.hidden}, vocab {a.vocab} (padded per TP), "
-                    "fp32 params + Adam moments; save and load in the same layout, distributed optimizer\n\n"
-                    f"{table}\n")
-        print(f"written to {path}")
-
+        append_result("checkpoint I/O per loading rank",
+                      f"- model: GPT-175B-shaped, 96 layers, hidden {a.hidden}, vocab {a.vocab} (padded per TP), "
+                      "fp32 params + Adam moments; save and load in the same layout, distributed optimizer", table)
 
 if __name__ == "__main__":
     main()

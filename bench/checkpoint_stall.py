@@ -74,6 +74,16 @@ def measure(a, root):
     return base, rows
 
 
+def append_result(title, details, table):
+    """Append a dated section (command, versions, `details`, `table`) to the results file."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "checkpoint_scale_cpu.md")
+    with open(path, "a") as f:
+        f.write(f"\n## {datetime.date.today()} {title}\n\n- command: `python {' '.join(sys.argv)}`\n"
+                f"- torch {torch.__version__}, python {platform.python_version()}, {os.cpu_count()} CPU cores "
+                f"(shared, busy)\n{details}\n\n{table}\n")
+    print(f"written to {path}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--layers", type=int, default=4)
@@ -103,17 +113,10 @@ def main():
     table = "\n".join(lines)
     print(table)
     if not a.no_write:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "checkpoint_scale_cpu.md")
-        with open(path, "a") as f:
-            f.write(f"\n## {datetime.date.today()} training stalled by a save, sync vs --async-save\n\n"
-                    f"- command: `python {' '.join(sys.argv)}`\n- torch {torch.__version__}, python "
-                    f"{platform.python_version()}, {os.cpu_count()} CPU cores (shared, busy)\n"
-                    f"- model: {a.layers} layers, hidden {a.hidden}, seq {a.seq}, vocab {a.vocab}, fp32, one process; "
-                    f"checkpoint directory {size:.0f} MiB (all kept saves); median iteration without a save "
-                    f"{base * 1e3:.0f} ms; slowdown summed over the {a.after} iterations after each save\n\n"
-                    f"{table}\n")
-        print(f"written to {path}")
-
+        append_result("training stalled by a save, sync vs --async-save",
+                      f"- model: {a.layers} layers, hidden {a.hidden}, seq {a.seq}, vocab {a.vocab}, fp32, 1 process; "
+                      f"checkpoint directory {size:.0f} MiB (all kept saves); median iteration without a save "
+                      f"{base * 1e3:.0f} ms; slowdown summed over the {a.after} iterations after each save", table)
 
 if __name__ == "__main__":
     main()

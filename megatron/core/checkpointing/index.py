@@ -3,18 +3,19 @@
 A rank file (rank_RRRRR.pt) is a torch.save zip archive; torch stores each tensor's storage
 uncompressed as its own record, numbered in pickling order. After writing the file, the writer
 maps every piece's `data` (and every RNG tensor) to its record and notes (file, byte offset,
-byte length, dtype, numel, CRC-32 of each CHUNK bytes). Each rank leaves that list beside its
+byte length, dtype, numel, CRC-32 of each chunk of `chunk` bytes). Each rank leaves that list beside its
 file (rank_RRRRR.pt.index); rank 0 folds them into one index.json at commit:
 
-    {"chunk": 65536,
-     "pieces": [{key, state, shape, dim, stride, padded, tp_rank, tp_size, lo, hi   (pieces.py)
-                 file, offset, nbytes, dtype, crc32: [one per chunk]}, ...],
+    {"pieces": [{key, state, shape, dim, stride, padded, tp_rank, tp_size, lo, hi   (pieces.py)
+                 file, offset, nbytes, dtype, numel, chunk, crc32: [one per chunk]}, ...],
      "rng": {file: {"torch": entry, "tracker/<name>": entry, ...}}}
 
 The placement fields are the piece's own (the sharding rule plus a flat range: its global
 offsets), so the files stay what they were: an old reader, torch.load and the tests read them
 unchanged, and a checkpoint without index.json still loads (reading every file, reading.py).
-Per-chunk checksums let a rank verify what it reads without reading whole files.
+Per-chunk checksums let a rank verify what it reads without reading whole files. A chunk is
+64 KiB, or 1/MAX_CHUNKS of a large piece: the index then grows with the number of pieces, not
+with the checkpoint's bytes (a 2.5 GB shard would otherwise list 40,000 checksums).
 """
 import json
 import os
@@ -24,7 +25,8 @@ import zlib
 
 import torch
 
-CHUNK = 1 << 16
+CHUNK = 1 << 16  # the smallest chunk
+MAX_CHUNKS = 64  # per piece
 INDEX = "index.json"
 SIDECAR = ".index"  # a rank file's entries, until rank 0 folds them into index.json
 _LOCAL_HEADER = 30  # bytes of a zip local file header before its name and extra field
@@ -34,10 +36,16 @@ def dtype_name(dtype):
     return str(dtype).removeprefix("torch.")
 
 
-def chunk_crcs(data):
-    """CRC-32 of each CHUNK bytes of a contiguous CPU tensor's storage."""
+def chunk_size(nbytes):
+    """Bytes per checksummed chunk of a piece of `nbytes`: CHUNK, or more (a multiple of it)
+    so that a piece has at most MAX_CHUNKS."""
+    return max(1, -(-nbytes // (CHUNK * MAX_CHUNKS))) * CHUNK
+
+
+def chunk_crcs(data, chunk):
+    """CRC-32 of each `chunk` bytes of a contiguous CPU tensor's storage."""
     raw = memoryview(data.reshape(-1).view(torch.uint8).numpy())
-    return [zlib.crc32(raw[i:i + CHUNK]) for i in range(0, max(len(raw), 1), CHUNK)]
+    return [zlib.crc32(raw[i:i + chunk]) for i in range(0, max(len(raw), 1), chunk)]
 
 
 def _in_pickle_order(obj, out):
@@ -95,7 +103,7 @@ def file_entries(path, name, payload):
         if offset is None or size != nbytes or t.storage_offset() != 0 or not t.is_contiguous():
             return None
         return {"file": name, "offset": offset, "nbytes": nbytes, "dtype": dtype_name(t.dtype),
-                "numel": t.numel(), "crc32": chunk_crcs(t)}
+                "numel": t.numel(), "chunk": chunk_size(nbytes), "crc32": chunk_crcs(t, chunk_size(nbytes))}
 
     pieces = []
     for p in payload.get("pieces", []):
@@ -130,5 +138,5 @@ def fold_sidecars(tmp, names, write_durable):
     if not complete:
         return None
     target = os.path.join(tmp, INDEX)
-    crc = write_durable(target, lambda f: f.write(json.dumps({"chunk": CHUNK, "pieces": pieces, "rng": rng}).encode()))
+    crc = write_durable(target, lambda f: f.write(json.dumps({"pieces": pieces, "rng": rng}).encode()))
     return {"name": INDEX, "size": os.path.getsize(target), "crc32": crc}

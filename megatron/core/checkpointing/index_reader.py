@@ -5,7 +5,7 @@ How a shard is found: every piece and the loading shard are placements of the sa
 tensor (the sharding rule of pieces.py plus a flat range). `placement_index` gives, for each
 element of a placement, its flat index in the global unpadded tensor (-1 for vocabulary
 padding). The reader maps each wanted global element to the piece and position holding it,
-then reads, per piece, the runs of CHUNK-aligned bytes that cover those positions.
+then reads, per piece, the runs of whole checksummed chunks that cover those positions.
 """
 import functools
 import json
@@ -54,7 +54,7 @@ class ParsedIndex:
     first use and shared by the readers given this object (one process simulating many ranks)."""
 
     def __init__(self, index):
-        self.chunk, self.rng, self.pieces, self._maps = index["chunk"], index["rng"], {}, {}
+        self.rng, self.pieces, self._maps = index["rng"], {}, {}
         for e in index["pieces"]:
             self.pieces.setdefault((e["key"], e["state"]), []).append(e)
 
@@ -94,7 +94,7 @@ class IndexedReader:
     def __init__(self, path, metadata, index=None):
         """index: the ParsedIndex, when the caller has read it (simulations of many ranks share one)."""
         self.index = index if index is not None else read_index(path, metadata)
-        self.path, self.metadata, self.chunk = path, metadata, self.index.chunk
+        self.path, self.metadata = path, metadata
         self.index_bytes = metadata["index"]["size"]  # every loading rank reads the whole index
         self.rng, self.pieces = self.index.rng, self.index.pieces
         self.files_opened, self.bytes_read, self._open = set(), 0, {}
@@ -130,7 +130,8 @@ class IndexedReader:
         as whole checked chunks: -> 1-D tensor of e's dtype, len(positions) values."""
         dtype = getattr(torch, e["dtype"])
         size = torch.empty((), dtype=dtype).element_size()
-        chunks = range(len(e["crc32"])) if positions is None else torch.unique(positions * size // self.chunk).tolist()
+        chunk = e["chunk"]
+        chunks = range(len(e["crc32"])) if positions is None else torch.unique(positions * size // chunk).tolist()
         buf = bytearray(e["nbytes"])
         runs = []  # consecutive chunks read in one call
         for c in chunks:
@@ -139,13 +140,13 @@ class IndexedReader:
             else:
                 runs.append([c, c + 1])
         for a, b in runs:
-            start, stop = a * self.chunk, min(b * self.chunk, e["nbytes"])
+            start, stop = a * chunk, min(b * chunk, e["nbytes"])
             data = self._read(e["file"], e["offset"] + start, stop - start)
             for c in range(a, b):
-                part = data[(c - a) * self.chunk:(c - a + 1) * self.chunk]
+                part = data[(c - a) * chunk:(c - a + 1) * chunk]
                 if zlib.crc32(part) != e["crc32"][c]:
                     raise CheckpointError(f"{os.path.join(self.path, e['file'])}: CRC-32 of bytes "
-                                          f"{e['offset'] + c * self.chunk}.. differs from the index (damaged)")
+                                          f"{e['offset'] + c * chunk}.. differs from the index (damaged)")
             buf[start:stop] = data
         values = torch.frombuffer(buf, dtype=dtype) if e["nbytes"] else torch.empty(0, dtype=dtype)
         return values if positions is None else values[positions]
