@@ -1,5 +1,6 @@
 """Save and load training state (--save/--load/--save-interval/--finetune/--no-load-optim/
---no-load-rng/--exit-signal-handler) in the layout-free format of megatron/core/checkpointing.
+--no-load-rng/--exit-signal-handler/--async-save/--ckpt-fully-parallel-save/-load) in the
+layout-free format of megatron/core/checkpointing.
 
 What is saved: every parameter as its fp32 master value ("param"), Adam's exp_avg and
 exp_avg_sq per parameter, Adam's step count and the loss scaler's state, the RNG states of
@@ -8,9 +9,10 @@ arguments. The LR schedule's position is saved (fp16-skipped iterations do not a
 
 Who writes what (no piece is written twice): the optimizer's state pieces (whole parameters,
 or DP-sharded flat ranges with the distributed optimizer) are written by their owner; with
-the plain optimizer only DP rank 0 writes; of copies held by several TP ranks or pipeline
-stages, the one param_meta.counted_once picks (TP rank 0 for TP-replicated tensors; never
-the last stage's tied copy of word_embeddings.weight, which shares the first's init_key).
+the plain optimizer only DP rank 0 writes (each DP rank 1/DP with --ckpt-fully-parallel-save);
+of copies held by several TP ranks or pipeline stages, the one param_meta.counted_once picks
+(TP rank 0 for TP-replicated tensors; never the last stage's tied copy of word_embeddings.weight,
+which shares the first's init_key).
 """
 import copy
 import dataclasses
