@@ -1,5 +1,6 @@
 """Save and load training state (--save/--load/--save-interval/--finetune/--no-load-optim/
---no-load-rng/--exit-signal-handler) in the layout-free format of megatron/core/checkpointing.
+--no-load-rng/--exit-signal-handler/--async-save/--ckpt-fully-parallel-save/-load) in the
+layout-free format of megatron/core/checkpointing.
 
 What is saved: every parameter as its fp32 master value ("param"), Adam's exp_avg and
 exp_avg_sq per parameter, Adam's step count and the loss scaler's state, the RNG states of
@@ -8,10 +9,12 @@ arguments. The LR schedule's position is saved (fp16-skipped iterations do not a
 
 Who writes what (no piece is written twice): the optimizer's state pieces (whole parameters,
 or DP-sharded flat ranges with the distributed optimizer) are written by their owner; with
-the plain optimizer only DP rank 0 writes; of copies held by several TP ranks or pipeline
-stages, the one param_meta.counted_once picks (TP rank 0 for TP-replicated tensors; never
-the last stage's tied copy of word_embeddings.weight, which shares the first's init_key).
+the plain optimizer only DP rank 0 writes (each DP rank 1/DP with --ckpt-fully-parallel-save);
+of copies held by several TP ranks or pipeline stages, the one param_meta.counted_once picks
+(TP rank 0 for TP-replicated tensors; never the last stage's tied copy of word_embeddings.weight,
+which shares the first's init_key).
 """
+import copy
 import dataclasses
 import signal
 import time
@@ -20,26 +23,38 @@ import torch
 import torch.distributed as dist
 
 from ..core.checkpointing import (
+    AsyncSaver,
     CheckpointError,
-    CheckpointReader,
     begin_save,
     commit,
     local_shard,
     make_piece,
+    open_reader,
     rank_file,
     write_rank_file,
 )
 from ..core.optimizer import STATE_NAMES, StatePiece
-from ..core.tensor_parallel.param_meta import counted_once, is_data_parallel_writer, param_meta
+from ..core.tensor_parallel.param_meta import counted_once, data_parallel_replica, param_meta
 from ..core.tensor_parallel.random import get_rng_tracker
 from .checkpoint_args import find_source
 from .log import print_rank_0
 
 
-def _writes(param, groups, optimizer):
-    """Whether this rank writes its state of `param`: one DP rank (each its own slices with the
-    distributed optimizer), and one of the TP / pipeline copies (counted_once)."""
-    return (optimizer.distributed_optimizer or is_data_parallel_writer(param, groups)) and counted_once(param, groups)
+def _written_range(sp, groups, optimizer, fully_parallel):
+    """The flat range [lo, hi) of StatePiece `sp` this rank writes, or None: one of the TP /
+    pipeline copies (counted_once); of the data-parallel replicas (param_meta.data_parallel_replica),
+    each its own slices with the distributed optimizer, else replica 0 all, or
+    (--ckpt-fully-parallel-save) each replica 1/R of it."""
+    if not counted_once(sp.param, groups):
+        return None
+    r, replicas, _ = data_parallel_replica(sp.param, groups)
+    if optimizer.distributed_optimizer or (r == 0 and not fully_parallel):
+        return sp.start, sp.end
+    if not fully_parallel:
+        return None
+    n = sp.end - sp.start
+    lo, hi = sp.start + n * r // replicas, sp.start + n * (r + 1) // replicas
+    return (lo, hi) if hi > lo else None
 
 
 def _config_dict(cfg):
@@ -58,34 +73,48 @@ def _rng_state(device):
     return state
 
 
-def save_checkpoint(root, iteration, consumed, model, optimizer, groups, model_cfg, train_cfg, device, scheduler=None):
-    """Every rank calls this (collective: barriers on the default group).
+def save_checkpoint(root, iteration, consumed, model, optimizer, groups, model_cfg, train_cfg, device, scheduler=None,
+                    saver=None):
+    """Every rank calls this (collective: barriers on the default group, or on saver.group).
 
     Writes root/iter_XXXXXXX/rank_RRRRR.pt from each rank, then rank 0 commits atomically.
+    With `saver` (AsyncSaver, --async-save) only the copy of the state to host memory happens
+    here; the writes and the commit run in its background thread.
     """
     start = time.perf_counter()
     tp_rank, tp = groups.tp_rank, groups.tp_size
     pieces = []
     for sp in optimizer.state_pieces():
-        if _writes(sp.param, groups, optimizer):
-            key = param_meta(sp.param).init_key
-            pieces += [make_piece(key, name, sp.param, tp_rank, tp, sp.start, sp.end, value)
+        if (bounds := _written_range(sp, groups, optimizer, train_cfg.ckpt_fully_parallel_save)) is not None:
+            key, (lo, hi) = param_meta(sp.param).init_key, bounds
+            pieces += [make_piece(key, name, sp.param, tp_rank, tp, lo, hi, value[lo - sp.start:hi - sp.start])
                        for name, value in sp.tensors.items()]
-    if groups.rank == 0:
-        begin_save(root, iteration)
-    dist.barrier()
-    write_rank_file(root, iteration, groups.rank, {"pieces": pieces, "rng": _rng_state(device)})
-    dist.barrier()
-    if groups.rank == 0:
-        commit(root, iteration, {
-            "consumed_samples": consumed,
-            "lr_scheduler": scheduler.state_dict() if scheduler is not None else None,
-            "args": {"model": _config_dict(model_cfg), "training": _config_dict(train_cfg)},
-            "layout": _layout(groups, train_cfg),
-            "optimizer": optimizer.scalar_state(),
-        }, groups.world_size)
-    dist.barrier()
-    print_rank_0(f"> saved checkpoint at iteration {iteration} to {root} ({time.perf_counter() - start:.1f} s)")
+    payload = {"pieces": pieces, "rng": _rng_state(device)}
+    metadata = copy.deepcopy({  # taken now: training goes on while a background save writes
+        "consumed_samples": consumed,
+        "lr_scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "args": {"model": _config_dict(model_cfg), "training": _config_dict(train_cfg)},
+        "layout": _layout(groups, train_cfg),
+        "optimizer": optimizer.scalar_state(),
+    }) if groups.rank == 0 else None
+
+    def write(group=None):
+        if groups.rank == 0:
+            begin_save(root, iteration)
+        dist.barrier(group=group)
+        write_rank_file(root, iteration, groups.rank, payload)
+        dist.barrier(group=group)
+        if groups.rank == 0:
+            commit(root, iteration, metadata, groups.world_size)
+        dist.barrier(group=group)
+        print_rank_0(f"> saved checkpoint at iteration {iteration} to {root} ({time.perf_counter() - start:.1f} s)")
+
+    if saver is None:
+        write()
+        return
+    waited = saver.submit(lambda: write(saver.group))
+    print_rank_0(f"> checkpoint of iteration {iteration}: training blocked {time.perf_counter() - start:.3f} s "
+                 f"(of which {waited:.3f} s waiting for the previous save); writing in the background (--async-save)")
 
 
 def _check_keys(reader, model):
@@ -104,13 +133,31 @@ def _check_keys(reader, model):
                               f"({len(extra)} such; was it saved with other model flags?)")
 
 
+def _read_shard(reader, key, state, param, groups, ranges, fully_parallel):
+    """This rank's TP shard (param's shape) of key/state; only `ranges` of it when not None.
+    With --ckpt-fully-parallel-load a shard all its data-parallel replicas need (the parameters; with
+    the plain optimizer its state too) is read 1/R by each of the R replicas and all-gathered over
+    them (param_meta.data_parallel_replica: groups.dp_cp, or groups.edp for an expert's)."""
+    numel = param.numel()
+    r, dp, group = data_parallel_replica(param, groups)
+    if not fully_parallel or dp == 1 or ranges not in (None, [(0, numel)]):
+        return reader.shard(key, state, param, groups.tp_rank, groups.tp_size, ranges)
+    bounds = [numel * i // dp for i in range(dp + 1)]
+    mine = reader.shard(key, state, param, groups.tp_rank, groups.tp_size, [(bounds[r], bounds[r + 1])])
+    buf = torch.zeros(-(-numel // dp), dtype=mine.dtype, device=param.device)
+    buf[:bounds[r + 1] - bounds[r]] = mine.reshape(-1)[bounds[r]:bounds[r + 1]]
+    parts = [torch.empty_like(buf) for _ in range(dp)]
+    dist.all_gather(parts, buf, group=group)
+    return torch.cat([parts[i][:bounds[i + 1] - bounds[i]] for i in range(dp)]).view(param.shape)
+
+
 @torch.no_grad()
 def load_checkpoint(path, model, optimizer, groups, train_cfg, device, scheduler=None):
     """Load a validated checkpoint directory into this rank's shards (any layout).
 
     Returns (iteration, consumed samples), both 0 with --finetune.
     """
-    reader = CheckpointReader(path)
+    reader = open_reader(path)  # with an index: only this rank's byte ranges
     meta = reader.metadata
     _check_keys(reader, model)
     load_optim = not (train_cfg.finetune or train_cfg.no_load_optim) and meta.get("optimizer") is not None \
@@ -123,17 +170,19 @@ def load_checkpoint(path, model, optimizer, groups, train_cfg, device, scheduler
         local_shard(torch.empty(reader.shape(param_meta(p).init_key), device="meta"), p, tp_rank, tp)
     for p in model.parameters():
         key = param_meta(p).init_key
-        value = local_shard(reader.global_tensor(key), p, tp_rank, tp)
+        value = _read_shard(reader, key, "param", p, groups, None, train_cfg.ckpt_fully_parallel_load)
         p.data.copy_(value)
         states = {"param": value}
         if load_optim:
             for s in STATE_NAMES[1:]:
-                states[s] = local_shard(reader.global_tensor(key, s), p, tp_rank, tp)
+                states[s] = _read_shard(reader, key, s, p, groups, ranges_of.get(id(p), []),
+                                        train_cfg.ckpt_fully_parallel_load)
         optimizer.load_state_pieces(StatePiece(p, lo, hi, {s: v.reshape(-1)[lo:hi] for s, v in states.items()})
                                     for lo, hi in ranges_of.get(id(p), []))
     if load_optim:
         optimizer.load_scalar_state(meta["optimizer"])
     _maybe_load_rng(reader, meta, groups, train_cfg, device)
+    reader.close()
     iteration, consumed = (0, 0) if train_cfg.finetune else (meta["iteration"], meta["consumed_samples"])
     # the schedule skips fp16-skipped iterations, so its position is saved rather than derived
     if scheduler is not None and not train_cfg.finetune:
@@ -148,7 +197,7 @@ def _maybe_load_rng(reader, meta, groups, train_cfg, device):
         return
     saved = meta["layout"]
     same = (saved["tp"], saved["pp"], saved["dp"]) == (groups.tp_size, groups.pp_size, groups.dp_size)
-    rng = reader.rank_payloads.get(rank_file(groups.rank), {}).get("rng") if same else None
+    rng = reader.rng_state(rank_file(groups.rank)) if same else None
     if rng is None:
         # per-rank dropout streams do not map onto another layout; the seeds restart them
         print_rank_0("> RNG states not restored (the layout differs from the checkpoint's)")
@@ -167,6 +216,7 @@ class Checkpointer:
         self.model_cfg, self.t, self.model, self.optimizer = model_cfg, train_cfg, model, optimizer
         self.groups, self.device, self.scheduler = groups, device, scheduler
         self.last_saved = None
+        self.saver = AsyncSaver() if train_cfg.async_save else None  # collective: every rank makes its group
         self._signalled = False
         if train_cfg.exit_signal_handler:
             signal.signal(signal.SIGTERM, self._on_signal)
@@ -192,7 +242,7 @@ class Checkpointer:
 
     def save(self, iteration, consumed):
         save_checkpoint(self.t.save, iteration, consumed, self.model, self.optimizer, self.groups,
-                        self.model_cfg, self.t, self.device, self.scheduler)
+                        self.model_cfg, self.t, self.device, self.scheduler, self.saver)
         self.last_saved = iteration
 
     def after_iteration(self, iteration, consumed):
@@ -211,6 +261,8 @@ class Checkpointer:
         return False
 
     def finish(self, iteration, consumed):
-        """Save the final state unless it was just saved."""
+        """Save the final state unless it was just saved; wait for a background save to commit."""
         if self.t.save and iteration > 0 and self.last_saved != iteration:
             self.save(iteration, consumed)
+        if self.saver is not None:
+            self.saver.wait()

@@ -140,6 +140,14 @@ class TrainingConfig:
     auto_detect_ckpt_format: bool = opt(False, "Accepted: a --load checkpoint's format is always detected "
                                         "(ours is loaded, Megatron-LM's are refused).")
     exit_signal_handler: bool = opt(False, "On SIGTERM, save a checkpoint after the current iteration and exit.")
+    async_save: bool = opt(False, "Write checkpoints in a background thread: the step waits only for the copy of the "
+                           "state to host memory; a save waits for the previous one, the run for the last.")
+    ckpt_fully_parallel_save: bool = opt(
+        False, "Without the distributed optimizer, the DP replicas each write 1/DP of the state (default: DP rank 0 "
+        "writes it all; the distributed optimizer's saves are always spread).")
+    ckpt_fully_parallel_load: bool = opt(
+        False, "The DP replicas each read 1/DP of the state they share and all-gather it over the DP group "
+        "(default: each reads its whole shard).")
     check_for_nan_in_loss_and_grad: bool = opt(
         True, "Do not stop the run when a loss or the gradient norm is NaN or infinite (by default such an "
         "iteration stops the run, exit code 17, before any checkpoint of it is written).",

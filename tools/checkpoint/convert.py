@@ -5,11 +5,14 @@ and BERT (BertForPreTraining, or BertForMaskedLM for a model without the binary 
         --load-dir hf_model/ --save-dir ckpt/
     python tools/checkpoint/convert.py --model-type BERT --loader megatron --saver hf \
         --load-dir ckpt/ --save-dir hf_model/
+    python tools/checkpoint/convert.py --loader megatron --saver torch_dcp --load-dir ckpt/ --save-dir dcp/
 
 Learned absolute positions become GPT-2, rope becomes Llama; tied or untied output layers
 both convert. Every tensor of the source must be used (else one line naming the unused
 ones), and a model no HF family holds is refused with one line saying what is supported.
 The tokenizer files and the bos/eos/pad ids travel too (hf_tokenizer.py).
+torch_dcp is a torch.distributed.checkpoint directory of the global tensors, keyed by our names,
+with the saved arguments (megatron/core/checkpointing/dcp_interop.py); torch alone loads it.
 
 Our checkpoints are layout-free (global tensors keyed by init_key; any TP/PP/DP loads
 them), so --target-tensor/pipeline-parallel-size need no resharding: they are accepted
@@ -33,6 +36,7 @@ from megatron.core.checkpointing import (
     whole_piece,
 )
 from megatron.core.checkpointing import hf_conversion as hc
+from megatron.core.checkpointing.dcp_interop import load_dcp, save_dcp
 from megatron.core.checkpointing.hf_files import read_config_json, read_state_dict
 from megatron.core.errors import MegatronUserError
 
@@ -104,8 +108,8 @@ def save_hf(path, args, tensors, training, model_type="GPT"):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-type", default="GPT", choices=["GPT", "BERT"])
-    p.add_argument("--loader", required=True, choices=["hf", "megatron"])
-    p.add_argument("--saver", required=True, choices=["hf", "megatron"])
+    p.add_argument("--loader", required=True, choices=["hf", "megatron", "torch_dcp"])
+    p.add_argument("--saver", required=True, choices=["hf", "megatron", "torch_dcp"])
     p.add_argument("--load-dir", required=True)
     p.add_argument("--save-dir", required=True)
     for kind in ("tensor", "pipeline"):
@@ -116,18 +120,23 @@ def main(argv=None):
     try:
         for kind in ("tensor", "pipeline"):
             size = getattr(a, f"target_{kind}_parallel_size")
-            if size < 1 or (size != 1 and a.saver == "hf"):
+            if size < 1 or (size != 1 and a.saver != "megatron"):
                 raise CheckpointError(f"--target-{kind}-parallel-size {size}: needs >= 1, and goes with "
                                       "--saver megatron (a HuggingFace model has no parallel layout)")
         if a.loader == "hf":
             args, tensors, raw = load_hf(a.load_dir, a.model_type)
             training = dict(hf_tokenizer.from_hf(a.load_dir, a.save_dir, raw), hf_model_type=raw["model_type"])
+        elif a.loader == "torch_dcp":
+            saved, tensors = load_dcp(a.load_dir)
+            args, training = saved.get("model", {}), saved.get("training", {})
         else:
             reader = CheckpointReader(find_checkpoint(a.load_dir))
             args, training = reader.metadata["args"]["model"], reader.metadata["args"].get("training", {})
             tensors = {k: reader.global_tensor(k) for k in reader.keys("param")}
         if a.saver == "hf":
             save_hf(a.save_dir, args, tensors, training, a.model_type)
+        elif a.saver == "torch_dcp":
+            save_dcp(a.save_dir, tensors, {"model": args, "training": training})
         else:
             args = dict(args, tensor_model_parallel_size=a.target_tensor_parallel_size,
                         pipeline_model_parallel_size=a.target_pipeline_parallel_size)

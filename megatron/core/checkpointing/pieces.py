@@ -111,13 +111,17 @@ def assemble(pieces, what):
     return full
 
 
+def check_shape(saved, expected, key):
+    """CheckpointError unless the saved global shape of tensor `key` is the model's."""
+    if list(saved) != list(expected):
+        raise CheckpointError(f"checkpoint tensor {key!r} has shape {list(saved)}, "
+                              f"the model expects {list(expected)} (was it saved with other model flags?)")
+
+
 def local_shard(global_tensor, param, tp_rank, tp_size):
     """This rank's TP shard of a global tensor for `param`, padded to the loading layout."""
     shape, dim, stride, padded = param_rule(param, tp_rank, tp_size)
-    if list(global_tensor.shape) != shape:
-        key = param_meta(param).init_key
-        raise CheckpointError(f"checkpoint tensor {key!r} has shape {list(global_tensor.shape)}, "
-                              f"the model expects {shape} (was it saved with other model flags?)")
+    check_shape(list(global_tensor.shape), shape, param_meta(param).init_key)
     if dim is None:
         return global_tensor
     if padded > shape[dim]:

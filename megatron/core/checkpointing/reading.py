@@ -187,3 +187,15 @@ class CheckpointReader:
         if (key, state) not in self.index:
             raise CheckpointError(f"checkpoint {self.path} has no tensor {key!r} ({state})")
         return assemble(self.index[(key, state)], f"{key!r} ({state})")
+
+    def shard(self, key, state, param, tp_rank, tp_size, ranges=None):
+        """This rank's TP shard of key/state (assembled from every piece; `ranges` unused)."""
+        from .pieces import local_shard
+        return local_shard(self.global_tensor(key, state), param, tp_rank, tp_size)
+
+    def rng_state(self, name):
+        """The RNG states rank file `name` holds, or None."""
+        return self.rank_payloads.get(name, {}).get("rng")
+
+    def close(self):
+        """Nothing to release (the files are memory-mapped); IndexedReader closes its files."""

@@ -4,6 +4,8 @@
     <dir>/iter_0000010/metadata.json             written last: format, iteration, args, each file's
                                                  size and CRC-32 (zlib.crc32, the standard library)
     <dir>/iter_0000010/rank_00003.pt             rank 3's pieces (see pieces.py) and RNG states
+    <dir>/iter_0000010/index.json                where each piece's bytes are (index.py): a loading
+                                                 rank reads only the byte ranges of its shard
 
 A save passes these fault points (megatron/core/debug.py), in this order:
 
@@ -30,11 +32,13 @@ write (disk full, read-only) raises CheckpointError after removing its partial i
 import json
 import os
 import shutil
+import zipfile
 import zlib
 
 import torch
 
 from ..debug import fault_point
+from .index import file_entries, fold_sidecars, write_sidecar
 from .pieces import CheckpointError
 
 FORMAT = "megatron-3d-checkpoint/1"
@@ -133,9 +137,17 @@ def write_rank_file(root, iteration, rank, payload):
         fault_point("ckpt.rank_file.before", iteration, rank)
         crc = _write_durable(path, lambda f: torch.save(payload, f), ("ckpt.rank_file.write", iteration, rank))
         _write_durable(path + CRC, lambda f: f.write(str(crc).encode()))
+        write_sidecar(path, _entries(path, rank_file(rank), payload), _write_durable)
     except OSError as e:
         raise _save_failed(root, iteration, e) from None
     fault_point("ckpt.rank_file.after", iteration, rank)
+
+
+def _entries(path, name, payload):
+    try:
+        return file_entries(path, name, payload)
+    except (zipfile.BadZipFile, KeyError, TypeError, RuntimeError):  # not a layout index.py knows
+        return None
 
 
 def commit(root, iteration, metadata, world_size):
@@ -147,7 +159,8 @@ def commit(root, iteration, metadata, world_size):
         fault_point("ckpt.metadata.before", iteration, 0)
         metadata = dict(metadata, format=FORMAT, iteration=iteration,
                         files={n: os.path.getsize(os.path.join(tmp, n)) for n in names},
-                        crc32={n: int(_read_text(os.path.join(tmp, n + CRC))) for n in names})
+                        crc32={n: int(_read_text(os.path.join(tmp, n + CRC))) for n in names},
+                        index=fold_sidecars(tmp, names, _write_durable))
         _write_durable(os.path.join(tmp, METADATA), lambda f: f.write(json.dumps(metadata, indent=1).encode()))
         for n in names:
             os.remove(os.path.join(tmp, n + CRC))

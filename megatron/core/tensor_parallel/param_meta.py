@@ -85,12 +85,13 @@ def is_expert_parallel(param) -> bool:
     return param_meta(param).expert_parallel
 
 
-def is_data_parallel_writer(param, groups) -> bool:
-    """Whether this rank is the data-parallel replica that writes `param` (without the distributed
-    optimizer): DP rank 0, or expert-DP rank 0 for an expert's parameter (each EP rank holds others)."""
+def data_parallel_replica(param, groups):
+    """(this rank's index, the number, the process group) of the ranks holding the same copy of
+    `param`: the expert-data-parallel group for an expert's parameter (each EP rank holds other
+    experts), else the DP x CP ranks (groups.dp_cp: CP ranks hold the same parameters)."""
     if param_meta(param).expert_parallel:
-        return groups.edp_rank == 0
-    return groups.dp_rank == 0
+        return groups.edp_rank, groups.edp_size, groups.edp
+    return groups.cp_rank + groups.cp_size * groups.dp_rank, groups.dp_size * groups.cp_size, groups.dp_cp
 
 
 def set_init_key(param, key):

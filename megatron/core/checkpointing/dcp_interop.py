@@ -1,0 +1,49 @@
+"""Our global tensors as a standard torch.distributed.checkpoint (DCP) checkpoint, and back
+(tools/checkpoint/convert.py --saver torch_dcp / --loader torch_dcp).
+
+The DCP state dict is flat: {init_key: global unpadded tensor} for every parameter, plus
+ARGS_KEY: the saved arguments ({"model": ..., "training": ...}) as a JSON string (DCP stores
+it as bytes). Any DCP reader loads it with torch alone: read the metadata, make a tensor of
+each entry's size and dtype, dcp.load. Written and read by one process (no process group:
+DCP then runs without collectives); Adam's moments are not carried (a converted checkpoint
+trains from fresh optimizer state, as the HF conversions do).
+"""
+import json
+import os
+import warnings
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from .pieces import CheckpointError
+
+ARGS_KEY = "megatron_args"
+
+
+def save_dcp(path, tensors, args):
+    """Write {key: tensor} and the argument dict `args` to directory `path` as a DCP checkpoint."""
+    os.makedirs(path, exist_ok=True)
+    state = {k: v.contiguous() for k, v in tensors.items()}
+    state[ARGS_KEY] = json.dumps(args)
+    with warnings.catch_warnings():  # "no process group: running single-process" is the intent
+        warnings.simplefilter("ignore")
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(path))
+
+
+def load_dcp(path):
+    """-> (args dict, {key: tensor}) of a DCP checkpoint directory written by save_dcp, or any
+    DCP checkpoint of plain tensors (args then {} unless it holds ARGS_KEY)."""
+    if not os.path.isfile(os.path.join(path, ".metadata")):
+        raise CheckpointError(f"--load-dir {path}: not a torch.distributed.checkpoint directory (no .metadata)")
+    reader = dcp.FileSystemReader(path)
+    entries = reader.read_metadata().state_dict_metadata
+    state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in entries.items()
+             if isinstance(m, TensorStorageMetadata)}
+    if ARGS_KEY in entries:
+        state[ARGS_KEY] = ""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(state, storage_reader=reader)
+    args = json.loads(state.pop(ARGS_KEY)) if ARGS_KEY in state else {}
+    return args, state

@@ -1,0 +1,206 @@
+"""Reading a loading rank's shard through the index (index.py): only the files and byte ranges
+that hold its elements, each chunk's CRC-32 checked as it is read.
+
+How a shard is found: every piece and the loading shard are placements of the same global
+tensor (the sharding rule of pieces.py plus a flat range). `placement_index` gives, for each
+element of a placement, its flat index in the global unpadded tensor (-1 for vocabulary
+padding). The reader maps each wanted global element to the piece and position holding it,
+then reads, per piece, the runs of whole checksummed chunks that cover those positions.
+"""
+import functools
+import json
+import math
+import os
+import zlib
+
+import torch
+
+from ..tensor_parallel.initialization import take_shard
+from .pieces import CheckpointError, check_shape, param_rule
+from .reading import CheckpointReader, load_rank_file, read_metadata
+
+
+@functools.lru_cache(maxsize=256)
+def _shard_positions(padded_shape, dim, stride, tp_rank, tp_size):
+    """Flat indices into the padded global tensor of the elements of one TP shard, in shard order."""
+    frame = torch.arange(math.prod(padded_shape), dtype=torch.int64).view(padded_shape)
+    return take_shard(frame, dim, stride, tp_rank, tp_size).reshape(-1) if dim is not None else frame.reshape(-1)
+
+
+def placement_index(shape, dim, stride, padded, tp_rank, tp_size, lo=0, hi=None):
+    """See _placement_index (cached: the same placements recur for every layer and state)."""
+    return _placement_index(tuple(shape), dim, stride, padded, tp_rank, tp_size, lo, hi)
+
+
+@functools.lru_cache(maxsize=4096)
+def _placement_index(shape, dim, stride, padded, tp_rank, tp_size, lo=0, hi=None):
+    """-> int64 [hi - lo]: the global unpadded flat index of each element of flat range [lo, hi)
+    of the (tp_rank of tp_size) shard of a tensor of global `shape`, split on `dim` with `stride`
+    blocks and `padded` rows along dim; -1 where the element is padding."""
+    padded_shape = list(shape)
+    if dim is not None:
+        padded_shape[dim] = padded
+    idx = _shard_positions(tuple(padded_shape), dim, stride, tp_rank, tp_size)[lo:hi]
+    if dim is None or padded == shape[dim]:
+        return idx
+    inner = math.prod(shape[dim + 1:])
+    outer, rest = idx // (inner * padded), idx % (inner * padded)
+    row, col = rest // inner, rest % inner
+    return torch.where(row < shape[dim], outer * inner * shape[dim] + row * inner + col, -1)
+
+
+class ParsedIndex:
+    """index.json parsed: the pieces of each (key, state), and each one's element map, built on
+    first use and shared by the readers given this object (one process simulating many ranks)."""
+
+    def __init__(self, index):
+        self.rng, self.pieces, self._maps = index["rng"], {}, {}
+        for e in index["pieces"]:
+            self.pieces.setdefault((e["key"], e["state"]), []).append(e)
+
+    def element_map(self, key, state):
+        """(owner int32 [numel], position int64 [numel]): for each element of the global tensor,
+        the number of the piece holding it (-1: none) and its position in that piece."""
+        if (key, state) not in self._maps:
+            pieces = self.pieces[(key, state)]
+            numel = math.prod(pieces[0]["shape"])
+            owner = torch.full((numel,), -1, dtype=torch.int32)
+            pos = torch.zeros(numel, dtype=torch.int64)
+            for i, e in enumerate(pieces):
+                g = placement_index(e["shape"], e["dim"], e["stride"], e["padded"], e["tp_rank"], e["tp_size"],
+                                    e["lo"], e["hi"])
+                ok = g >= 0
+                owner[g[ok]] = i
+                pos[g[ok]] = torch.arange(len(g))[ok]
+            self._maps[(key, state)] = owner, pos
+        return self._maps[(key, state)]
+
+
+def read_index(path, metadata):
+    """The ParsedIndex of a checkpoint, index.json's size and CRC-32 checked against metadata.json."""
+    info = metadata["index"]
+    index_path = os.path.join(path, info["name"])
+    with open(index_path, "rb") as f:
+        raw = f.read()
+    if len(raw) != info["size"] or zlib.crc32(raw) != info["crc32"]:
+        raise CheckpointError(f"{index_path}: size or CRC-32 differs from metadata.json (damaged)")
+    return ParsedIndex(json.loads(raw))
+
+
+class IndexedReader:
+    """One loading rank's view of a checkpoint with an index; counts what it opens and reads
+    (files_opened, bytes_read) so tests and the bench can hold it to its shard's size."""
+
+    def __init__(self, path, metadata, index=None):
+        """index: the ParsedIndex, when the caller has read it (simulations of many ranks share one)."""
+        self.index = index if index is not None else read_index(path, metadata)
+        self.path, self.metadata = path, metadata
+        self.index_bytes = metadata["index"]["size"]  # every loading rank reads the whole index
+        self.rng, self.pieces = self.index.rng, self.index.pieces
+        self.files_opened, self.bytes_read, self._open = set(), 0, {}
+
+    def keys(self, state="param"):
+        return sorted(k for k, s in self.pieces if s == state)
+
+    def has(self, key, state="param"):
+        return (key, state) in self.pieces
+
+    def shape(self, key, state="param"):
+        return self.pieces[(key, state)][0]["shape"]
+
+    def close(self):
+        for f in self._open.values():
+            f.close()
+        self._open = {}
+
+    def _read(self, name, offset, nbytes):
+        if name not in self._open:
+            self._open[name] = open(os.path.join(self.path, name), "rb")
+            self.files_opened.add(name)
+        f = self._open[name]
+        f.seek(offset)
+        data = f.read(nbytes)
+        self.bytes_read += len(data)
+        if len(data) != nbytes:
+            raise CheckpointError(f"{os.path.join(self.path, name)}: ends before byte {offset + nbytes} (truncated?)")
+        return data
+
+    def read_entry(self, e, positions=None):
+        """The elements of entry `e` at `positions` (int64, sorted or not; all when None), read
+        as whole checked chunks: -> 1-D tensor of e's dtype, len(positions) values."""
+        dtype = getattr(torch, e["dtype"])
+        size = torch.empty((), dtype=dtype).element_size()
+        chunk = e["chunk"]
+        chunks = range(len(e["crc32"])) if positions is None else torch.unique(positions * size // chunk).tolist()
+        buf = bytearray(e["nbytes"])
+        runs = []  # consecutive chunks read in one call
+        for c in chunks:
+            if runs and runs[-1][1] == c:
+                runs[-1][1] = c + 1
+            else:
+                runs.append([c, c + 1])
+        for a, b in runs:
+            start, stop = a * chunk, min(b * chunk, e["nbytes"])
+            data = self._read(e["file"], e["offset"] + start, stop - start)
+            for c in range(a, b):
+                part = data[(c - a) * chunk:(c - a + 1) * chunk]
+                if zlib.crc32(part) != e["crc32"][c]:
+                    raise CheckpointError(f"{os.path.join(self.path, e['file'])}: CRC-32 of bytes "
+                                          f"{e['offset'] + c * chunk}.. differs from the index (damaged)")
+            buf[start:stop] = data
+        values = torch.frombuffer(buf, dtype=dtype) if e["nbytes"] else torch.empty(0, dtype=dtype)
+        return values if positions is None else values[positions]
+
+    def gather(self, key, state, wanted):
+        """Values of the global tensor key/state at flat indices `wanted` (int64 [n], -1 for
+        padding: 0 there) -> 1-D [n], reading only the pieces and chunks that hold them."""
+        pieces = self.pieces[(key, state)]
+        owner, pos = self.index.element_map(key, state)
+        real = wanted >= 0
+        who = torch.full_like(wanted, -1, dtype=torch.int32)
+        who[real] = owner[wanted[real]]
+        if bool((who[real] < 0).any()):
+            missing = int((who[real] < 0).sum())
+            raise CheckpointError(f"checkpoint is incomplete: {missing} wanted elements of {key!r} ({state}) "
+                                  "are in no shard file")
+        out = torch.zeros(len(wanted), dtype=getattr(torch, pieces[0]["dtype"]))
+        for i in torch.unique(who[real]).tolist():
+            sel = (who == i).nonzero().reshape(-1)
+            out[sel] = self.read_entry(pieces[i], pos[wanted[sel]])
+        return out
+
+    def rng_state(self, name):
+        """The RNG states saved in rank file `name` (nested dict), or None when not indexed."""
+        if name not in self.metadata["files"]:
+            return None
+        entries = (self.rng or {}).get(name)
+        if entries is None:  # not indexed: from the file itself
+            return load_rank_file(self.path, name).get("rng")
+        out = {}
+        for path, e in entries.items():
+            *parents, leaf = path.split("/")
+            node = out
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = self.read_entry(e).clone()
+        return out
+
+    def shard(self, key, state, param, tp_rank, tp_size, ranges=None):
+        """This rank's TP shard (param's local shape, vocabulary padding zero) of key/state; with
+        `ranges` [(lo, hi)] of the flat shard only those elements are read (the rest are 0)."""
+        shape, dim, stride, padded = param_rule(param, tp_rank, tp_size)
+        check_shape(self.shape(key, state), shape, key)
+        wanted = placement_index(shape, dim, stride, padded, tp_rank, tp_size)
+        if ranges is not None:
+            keep = torch.zeros(len(wanted), dtype=torch.bool)
+            for lo, hi in ranges:
+                keep[lo:hi] = True
+            wanted = torch.where(keep, wanted, -1)
+        return self.gather(key, state, wanted).view(param.shape)
+
+
+def open_reader(path, metadata=None):
+    """The reader a loading rank uses: IndexedReader (its byte ranges only) when the checkpoint
+    has an index, else CheckpointReader (checkpoints from before the index: every file is read)."""
+    metadata = metadata or read_metadata(path)
+    return IndexedReader(path, metadata) if metadata.get("index") else CheckpointReader(path)
