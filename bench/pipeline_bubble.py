@@ -99,7 +99,8 @@ class Stage(nn.Module):
 
     def __init__(self, fwd, bwd, pre, post, kind, V):
         super().__init__()
-        self.config = SimpleNamespace(hidden_size=HIDDEN, sequence_parallel=False, params_dtype=torch.float32)
+        self.config = SimpleNamespace(hidden_size=HIDDEN, sequence_parallel=False, params_dtype=torch.float32,
+                                     pipeline_v_layout=False)
         self.weight = nn.Parameter(torch.ones(()))
         self.fwd, self.bwd, self.pre, self.post, self.kind = fwd, bwd, pre, post, kind
         self.anchor = torch.empty(0, requires_grad=True)

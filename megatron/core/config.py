@@ -29,6 +29,8 @@ class ModelParallelConfig:
         "runs the interleaved 1F1B schedule.")
     sequence_parallel: bool = opt(False, "Split activations outside TP regions along the sequence over the TP group.")
     params_dtype: torch.dtype = dataclasses.field(default=torch.float32, metadata={"cli": False})
+    # --pipeline-schedule zb-v: two chunks per rank in a V (pipeline_parallel/split.py), filled by resolve
+    pipeline_v_layout: bool = dataclasses.field(default=False, metadata={"cli": False})
 
 
 @dataclass

@@ -43,9 +43,19 @@ def allreduce_tied_embedding_grads(model, groups, grad_of):
     """Sum the tied word embedding's gradient over groups.embd (first and last pipeline stage).
 
     Both copies start equal (same init_key), so with the same summed gradient and the same
-    optimizer step they stay equal. Middle stages hold no copy and do nothing.
+    optimizer step they stay equal. Middle stages hold no copy and do nothing. In ZB-V's
+    layout both copies are on the first stage (no communication; the last stage holds none).
     """
     if groups.pp_size == 1:
+        return
+    tied = [p for p in model.parameters() if param_meta(p).tied_embedding]
+    if len(tied) == 2:  # ZB-V: both copies on this rank (chunks 0 and 1), the last rank holds none
+        grads = [grad_of(p) if grad_of(p) is not None else torch.zeros_like(p) for p in tied]
+        total = grads[0] + grads[1]
+        for p, g in zip(tied, grads):
+            g.copy_(total)
+            if grad_of(p) is None:
+                p.grad = g
         return
     for p in model.parameters():
         if param_meta(p).tied_embedding:
