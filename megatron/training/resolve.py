@@ -47,6 +47,10 @@ def validate(model_cfg, train_cfg, world_size):
     train_cfg.validate(dp)
     check_ckpt_format(train_cfg)
     schedule_for_flag(train_cfg.pipeline_schedule, pp, vpp or 1)
+    if model_cfg.pipeline_v_layout and not model_cfg.untie_embeddings_and_output_weights and \
+            train_cfg.use_distributed_optimizer and train_cfg.overlap_grad_reduce:
+        raise ConfigError("--pipeline-schedule zb-v with --use-distributed-optimizer cannot overlap the gradient "
+                          "reduction yet (its two tied-embedding copies on rank 0): drop --overlap-grad-reduce")
     num_micro = train_cfg.global_batch_size // (train_cfg.micro_batch_size * dp)
     if vpp and not model_cfg.pipeline_v_layout and num_micro % pp:
         raise ConfigError(
