@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..errors import ConfigError
 from ..tensor_parallel import weight_grad
 from ..watchdog import waiting
 from .losses import TOKEN_LOSS, LossDeclaration, ReducedLosses, global_counts, masked_sums
@@ -201,6 +202,9 @@ def forward_backward(model, batches, forward_step, groups, loss_terms: LossDecla
     chunks = as_chunks(model)
     P, V, M = groups.pp_size, len(chunks), len(batches)
     v_shape = P > 1 and chunks[0].config.pipeline_v_layout  # built for ZB-V: only zb_v runs it
+    if v_shape and dist.get_backend(groups.pp) != "gloo":
+        raise ConfigError("--pipeline-schedule zb-v runs on gloo (CPU) only for now: its gradients need their own "
+                          "ordered channel (p2p tags), which NCCL does not keep apart; use zb-h1 or zb-h2")
     schedule = "zb_v" if v_shape else schedule or default_schedule(P, V)
     actions = (zb_v if v_shape else SCHEDULES[schedule])(P, M, V, groups.pp_rank, forward_only)
     names = list(loss_terms)
