@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 SEQ, MICRO, HIDDEN = 32, 1, 64
 ACT_ELEMS = SEQ * MICRO * HIDDEN * 16
-ZB = ("zb_h1", "zb_h2")
+ZB = ("zb_h1", "zb_h2", "zb_v")
 _alive = [0, 0]  # activation tensors alive now, peak
 
 
@@ -97,9 +97,10 @@ class _BackwardWork(torch.autograd.Function):
 class Stage(nn.Module):
     """A model chunk with a fixed cost: forward `fwd` seconds, backward `bwd` seconds."""
 
-    def __init__(self, fwd, bwd, pre, post, kind, V):
+    def __init__(self, fwd, bwd, pre, post, kind, V, v_shape=False):
         super().__init__()
-        self.config = SimpleNamespace(hidden_size=HIDDEN, sequence_parallel=False, params_dtype=torch.float32)
+        self.config = SimpleNamespace(hidden_size=HIDDEN, sequence_parallel=False, params_dtype=torch.float32,
+                                     pipeline_v_layout=v_shape)
         self.weight = nn.Parameter(torch.ones(()))
         self.fwd, self.bwd, self.pre, self.post, self.kind = fwd, bwd, pre, post, kind
         self.anchor = torch.empty(0, requires_grad=True)
@@ -123,8 +124,10 @@ def _forward_step(model, batch):
 
 def _one_run(groups, P, M, V, name, stage_s, kind):
     from megatron.core.pipeline_parallel import forward_backward
-    chunks = [Stage(stage_s / V, 2 * stage_s / V, groups.is_first_stage and v == 0,
-                    groups.is_last_stage and v == V - 1, kind, V) for v in range(V)]
+    v_shape = name == "zb_v"  # the loss on rank 0's chunk 1
+    last = groups.is_first_stage if v_shape else groups.is_last_stage
+    chunks = [Stage(stage_s / V, 2 * stage_s / V, groups.is_first_stage and v == 0, last and v == V - 1, kind, V,
+                    v_shape) for v in range(V)]
     batches = [{"tokens": torch.zeros(MICRO, SEQ, dtype=torch.long), "loss_mask": torch.ones(MICRO, SEQ)}] * M
     trace = []
     dist.barrier()
@@ -150,14 +153,15 @@ def main():
     from pipeline_timeline import bubble, write
 
     from megatron.core.pipeline_parallel.schedules import build_schedule
-    from megatron.core.pipeline_parallel.simulator import fbw_costs, simulate
+    from megatron.core.pipeline_parallel.simulator import fbw_costs, loop_stage, simulate, v_stage
+    from megatron.core.pipeline_parallel.zb_v import zb_v
     from tests.harness import spawn
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pp", type=int, nargs="+", default=[2, 4])
     ap.add_argument("--microbatches", type=int, nargs="+", default=[4, 8, 16])
     ap.add_argument("--vpp", type=int, default=2, help="model chunks per rank of the interleaved schedule")
     ap.add_argument("--schedules", nargs="+", default=["1f1b", "interleaved_1f1b"],
-                    choices=["1f1b", "interleaved_1f1b", "zb_h1", "zb_h2"])
+                    choices=["1f1b", "interleaved_1f1b", "zb_h1", "zb_h2", "zb_v"])
     ap.add_argument("--stage-ms", type=float, default=150.0, help="one stage's forward; backward is twice it")
     ap.add_argument("--work", choices=["sleep", "matmul"], default="sleep")
     ap.add_argument("--repeats", type=int, default=5, help="runs per point; the median-makespan run is reported")
@@ -170,7 +174,8 @@ def main():
     load_start = os.getloadavg()[0]
     rows, worst, draw = [], 0.0, {tuple(int(x) for x in t.split(",")) for t in a.timeline}
     for P in a.pp:
-        configs = [(M, a.vpp if name == "interleaved_1f1b" else 1, name) for name in a.schedules
+        chunks = {"interleaved_1f1b": a.vpp, "zb_v": 2}
+        configs = [(M, chunks.get(name, 1), name) for name in a.schedules
                    for M in a.microbatches if name != "interleaved_1f1b" or M % P == 0]
         runs = spawn(P, _body, configs, stage_s, a.work, a.repeats, pp=P, timeout=1800)[0]
         for (M, V, name), reps in runs.items():
@@ -179,7 +184,10 @@ def main():
                 spans = {r: [tuple(x) for x in tr] for r, (tr, _) in enumerate(traces)}
                 measured.append((bubble(spans), spans, [peak for _, peak in traces]))
             (idle, makespan), spans, peaks = sorted(measured, key=lambda m: m[0][1])[len(measured) // 2]
-            sim = simulate(build_schedule(P, M, V, name), fbw_costs(stage_s, stage_s, stage_s, V=V, split=name in ZB))
+            v = name == "zb_v"
+            acts = {r: zb_v(P, M, V, r) for r in range(P)} if v else build_schedule(P, M, V, name)
+            sim = simulate(acts, fbw_costs(stage_s, stage_s, stage_s, V=V, split=name in ZB),
+                           stage_of=v_stage if v else loop_stage, streams=v)
             theory = sim.bubble
             dev = max(abs(i - theory) for i in idle.values())
             worst = max(worst, dev)

@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 SEQ, MICRO, VOCAB = 128, 2, 256
-SCHEDULES = (("1f1b", 1), ("interleaved_1f1b", 2), ("zb_h1", 1), ("zb_h2", 1))
+SCHEDULES = (("1f1b", 1), ("interleaved_1f1b", 2), ("zb_h1", 1), ("zb_h2", 1), ("zb_v", 2))
 
 
 def _tensors(value):
@@ -56,6 +56,7 @@ def _body(groups, M):
     from megatron.core.config import TransformerConfig
     from megatron.core.models.gpt import GPTModel
     from megatron.core.pipeline_parallel import forward_backward
+    from megatron.core.pipeline_parallel.schedule_flag import use_v_layout
     from megatron.core.tensor_parallel.initialization import initialize_parameters
     from megatron.training.training import build_model
 
@@ -74,7 +75,8 @@ def _body(groups, M):
     for name, V in SCHEDULES:
         cfg = TransformerConfig(num_layers=8, hidden_size=128, num_attention_heads=4, seq_length=SEQ, vocab_size=VOCAB,
                                 hidden_dropout=0.0, attention_dropout=0.0, pipeline_model_parallel_size=groups.pp_size,
-                                virtual_pipeline_model_parallel_size=V if V > 1 else None)
+                                virtual_pipeline_model_parallel_size=V if name == "interleaved_1f1b" else None)
+        use_v_layout(cfg, "zb-v" if name == "zb_v" else None)  # ZB-V: 2P stages of layers in a V
         cfg.resolve().validate()
         model = build_model(provider, cfg, groups, torch.device("cpu"))
         initialize_parameters(model, 1, groups.tp_rank, groups.tp_size)

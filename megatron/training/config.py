@@ -61,7 +61,8 @@ class TrainingConfig:
         "to this JSON file (draw it with tools/pipeline_timeline.py --trace; one machine's clock).")
     pipeline_schedule: Optional[str] = opt(
         None, "Pipeline schedule (default: 1f1b, or interleaved with model chunks): zb-h1 / zb-h2 are the "
-        "zero-bubble schedules, whose backward computes weight gradients in separate W steps.",
+        "zero-bubble schedules, whose backward computes weight gradients in separate W steps; zb-v also "
+        "places two model chunks per rank in a V (num layers divisible by 2 x pipeline size).",
         choices=["1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v"])
     mock_data: bool = opt(
         False, "Train on deterministic synthetic tokens (with --tokenizer-type NullTokenizer --vocab-size N).")

@@ -6,7 +6,7 @@ import time
 import torch.distributed as dist
 
 from ..core import fusions
-from ..core.pipeline_parallel import ReducedLosses, default_schedule, layer_split, loss_means
+from ..core.pipeline_parallel import ReducedLosses, default_schedule, loss_means, stage_layers
 from ..core.transformer import context_parallel
 from .flops import peak_tflops_per_gpu
 
@@ -125,13 +125,13 @@ class TrainingLogger:
 def pipeline_summary(model_cfg, pp, schedule_flag=None):
     """One line: the schedule and which layers (numbered from 1) each stage's chunks hold."""
     vpp = model_cfg.virtual_pipeline_model_parallel_size or 1
-    split = layer_split(model_cfg.num_layers, pp, vpp, model_cfg.decoder_first_pipeline_num_layers,
-                        model_cfg.decoder_last_pipeline_num_layers)
+    split = [[stage_layers(model_cfg, pp, p, v) for v in range(vpp)] for p in range(pp)]
     stages = " | ".join(f"stage {p}: " + ", ".join(f"{o + 1}" if n == 1 else f"{o + 1}-{o + n}" for o, n in chunks)
                         for p, chunks in enumerate(split))
     name = schedule_flag or default_schedule(pp, vpp)
+    where = "on stage 0 (a V: chunk 1 comes back)" if model_cfg.pipeline_v_layout else "on the last"
     return (f"> pipeline: {name}, {pp} stages x {vpp} model chunk(s); layers {stages}"
-            " (embedding on stage 0, output layer and loss on the last)")
+            f" (embedding on stage 0, output layer and loss {where})")
 
 
 def _no_peak_reason(device):

@@ -15,7 +15,7 @@ from ..core.config import ConfigError
 from ..core.distributed.strategy import shards_grads
 from ..core.fusions import check_config as check_fusions
 from ..core.parallel_state import validate_expert_parallel_size, validate_parallel_sizes
-from ..core.pipeline_parallel.schedule_flag import schedule_for_flag
+from ..core.pipeline_parallel.schedule_flag import schedule_for_flag, use_v_layout
 from .checkpoint_args import apply_checkpoint_args, check_ckpt_format
 from .tokenizer import build_tokenizer
 
@@ -31,6 +31,7 @@ def resolve(model_cfg, train_cfg, world_size, make_tokenizer=build_tokenizer):
     tokenizer = make_tokenizer(train_cfg)
     model_cfg.resolve(vocab_size=tokenizer.vocab_size)
     model_cfg.params_dtype = train_cfg.params_dtype
+    use_v_layout(model_cfg, train_cfg.pipeline_schedule)
     # a world that TP x PP does not divide is reported by validate(), after the model's own checks
     train_cfg.resolve(max(1, world_size // (model_cfg.tensor_model_parallel_size * model_cfg.context_parallel_size *
                                             model_cfg.pipeline_model_parallel_size)))
@@ -56,8 +57,12 @@ def validate(model_cfg, train_cfg, world_size):
                           f"by {train_cfg.data_parallel_sharding_strategy} yet); change one of them")
     check_ckpt_format(train_cfg)
     schedule_for_flag(train_cfg.pipeline_schedule, pp, vpp or 1)
+    if model_cfg.pipeline_v_layout and not model_cfg.untie_embeddings_and_output_weights and \
+            train_cfg.use_distributed_optimizer and train_cfg.overlap_grad_reduce:
+        raise ConfigError("--pipeline-schedule zb-v with --use-distributed-optimizer cannot overlap the gradient "
+                          "reduction yet (its two tied-embedding copies on rank 0): drop --overlap-grad-reduce")
     num_micro = train_cfg.global_batch_size // (train_cfg.micro_batch_size * dp)
-    if vpp and num_micro % pp:
+    if vpp and not model_cfg.pipeline_v_layout and num_micro % pp:
         raise ConfigError(
             f"the interleaved schedule ({vpp} model chunks per rank) needs the number of microbatches, "
             f"--global-batch-size ({train_cfg.global_batch_size}) / (--micro-batch-size "

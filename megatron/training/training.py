@@ -13,6 +13,7 @@ from ..core.optimizer import LRScheduler, get_megatron_optimizer
 from ..core.optimizer.grad_scaler import ConstantGradScaler, DynamicGradScaler
 from ..core.pipeline_parallel import TOKEN_LOSS, default_schedule, get_forward_backward_func
 from ..core.pipeline_parallel.schedule_flag import schedule_for_flag
+from ..core.pipeline_parallel.split import chunk_roles
 from ..core.tensor_parallel.initialization import initialize_parameters
 from ..core.transformer.context_parallel import cp_slice
 from ..core.transformer.moe import step_hooks as moe_hooks
@@ -46,9 +47,9 @@ def build_model(model_provider, model_cfg, groups, device):
     chunk; the embedding goes on the first stage's first chunk, the loss on the last's last.
     """
     V = model_cfg.virtual_pipeline_model_parallel_size or 1
-    chunks = [model_provider(model_cfg, groups, device, pre_process=groups.is_first_stage and v == 0,
-                             post_process=groups.is_last_stage and v == V - 1, vp_stage=v)
-              for v in range(V)]
+    roles = [chunk_roles(model_cfg, groups.pp_size, groups.pp_rank, v) for v in range(V)]
+    chunks = [model_provider(model_cfg, groups, device, pre_process=pre, post_process=post, vp_stage=v)
+              for v, (pre, post) in enumerate(roles)]
     return chunks[0] if V == 1 else nn.ModuleList(chunks)
 
 

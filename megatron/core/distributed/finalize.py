@@ -39,13 +39,32 @@ def _grad_of(ddp):
     return (lambda p: p.main_grad) if ddp is not None else (lambda p: p.grad)
 
 
-def allreduce_tied_embedding_grads(model, groups, grad_of):
+def sum_tied_copies_here(model, grad_of) -> bool:
+    """ZB-V's layout holds both tied-table copies on the first stage (chunks 0 and 1): give each the sum
+    of both gradients, locally. Returns whether this rank holds both copies. No communication."""
+    tied = [p for p in model.parameters() if param_meta(p).tied_embedding]
+    if len(tied) != 2:
+        return False
+    grads = [grad_of(p) if grad_of(p) is not None else torch.zeros_like(p) for p in tied]
+    total = grads[0] + grads[1]
+    for p, g in zip(tied, grads):
+        g.copy_(total)
+        if grad_of(p) is None:
+            p.grad = g
+    return True
+
+
+def allreduce_tied_embedding_grads(model, groups, grad_of, copies_summed=False):
     """Sum the tied word embedding's gradient over groups.embd (first and last pipeline stage).
 
     Both copies start equal (same init_key), so with the same summed gradient and the same
-    optimizer step they stay equal. Middle stages hold no copy and do nothing.
+    optimizer step they stay equal. Middle stages hold no copy and do nothing. In ZB-V's
+    layout both copies are on the first stage and the last holds none: sum_tied_copies_here,
+    unless copies_summed says that was done already.
     """
     if groups.pp_size == 1:
+        return
+    if copies_summed or sum_tied_copies_here(model, grad_of):
         return
     for p in model.parameters():
         if param_meta(p).tied_embedding:
@@ -68,6 +87,10 @@ def finalize_model_grads(model, groups, ddp=None):
     if ddp is not None and ddp.shards_grads:
         _finalize_sharded(model, groups, ddp)
         return
+    # ZB-V's two tied copies: summed before the DP reduction where it has not started yet (the
+    # distributed optimizer's shards of the two copies are different slices); with overlap after it
+    copies_summed = groups.pp_size > 1 and (ddp is None or not ddp.overlap_grad_reduce) and \
+        sum_tied_copies_here(model, _grad_of(ddp))
     if ddp is not None:
         ddp.finish_grad_sync()
     elif groups.dp_size * groups.cp_size > 1:
@@ -79,7 +102,7 @@ def finalize_model_grads(model, groups, ddp=None):
         if sp:
             _all_reduce_coalesced(sp, groups.tp)
     # last, as in Megatron-LM: after the DP reduction (which may be overlapped) is complete
-    allreduce_tied_embedding_grads(model, groups, grad_of)
+    allreduce_tied_embedding_grads(model, groups, grad_of, copies_summed)
 
 
 def _finalize_sharded(model, groups, ddp):

@@ -6,6 +6,9 @@ sent, p2p.free_output). On the last virtual stage the output is the scaled loss.
 The loss contract (named terms, their counts and sums) is in losses.py.
 A schedule with W actions (zero_bubble.py) runs its forwards with the layers' weight
 gradients split off (tensor_parallel/weight_grad.py): B keeps that work, W does it.
+ZB-V (zb_v.py, v_shape): the loss is on rank 0's chunk 1; on the last rank chunk 0's output is
+chunk 1's input, and chunk 1's input gradient chunk 0's output gradient, without a message;
+activations and gradients travel on two ordered channels (p2p tags).
 """
 import contextlib
 import functools
@@ -16,11 +19,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..errors import ConfigError
 from ..tensor_parallel import weight_grad
 from ..watchdog import waiting
 from .losses import TOKEN_LOSS, LossDeclaration, ReducedLosses, global_counts, masked_sums
 from .p2p import P2PCommunicator, backward_through, free_output
 from .schedules import SCHEDULES, default_schedule
+from .zb_v import zb_v
 
 
 def as_chunks(model) -> list[nn.Module]:
@@ -42,7 +47,8 @@ class _Rank:
     gradient waiting to be sent; each entry is dropped as soon as it is used.
     num_tokens: [terms] global counts of the loss terms `names`, in that order."""
 
-    def __init__(self, chunks, batches, forward_step, groups, comm, num_tokens, names, forward_only, loss_scale):
+    def __init__(self, chunks, batches, forward_step, groups, comm, num_tokens, names, forward_only, loss_scale,
+                 v_shape=False):
         self.chunks, self.batches, self.forward_step = chunks, batches, forward_step
         self.loss_scale, self.names = loss_scale, names
         self.comm, self.num_tokens, self.forward_only = comm, num_tokens, forward_only
@@ -51,6 +57,9 @@ class _Rank:
         self.unwaited_sends = []
         self.total = torch.zeros(num_tokens.shape, device=num_tokens.device)
         self.last_chunk = len(chunks) - 1 if groups.is_last_stage else None  # the chunk with the loss
+        self.v_shape, self.turn = v_shape, v_shape and groups.is_last_stage  # turn: chunk 0 feeds chunk 1 here
+        if v_shape:
+            self.last_chunk = 1 if groups.is_first_stage else None
 
     def forward(self, v, mb):
         key = (v, mb)
@@ -62,6 +71,10 @@ class _Rank:
             out = None if self.forward_only else (sums * (self.loss_scale / self.num_tokens)).sum()
         if out is not None:
             self.outputs[key] = out
+        if self.turn and v == 0:
+            self.inputs[(1, mb)] = out.detach() if self.forward_only else out.detach().requires_grad_()
+            if self.forward_only:
+                del self.outputs[key]
         if self.forward_only:
             self.inputs.pop(key, None)
 
@@ -78,6 +91,8 @@ class _Rank:
             self.weight_work[key] = work
         if inp is not None:
             self.in_grads[key] = inp.grad
+        if self.turn and v == 1:
+            self.out_grads[(0, mb)] = self.in_grads.pop(key)
 
     def weight(self, v, mb):
         weight_grad.apply(self.weight_work.pop((v, mb)))
@@ -86,13 +101,14 @@ class _Rank:
         posted, received = [], []
         for op in ops:
             key = (op.chunk, op.mb)
+            channel = int(self.v_shape and op.kind.endswith("bwd"))  # ZB-V: gradients on their own channel
             if op.kind == "send_fwd":
-                posted.append(("send", self.outputs[key].detach(), op.peer))
+                posted.append(("send", self.outputs[key].detach(), op.peer, channel))
             elif op.kind == "send_bwd":
-                posted.append(("send", self.in_grads.pop(key), op.peer))
+                posted.append(("send", self.in_grads.pop(key), op.peer, channel))
             else:
                 buf = self.comm.buffer()
-                posted.append(("recv", buf, op.peer))
+                posted.append(("recv", buf, op.peer, channel))
                 received.append((op.kind, key, buf))
         self.comm.exchange(posted, self.unwaited_sends if async_sends else None)
         for op in ops:
@@ -117,7 +133,7 @@ _nothing = contextlib.nullcontext
 
 def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P2PCommunicator],
                 num_tokens, names, forward_only=False, trace: Optional[list] = None, stats: Optional[dict] = None,
-                loss_scale=1.0):
+                loss_scale=1.0, v_shape=False):
     """Execute `actions` on this rank. Returns sum(loss x mask) over this rank's microbatches
     per loss term of `names` ([terms] fp32; zero unless this rank holds the last virtual stage).
 
@@ -128,8 +144,9 @@ def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P
     peak_kept_output_elems (elements of sent outputs still held); a callable stats["probe"] is
     called after every action with what the rank holds: outputs {(chunk, mb): tensor whose graph
     backward needs} and weight work {(chunk, mb): weight_grad work} (bench/pipeline_memory.py).
+    v_shape: the actions are zb_v's (chunks in a V, the loss on rank 0's chunk 1).
     """
-    r = _Rank(chunks, batches, forward_step, groups, comm, num_tokens, names, forward_only, loss_scale)
+    r = _Rank(chunks, batches, forward_step, groups, comm, num_tokens, names, forward_only, loss_scale, v_shape)
     r.split = any(a.kind == "W" for a in actions)
     peak = peak_elems = 0
     probe = stats.get("probe") if stats is not None else None
@@ -184,7 +201,12 @@ def forward_backward(model, batches, forward_step, groups, loss_terms: LossDecla
     """
     chunks = as_chunks(model)
     P, V, M = groups.pp_size, len(chunks), len(batches)
-    actions = SCHEDULES[schedule or default_schedule(P, V)](P, M, V, groups.pp_rank, forward_only)
+    v_shape = P > 1 and chunks[0].config.pipeline_v_layout  # built for ZB-V: only zb_v runs it
+    if v_shape and dist.get_backend(groups.pp) != "gloo":
+        raise ConfigError("--pipeline-schedule zb-v runs on gloo (CPU) only for now: its gradients need their own "
+                          "ordered channel (p2p tags), which NCCL does not keep apart; use zb-h1 or zb-h2")
+    schedule = "zb_v" if v_shape else schedule or default_schedule(P, V)
+    actions = (zb_v if v_shape else SCHEDULES[schedule])(P, M, V, groups.pp_rank, forward_only)
     names = list(loss_terms)
     counts = global_counts(batches, groups, loss_terms)
     comm = None
@@ -194,10 +216,13 @@ def forward_backward(model, batches, forward_step, groups, loss_terms: LossDecla
         shape = (s // groups.tp_size if cfg.sequence_parallel else s, b, cfg.hidden_size)
         comm = P2PCommunicator(groups, shape, cfg.params_dtype, counts.device)
     total = run_actions(actions, chunks, batches, forward_step, groups, comm, counts, names, forward_only, trace,
-                        stats, loss_scale)
-    if groups.is_last_stage and groups.dp_size * groups.cp_size > 1:
+                        stats, loss_scale, v_shape)
+    if groups.pp_rank == (0 if v_shape else P - 1) and groups.dp_size * groups.cp_size > 1:
         with waiting("all-reduce (losses)", groups.dp_cp):
             dist.all_reduce(total, group=groups.dp_cp)
+    if v_shape:  # the sums to every pipeline rank: the last stage keeps reporting them (logs, NaN check)
+        with waiting("broadcast (losses)", groups.pp):
+            dist.broadcast(total, src=groups.pp_ranks[0], group=groups.pp)
     return {name: (total[i], counts[i]) for i, name in enumerate(names)}
 
 

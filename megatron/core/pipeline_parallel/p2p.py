@@ -40,12 +40,13 @@ class P2PCommunicator:
         return torch.empty(self.shape, dtype=self.dtype, device=self.device)
 
     def exchange(self, ops: list[tuple[str, torch.Tensor, int]], unwaited_sends: Optional[list] = None) -> None:
-        """ops: (kind, tensor, peer pipeline rank), kind "send" or "recv", posted in list
-        order as one batch and all waited for. Receives land in their given tensors.
+        """ops: (kind, tensor, peer pipeline rank[, channel]), kind "send" or "recv", posted in list
+        order as one batch and all waited for. Receives land in their given tensors. Messages
+        between two ranks meet in order per channel (the p2p tag; gloo keeps tags apart, NCCL does not).
         unwaited_sends: the sends' (request, tensor) go there instead of being waited for
         (the caller waits before the step ends; the tensor must live until then)."""
         p2p_ops, peers = [], []
-        for kind, tensor, peer in ops:
+        for kind, tensor, peer, *channel in ops:
             if tuple(tensor.shape) != self.shape or tensor.dtype != self.dtype:
                 raise RuntimeError(
                     f"pipeline {kind} of {tuple(tensor.shape)} {tensor.dtype}: every message between stages "
@@ -53,11 +54,11 @@ class P2PCommunicator:
             if kind == "send" and not tensor.is_contiguous():  # NCCL sends contiguous memory only
                 tensor = tensor.contiguous()
             fn = dist.isend if kind == "send" else dist.irecv
-            p2p_ops.append(dist.P2POp(fn, tensor, self.groups.pp_ranks[peer], self.groups.pp))
+            p2p_ops.append(dist.P2POp(fn, tensor, self.groups.pp_ranks[peer], self.groups.pp, *channel))
             peers.append((kind, self.groups.pp_ranks[peer]))
         if p2p_ops:
             with waiting("pipeline send/receive", p2p=peers):  # a frozen neighbour ends this rank, in one line
-                for (kind, _, _), op, req in zip(ops, p2p_ops, dist.batch_isend_irecv(p2p_ops)):
+                for (kind, *_), op, req in zip(ops, p2p_ops, dist.batch_isend_irecv(p2p_ops)):
                     if kind == "send" and unwaited_sends is not None:
                         unwaited_sends.append((req, op.tensor))
                     else:

@@ -3,6 +3,7 @@ from typing import Optional
 
 from ..config import ConfigError
 from .schedules import default_schedule
+from .split import v_layer_split
 
 FLAG_CHOICES = ("1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v")
 _NAMES = {"1f1b": "1f1b", "interleaved": "interleaved_1f1b", "zb-h1": "zb_h1", "zb-h2": "zb_h2"}
@@ -10,12 +11,12 @@ _NAMES = {"1f1b": "1f1b", "interleaved": "interleaved_1f1b", "zb-h1": "zb_h1", "
 
 def schedule_for_flag(flag: Optional[str], P: int, V: int) -> str:
     """The SCHEDULES name for --pipeline-schedule `flag` with P pipeline ranks and V model
-    chunks per rank (None: the default for the layout). Raises ConfigError naming the flag."""
+    chunks per rank (None: the default for the layout; zb-v: after use_v_layout). Raises ConfigError
+    naming the flag."""
     if flag is None:
         return default_schedule(P, V)
     if flag == "zb-v":
-        raise ConfigError("--pipeline-schedule zb-v: the executor does not run the V layout yet (its schedule is "
-                          "simulated only, pipeline_parallel/zb_v.py): use zb-h1 or zb-h2")
+        return "zb_v" if P > 1 else default_schedule(P, V)  # V = 2 is use_v_layout's
     if flag not in _NAMES:
         raise ConfigError(f"--pipeline-schedule {flag}: choose one of {', '.join(FLAG_CHOICES)}")
     if flag == "interleaved" and V == 1:
@@ -27,3 +28,19 @@ def schedule_for_flag(flag: Optional[str], P: int, V: int) -> str:
     if P == 1:  # one stage: no pipeline to fill, plain gradient accumulation (and no split backward)
         return default_schedule(P, V)
     return _NAMES[flag]
+
+
+def use_v_layout(model_cfg, flag: Optional[str]) -> None:
+    """With --pipeline-schedule zb-v and more than one pipeline rank: two model chunks per rank in
+    a V (model_cfg.pipeline_v_layout, split.v_layer_split). Raises ConfigError naming the flag."""
+    P = model_cfg.pipeline_model_parallel_size
+    if flag != "zb-v" or P == 1:
+        return
+    if model_cfg.virtual_pipeline_model_parallel_size or model_cfg.num_layers_per_virtual_pipeline_stage:
+        raise ConfigError("--pipeline-schedule zb-v places its own two model chunks per rank: drop "
+                          "--num-layers-per-virtual-pipeline-stage / --num-virtual-stages-per-pipeline-rank")
+    if model_cfg.decoder_first_pipeline_num_layers or model_cfg.decoder_last_pipeline_num_layers:
+        raise ConfigError("--pipeline-schedule zb-v splits the layers evenly over 2P stages: drop "
+                          "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers")
+    v_layer_split(model_cfg.num_layers, P)  # the layers must divide into 2P stages
+    model_cfg.virtual_pipeline_model_parallel_size, model_cfg.pipeline_v_layout = 2, True

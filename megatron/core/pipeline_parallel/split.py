@@ -8,6 +8,9 @@ chunks p, P + p, 2P + p, ... Example, 8 layers, P = 2, V = 2 (layers counted fro
     rank 0: chunk 0 -> layers 0-1, chunk 1 -> layers 4-5
     rank 1: chunk 0 -> layers 2-3, chunk 1 -> layers 6-7
 
+ZB-V (--pipeline-schedule zb-v, config.pipeline_v_layout) has 2P equal stages in a V instead:
+rank p holds stage p as chunk 0 and stage 2P - 1 - p as chunk 1 (v_layer_split).
+
 Uneven splits: the first and/or last stage may get their own layer count
 (--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers, as in
 Megatron-LM); the other stages share the rest evenly. Every stage's count must divide
@@ -78,8 +81,29 @@ def layer_split(num_layers: int, pp: int, vpp: Optional[int] = None, first: Opti
     return split
 
 
+def v_layer_split(num_layers: int, pp: int) -> list[list[tuple[int, int]]]:
+    """ZB-V's layout: [pp_rank][chunk] -> (layer_offset, num_layers) with 2P stages of equal size, rank p
+    holding stage p (chunk 0) and stage 2P - 1 - p (chunk 1). Raises ConfigError naming the flags."""
+    if num_layers % (2 * pp):
+        raise ConfigError(f"--pipeline-schedule zb-v needs --num-layers ({num_layers}) divisible by 2 x {_P} "
+                          f"({2 * pp}): each rank holds two equal stages")
+    n = num_layers // (2 * pp)
+    return [[(p * n, n), ((2 * pp - 1 - p) * n, n)] for p in range(pp)]
+
+
+def chunk_roles(config, pp_size: int, pp_rank: int, chunk: int) -> tuple[bool, bool]:
+    """(pre_process, post_process) of one model chunk: the embedding on the first virtual stage, the
+    output layer and loss on the last; in the V layout both are on rank 0 (chunks 0 and 1)."""
+    V = config.virtual_pipeline_model_parallel_size or 1
+    if config.pipeline_v_layout:
+        return pp_rank == 0 and chunk == 0, pp_rank == 0 and chunk == 1
+    return pp_rank == 0 and chunk == 0, pp_rank == pp_size - 1 and chunk == V - 1
+
+
 def stage_layers(config, pp_size: int, pp_rank: int, vp_stage: Optional[int] = None) -> tuple[int, int]:
     """(layer_offset, num_layers) of one model chunk, from a TransformerConfig."""
+    if config.pipeline_v_layout:
+        return v_layer_split(config.num_layers, pp_size)[pp_rank][vp_stage or 0]
     split = layer_split(config.num_layers, pp_size, config.virtual_pipeline_model_parallel_size,
                         config.decoder_first_pipeline_num_layers, config.decoder_last_pipeline_num_layers)
     return split[pp_rank][vp_stage or 0]

@@ -9,8 +9,9 @@ B whose gradient is there, else an F whose input is there (chunk 1 first) while 
 fewer than 2P chunk-microbatches (P stage-microbatches: 1F1B's peak activation memory), else
 a pending W. Messages are placed as in zero_bubble.py.
 
-Schedule data and simulator only: the executor, model building and layer split do not know
-the V layout yet (--pipeline-schedule zb-v is refused).
+Run by the executor (executor.py, v_shape) on a model built in the V layout (split.v_layer_split,
+split.chunk_roles; --pipeline-schedule zb-v). Not in schedules.SCHEDULES: its chunks are not the
+loop layout the other schedules share (simulate it with stage_of=simulator.v_stage, streams=True).
 """
 from functools import lru_cache
 

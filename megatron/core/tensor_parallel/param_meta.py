@@ -31,6 +31,7 @@ class ParamMeta:
     unpadded_size: int | None = None   # rows along partition_dim holding real values; the rest is vocab padding
     sequence_parallel: bool = False    # TP-replicated, fed a sequence shard: its grad is summed over TP
     tied_embedding: bool = False       # the word embedding on the first and the last pipeline stage
+    tied_output_copy: bool = False     # that table's copy the output layer uses (not counted, not saved)
     no_weight_decay: bool = False      # AdamW leaves it undecayed
     expert_parallel: bool = False      # one MoE expert's: held by one expert-parallel rank, reduced over expert-DP
 
@@ -70,9 +71,10 @@ def set_sequence_parallel(param, flag=True):
     _update(param, sequence_parallel=bool(flag))
 
 
-def set_tied_embedding(param):
-    """The word embedding held on both the first and the last pipeline stage (grads summed over groups.embd)."""
-    _update(param, tied_embedding=True)
+def set_tied_embedding(param, output_copy=False):
+    """The word embedding held on both the first and the last pipeline stage (grads summed over groups.embd;
+    in ZB-V's layout both copies are on rank 0 and summed there). output_copy: the output layer's copy."""
+    _update(param, tied_embedding=True, tied_output_copy=output_copy)
 
 
 def set_expert_parallel(param):
@@ -104,8 +106,9 @@ def is_tensor_parallel_duplicate(param, tp_rank) -> bool:
 
 
 def is_pipeline_duplicate(param, pp_rank) -> bool:
-    """True for the last stage's copy of the tied word embedding (the first stage owns it)."""
-    return param_meta(param).tied_embedding and pp_rank != 0
+    """True for the output layer's copy of the tied word embedding (the first stage's input copy owns it)."""
+    meta = param_meta(param)
+    return meta.tied_embedding and (pp_rank != 0 or meta.tied_output_copy)
 
 
 def counted_once(param, groups) -> bool:

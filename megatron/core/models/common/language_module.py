@@ -51,7 +51,7 @@ class LanguageModule(nn.Module):
             if self.share_embeddings and pre_process != post_process:
                 # the tied table lives on the first and the last stage: finalize_model_grads sums
                 # its grads over groups.embd; the grad norm counts it once (param_meta.counted_once)
-                set_tied_embedding(self.word_embeddings.weight)
+                set_tied_embedding(self.word_embeddings.weight, output_copy=post_process)
         if pre_process and config.position_embedding_type == "learned_absolute":
             self.position_embeddings = nn.Parameter(torch.empty(
                 config.max_position_embeddings, config.hidden_size, dtype=config.params_dtype, device=device))
