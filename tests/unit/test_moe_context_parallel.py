@@ -1,8 +1,10 @@
 """MoE with context parallelism in one process: each CP rank's router losses are its part of the
 micro-batch's (the parts add up, and so do their gradients), the expert groups are carved out of
 DP x CP, and the layout line names EP. The CLI parity is tests/functional/test_moe_parity.py."""
+import pytest
 import torch
 
+from megatron.core.config import ConfigError, TransformerConfig
 from megatron.core.parallel_state import ProcessGroups, expert_rank_lists, grid_rank
 from megatron.core.transformer.moe import aux_losses
 
@@ -37,3 +39,12 @@ def test_describe_names_context_and_expert_parallelism():
     g = ProcessGroups(*[None] * 5, tp_size=1, dp_size=1, pp_size=1, tp_rank=0, dp_rank=0, pp_rank=0, rank=0,
                       world_size=4, pp_ranks=[0], cp_size=2, ep_size=2, edp_size=1)
     assert "CP 2" in g.describe() and "EP 2" in g.describe()
+
+
+def test_a_sequence_the_cp_ranks_would_pad_is_refused_with_moe():
+    def moe(seq):
+        return TransformerConfig(num_layers=2, hidden_size=16, num_attention_heads=2, num_experts=4, seq_length=seq,
+                                 add_bias_linear=False, attention_dropout=0.0, context_parallel_size=2)
+    moe(64).validate()
+    with pytest.raises(ConfigError, match="--seq-length"):
+        moe(62).validate()
