@@ -113,6 +113,11 @@ class ProcessGroups:
         return self.pp_rank == self.pp_size - 1
 
     def describe(self) -> str:
+        if self.ep_size > 1:  # experts are split over DP x CP
+            return self._describe_grid() + f"; experts over EP {self.ep_size} x expert-DP {self.edp_size}"
+        return self._describe_grid()
+
+    def _describe_grid(self) -> str:
         if self.cp_size > 1:
             return (f"world {self.world_size} = TP {self.tp_size} x CP {self.cp_size} x DP {self.dp_size} x PP "
                     f"{self.pp_size}" + (f" (virtual stages {self.vpp_size})" if self.vpp_size else "")

@@ -54,12 +54,13 @@ def build_model(model_provider, model_cfg, groups, device):
 
 
 def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, iteration,
-               forward_backward_func=None, loss_terms=TOKEN_LOSS):
+               forward_backward_func=None, loss_terms=TOKEN_LOSS, model_cfg=None):
     """One iteration. Returns (losses, grad_norm tensor or None, lr, updated): losses is
     forward_backward's {term: (sum, count)} over the global batch (pipeline_parallel.loss_means
     divides); lr is the rate this iteration ran at; updated is False when fp16 gradients overflowed
     and the step was skipped (the schedule then does not advance, as Megatron-LM). `iteration` is
-    not used: the schedule keeps its own position. No host sync but fp16's.
+    not used: the schedule keeps its own position. No host sync but fp16's. model_cfg: the model's
+    config, for the MoE hooks (step_hooks.finish_step).
 
     The microbatches run through forward_backward_func (default: the schedule for this
     layout, pipeline_parallel.get_forward_backward_func()). The gradient summed over
@@ -75,7 +76,7 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
     updated, grad_norm = optimizer.step()
     if updated:
         scheduler.step()
-    losses = moe_hooks.finish_step(model, groups, len(batches), losses, updated)
+    losses = moe_hooks.finish_step(model, groups, len(batches), losses, updated, model_cfg)
     return losses, grad_norm, lr, updated
 
 
@@ -189,7 +190,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
         trace = [] if iteration == trace_iter else None
         fb = forward_backward_func if trace is None else functools.partial(forward_backward_func, trace=trace)
         losses, grad_norm, lr, updated = train_step(model, ddp, optimizer, scheduler, batches, spec.forward_step,
-                                                    groups, iteration, fb, spec.loss_terms)
+                                                    groups, iteration, fb, spec.loss_terms, model_cfg)
         if trace is not None:
             write_pipeline_trace(train_cfg.pipeline_trace, trace, groups, model_cfg, len(batches), iteration,
                                  schedule)
@@ -204,7 +205,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                 torch.cuda.synchronize()
             logger.log(iteration, consumed, lr, train_cfg.global_batch_size, flops, groups.world_size,
                        optimizer.loss_scale if train_cfg.fp16 else None)
-            balance = moe_hooks.balance_line(model, groups, device)
+            balance = moe_hooks.balance_line(model_cfg, groups, device)
             if balance:
                 print_rank_last(f" iteration {iteration:8d} |{balance}")
         if train_cfg.eval_iters > 0 and train_cfg.eval_interval and iteration % train_cfg.eval_interval == 0:

@@ -9,11 +9,15 @@ Each layout proves something the others do not:
   PP2 x EP2, alltoall, replicated optimizer, capacity 1.0 (drop by position): router losses from
       both stages; the expert grad norm summed over the EP group; the same pairs dropped as one process
   TP2 x PP2 x EP2 (8 ranks): saves at iteration 2; one process loads it and goes on identically
+  CP2 x EP2, alltoall, Llama-style, seq_aux_loss, expert bias: the router's counts summed over CP,
+      each CP rank's losses its part of the micro-batch's, the bias's load counts summed over DP x CP,
+      EP carved out of DP x CP (CP2 x DP2 and TP2 x CP2 x EP2
+      run by hand: notes/17-18-moecp.md)
 """
 import pytest
 
 from .cli import run_metrics
-from .test_parity import BASE, assert_metrics_parity
+from .test_parity import BASE, LLAMA, assert_metrics_parity
 
 ITERS = 4
 FLAGS = BASE + ["--train-iters", str(ITERS), "--eval-iters", "0"]  # the last occurrence of a flag wins
@@ -63,3 +67,12 @@ def test_checkpoint_saved_at_tp2_pp2_ep2_continues_at_one_process(tmp_path):
     assert sorted(first["train"]) == [1, 2] and sorted(second["train"]) == [3, 4]
     got = {"train": {**first["train"], **second["train"]}, "validation": {}}
     assert_metrics_parity(ref, got, TERMS)
+
+
+@pytest.mark.slow
+def test_moe_with_context_parallel_matches_one_process():
+    model = LLAMA + ["--moe-router-load-balancing-type", "seq_aux_loss", "--moe-router-enable-expert-bias",
+                     "--moe-router-bias-update-rate", "0.05"]  # a rate that moves the routing within 4 iterations
+    got = run_metrics(FLAGS + MOE + model + EP2 + ["--context-parallel-size", "2", "--moe-token-dispatcher-type",
+                                                    "alltoall"], nproc=4)[1]
+    assert_metrics_parity(reference(model), got, TERMS)

@@ -113,8 +113,8 @@ def test_router_loss_gradient_enters_backward():
 
 
 class _OneRank:
-    dp = pp = None
-    dp_size = pp_size = 1
+    dp = pp = dp_cp = None
+    dp_size = pp_size = cp_size = 1
 
 
 def test_grouped_mm_equals_loop_and_its_gradient():

@@ -16,30 +16,41 @@ import torch.nn.functional as F
 _STATE = {"scale": 1.0, "sums": {}, "layers": set(), "tokens": {}}
 
 
-def switch_load_balancing_loss(scores, tokens_per_expert, topk, coeff):
+def switch_load_balancing_loss(scores, tokens_per_expert, topk, coeff, total_tokens=None):
     """Switch / GShard loss over one micro-batch: coeff x E / (k T^2) x sum_e (sum_t p_te) n_e.
 
-    scores [T, E]: softmax (or normalised sigmoid) over all experts; tokens_per_expert [E]:
-    the (token, choice) pairs routed to each expert. -> scalar. No communication.
+    scores [T_local, E]: softmax (or normalised sigmoid) over all experts of this rank's tokens;
+    tokens_per_expert [E]: the (token, choice) pairs routed to each expert over the whole micro-batch;
+    total_tokens: T, the micro-batch's tokens (default T_local). With context parallelism (T = CP x
+    T_local, counts summed over CP) this is this rank's part: the parts sum over CP to the loss, and
+    each part's gradient is the loss's for this rank's tokens. -> scalar. No communication.
     """
     T, E = scores.shape
+    T = total_tokens or T
     return coeff * E / (topk * T * T) * (scores.sum(0) * tokens_per_expert).sum()
 
 
-def sequence_load_balancing_loss(scores, indices, seq_len, topk, coeff):
+def sequence_load_balancing_loss(scores, indices, seq_len, topk, coeff, cp_group=None):
     """Per-sequence balance (DeepSeek-V2): coeff x mean_b sum_e f_be P_be with f_be = n_be E / (k s)
-    and P_be = mean over the sequence of p_te. scores [s*b, E] (row si*b + bi), indices [s*b, k]."""
+    and P_be = mean over the sequence of p_te. scores [s*b, E] (row si*b + bi), indices [s*b, k].
+
+    cp_group (context parallelism: this rank holds s = seq_len of the C x seq_len tokens of each
+    sequence): n_be is all-reduced over it and the result is this rank's part (sum over CP = loss)."""
     T, E = scores.shape
     b = T // seq_len
     counts = F.one_hot(indices.view(seq_len, b, topk), E).sum((0, 2)).to(scores.dtype)  # [b, E]
-    f = counts * E / (topk * seq_len)
-    P = scores.view(seq_len, b, E).mean(0)
+    parts = 1 if cp_group is None else dist.get_world_size(cp_group)
+    if parts > 1:
+        dist.all_reduce(counts, group=cp_group)
+    f = counts * E / (topk * seq_len * parts)
+    P = scores.view(seq_len, b, E).sum(0) / (seq_len * parts)
     return coeff * (f * P).sum(1).mean()
 
 
-def z_loss(logits, coeff):
-    """ST-MoE router z-loss: coeff x mean_t logsumexp(logits_t)^2. logits [T, E] -> scalar."""
-    return coeff * torch.logsumexp(logits, dim=-1).square().mean()
+def z_loss(logits, coeff, parts=1):
+    """ST-MoE router z-loss: coeff x mean_t logsumexp(logits_t)^2. logits [T, E] -> scalar; with
+    context parallelism (parts = CP ranks, each holding T of the tokens) this rank's part of the mean."""
+    return coeff * torch.logsumexp(logits, dim=-1).square().mean() / parts
 
 
 class _AttachLoss(torch.autograd.Function):
@@ -79,13 +90,14 @@ def record_tokens(layer_number, tokens_per_expert):
 
 def iteration_report(names, groups, microbatches_in_global_batch, moe_layers, device):
     """{name: (sum, count)} of each router loss over the global batch: summed over this rank's
-    micro-batches and layers, all-reduced over groups.dp and groups.pp; count = micro-batches x MoE
-    layers, so the mean is per layer and micro-batch. Every rank calls it (collective)."""
+    micro-batches and layers, all-reduced over groups.dp_cp (the CP ranks' parts add up to the
+    loss) and groups.pp; count = micro-batches x MoE layers, so the mean is per layer and
+    micro-batch. Every rank calls it (collective)."""
     if not names:
         return {}
     sums = torch.stack([torch.as_tensor(_STATE["sums"].get(n, 0.0), device=device, dtype=torch.float32)
                         for n in names])
-    for group, size in ((groups.dp, groups.dp_size), (groups.pp, groups.pp_size)):
+    for group, size in ((groups.dp_cp, groups.dp_size * groups.cp_size), (groups.pp, groups.pp_size)):
         if size > 1:
             dist.all_reduce(sums, group=group)
     count = torch.tensor(float(microbatches_in_global_batch * moe_layers), device=device)
@@ -94,12 +106,12 @@ def iteration_report(names, groups, microbatches_in_global_batch, moe_layers, de
 
 def tokens_balance(groups, num_layers, num_experts, device):
     """(min, max) over MoE layers and experts of the tokens routed since the last call, summed over
-    groups.dp and groups.pp (collective); clears the counts. None when nothing was routed."""
+    groups.dp_cp and groups.pp (collective); clears the counts. None when nothing was routed."""
     table = torch.zeros(num_layers, num_experts, device=device)
     for layer, counts in _STATE["tokens"].items():
         table[layer - 1] += counts.to(device)
     _STATE["tokens"] = {}
-    for group, size in ((groups.dp, groups.dp_size), (groups.pp, groups.pp_size)):
+    for group, size in ((groups.dp_cp, groups.dp_size * groups.cp_size), (groups.pp, groups.pp_size)):
         if size > 1:
             dist.all_reduce(table, group=group)
     used = table[table.sum(1) > 0]

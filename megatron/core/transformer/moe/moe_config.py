@@ -73,9 +73,11 @@ def check_moe(cfg) -> None:
     if cfg.num_experts % ep:
         raise ConfigError(f"{f('num_experts')} ({cfg.num_experts}) is not divisible by "
                           f"{f('expert_model_parallel_size')} ({ep}); each expert-parallel rank needs whole experts")
-    if cfg.context_parallel_size > 1:  # the router's balance statistics are not reduced over CP yet
-        raise ConfigError(f"MoE layers ({f('num_experts')}) do not run with {f('context_parallel_size')} > 1 "
-                          f"yet; give {f('context_parallel_size')} 1")
+    multiple = 2 * cfg.context_parallel_size * cfg.tensor_model_parallel_size
+    if cfg.context_parallel_size > 1 and cfg.seq_length % multiple:  # pad tokens would be routed and counted
+        raise ConfigError(f"MoE layers with {f('context_parallel_size')} {cfg.context_parallel_size} need "
+                          f"{f('seq_length')} ({cfg.seq_length}) to be a multiple of 2 x CP x TP ({multiple}): "
+                          "the router would count the padding tokens; change it")
     etp = cfg.expert_tensor_parallel_size
     if etp is not None and etp not in (1, cfg.tensor_model_parallel_size):
         raise ConfigError(f"{f('expert_tensor_parallel_size')} {etp}: give 1 (whole experts on every TP rank) "

@@ -19,10 +19,11 @@ class MoELayer(nn.Module):
     Tokens are replicated over TP (gathered first with sequence parallelism); the experts are
     split over TP like the dense MLP, so their outputs are summed over `tp_group` before combine.
     Experts are split over `ep_group` (None: all here) in blocks of E / EP, this rank
-    holding block `ep_rank`. The router's losses join backward through the output.
+    holding block `ep_rank`. The router's losses join backward through the output; with context
+    parallelism its statistics are reduced over `cp_group` (router.py).
     """
 
-    def __init__(self, config, tp_group, layer_number, ep_group=None, ep_rank=0, device=None):
+    def __init__(self, config, tp_group, layer_number, ep_group=None, ep_rank=0, device=None, cp_group=None):
         super().__init__()
         self.config, self.tp_group = config, tp_group
         self.tp_size = comm.world(tp_group)
@@ -31,7 +32,7 @@ class MoELayer(nn.Module):
         ep = comm.world(ep_group) if ep_group is not None else 1
         count = config.num_experts // ep
         self.ep = ep
-        self.router = TopKRouter(config, layer_number, device)
+        self.router = TopKRouter(config, layer_number, device, cp_group)
         self.experts = LocalExperts(config, ep_rank * count, count, self.tp_size if self.expert_tp else 1, device)
         self.dispatcher = build_dispatcher(config.moe_token_dispatcher_type, config.num_experts, ep_rank * count,
                                            count, ep_group)
@@ -70,7 +71,7 @@ class MoELayer(nn.Module):
 def build_mlp(config, tp_group, layer_number, device=None):
     """The feed-forward block of layer `layer_number`: an MoELayer where config.is_moe_layer, else
     the dense MLP. The expert-parallel group is read from parallel_state when EP > 1 (a PlanGroup on
-    the meta device, for planning)."""
+    the meta device, for planning), the context-parallel group when CP > 1 (none on meta: no forward)."""
     if not config.is_moe_layer(layer_number):
         return MLP(config, tp_group, device)
     ep_group, ep_rank, ep = None, 0, config.expert_model_parallel_size
@@ -80,4 +81,8 @@ def build_mlp(config, tp_group, layer_number, device=None):
         from ...parallel_state import get_process_groups
         groups = get_process_groups()
         ep_group, ep_rank = groups.ep, groups.ep_rank
-    return MoELayer(config, tp_group, layer_number, ep_group, ep_rank, device)
+    cp_group = None
+    if config.context_parallel_size > 1 and str(device) != "meta":
+        from ...parallel_state import get_process_groups
+        cp_group = get_process_groups().cp
+    return MoELayer(config, tp_group, layer_number, ep_group, ep_rank, device, cp_group)

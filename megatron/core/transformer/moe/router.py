@@ -41,11 +41,14 @@ class TopKRouter(nn.Module):
 
     Adds the load-balancing and z losses to the output's backward (aux_losses.attach) and records
     them. The expert bias (a buffer, not trained by the optimizer) moves by update_expert_bias().
+    cp_group (context parallelism: each rank holds part of every sequence): the losses' counts are
+    summed over it and each rank's loss is its part of the micro-batch's (the parts add up over CP).
     """
 
-    def __init__(self, config, layer_number, device=None):
+    def __init__(self, config, layer_number, device=None, cp_group=None):
         super().__init__()
-        self.config, self.layer_number = config, layer_number
+        self.config, self.layer_number, self.cp_group = config, layer_number, cp_group
+        self.cp_size = dist.get_world_size(cp_group) if cp_group is not None else 1
         E = config.num_experts
         self.weight = nn.Parameter(torch.empty(E, config.hidden_size, dtype=config.params_dtype, device=device))
         set_init(self.weight, "normal", config.init_method_std)
@@ -73,27 +76,30 @@ class TopKRouter(nn.Module):
                 self.bias_tokens += counts.float()
             if c.moe_router_load_balancing_type != "none" and c.moe_aux_loss_coeff > 0:
                 if c.moe_router_load_balancing_type == "aux_loss":
-                    loss = aux_losses.switch_load_balancing_loss(scores, counts.to(scores.dtype),
-                                                                 c.moe_router_topk, c.moe_aux_loss_coeff)
+                    whole = counts.to(scores.dtype)
+                    if self.cp_size > 1:
+                        dist.all_reduce(whole, group=self.cp_group)
+                    loss = aux_losses.switch_load_balancing_loss(scores, whole, c.moe_router_topk, c.moe_aux_loss_coeff,
+                                                                 x.shape[0] * self.cp_size)
                 else:
                     loss = aux_losses.sequence_load_balancing_loss(scores, chosen, seq_len, c.moe_router_topk,
-                                                                   c.moe_aux_loss_coeff)
+                                                                   c.moe_aux_loss_coeff, self.cp_group)
                 aux_losses.record("load_balancing_loss", self.layer_number, loss)
                 losses.append(loss)
             if c.moe_z_loss_coeff:
-                loss = aux_losses.z_loss(logits, c.moe_z_loss_coeff)
+                loss = aux_losses.z_loss(logits, c.moe_z_loss_coeff, self.cp_size)
                 aux_losses.record("z_loss", self.layer_number, loss)
                 losses.append(loss)
         return probs, indices, (sum(losses) if losses else None)
 
     @torch.no_grad()
     def update_expert_bias(self, groups):
-        """After an iteration: bias_e += rate x sign(mean - tokens_e), tokens summed over groups.dp
-        (every TP and pipeline rank of a layer holds the same counts). Clears the counts."""
+        """After an iteration: bias_e += rate x sign(mean - tokens_e), tokens summed over groups.dp_cp
+        (every TP and pipeline rank of a layer holds the same counts; CP ranks hold parts). Clears the counts."""
         if self.expert_bias is None:
             return
-        if groups.dp_size > 1:
-            dist.all_reduce(self.bias_tokens, group=groups.dp)
+        if groups.dp_size * groups.cp_size > 1:
+            dist.all_reduce(self.bias_tokens, group=groups.dp_cp)
         offset = self.bias_tokens.mean() - self.bias_tokens
         self.expert_bias += self.config.moe_router_bias_update_rate * torch.sign(offset)
         self.bias_tokens.zero_()

@@ -28,19 +28,20 @@ def _config(model):
 
 def start_step(model, num_microbatches, groups, loss_scale):
     """Before forward_backward: the router losses' backward scale (loss_scale / micro-batches in
-    the global batch, as the token loss is normalised over the global batch; groups.dp_size)."""
+    the global batch, as the token loss is normalised over the global batch; groups.dp_size: with
+    context parallelism each CP rank's router loss is its part of the micro-batch's, so the parts'
+    gradients, summed over DP x CP like every gradient, are the loss's)."""
     if _config(model) is not None:
         aux_losses.start_iteration(loss_scale, num_microbatches * groups.dp_size)
 
 
-def finish_step(model, groups, num_microbatches, losses, updated):
+def finish_step(model, groups, num_microbatches, losses, updated, model_cfg=None):
     """After the optimizer step: losses (ReducedLosses) with the router loss terms added
-    (collective over groups.dp and groups.pp, on every rank of a MoE model); moves the expert
-    biases when the step was taken."""
-    config = _config(model)
-    # every pipeline stage must join the collectives: stages without MoE layers read the config off
-    # the model's chunks
-    config = config or next((m.config for m in model.modules() if hasattr(m, "config")), None)
+    (collective over groups.dp_cp and groups.pp, on every rank of a MoE model); moves the expert
+    biases when the step was taken. model_cfg: the model's TransformerConfig; every pipeline stage
+    must join the collectives, and a stage without MoE layers knows the model has them from it
+    (None: read off this rank's MoE layers)."""
+    config = model_cfg if model_cfg is not None else _config(model)
     if config is None or config.num_experts is None:
         return losses
     device = next(iter(losses.values()))[0].device
@@ -53,10 +54,10 @@ def finish_step(model, groups, num_microbatches, losses, updated):
     return {**losses, **report}
 
 
-def balance_line(model, groups, device):
-    """' tokens per expert min/max: a / b |' over the log interval (collective), or '' without MoE."""
-    config = next((m.config for m in model.modules() if hasattr(m, "config")), None)
-    if config is None or config.num_experts is None:
+def balance_line(config, groups, device):
+    """' tokens per expert min/max: a / b |' over the log interval (collective over groups.dp_cp and
+    groups.pp), or '' without MoE. config: the model's TransformerConfig."""
+    if config.num_experts is None:
         return ""
     found = aux_losses.tokens_balance(groups, config.num_layers, config.num_experts, device)
     return f" tokens per expert min/max: {found[0]:.0f} / {found[1]:.0f} |" if found else ""

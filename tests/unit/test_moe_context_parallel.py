@@ -1,0 +1,50 @@
+"""MoE with context parallelism in one process: each CP rank's router losses are its part of the
+micro-batch's (the parts add up, and so do their gradients), the expert groups are carved out of
+DP x CP, and the layout line names EP. The CLI parity is tests/functional/test_moe_parity.py."""
+import pytest
+import torch
+
+from megatron.core.config import ConfigError, TransformerConfig
+from megatron.core.parallel_state import ProcessGroups, expert_rank_lists, grid_rank
+from megatron.core.transformer.moe import aux_losses
+
+
+def _routing(T=12, E=4, k=2):
+    torch.manual_seed(0)
+    logits = torch.randn(T, E, dtype=torch.float64, requires_grad=True)
+    indices = torch.topk(logits.detach(), k, dim=-1).indices
+    return logits, indices, torch.bincount(indices.reshape(-1), minlength=E).double()
+
+
+def test_switch_and_z_loss_parts_add_up_to_the_whole():
+    logits, indices, counts = _routing()
+    whole = aux_losses.switch_load_balancing_loss(logits.softmax(-1), counts, 2, 1e-2) + aux_losses.z_loss(logits, 1e-3)
+    (g_whole,) = torch.autograd.grad(whole, logits)
+    parts = [aux_losses.switch_load_balancing_loss(rows.softmax(-1), counts, 2, 1e-2, total_tokens=12)
+             + aux_losses.z_loss(rows, 1e-3, parts=2) for rows in (logits[[0, 1, 2, 9, 10, 11]], logits[3:9])]
+    (g_parts,) = torch.autograd.grad(sum(parts), logits)
+    torch.testing.assert_close(sum(parts), whole, rtol=1e-12, atol=0)
+    torch.testing.assert_close(g_parts, g_whole, rtol=1e-12, atol=0)
+
+
+def test_expert_groups_are_carved_out_of_dp_x_cp():
+    tp, cp, dp = 2, 2, 2
+    ep_lists, edp_lists = expert_rank_lists(tp, dp * cp, 1, 2)
+    assert ep_lists == [[0, 2], [4, 6], [1, 3], [5, 7]]  # EP2 pairs the CP ranks of one DP rank
+    assert edp_lists == [[0, 4], [2, 6], [1, 5], [3, 7]]
+    assert grid_rank(1, 1, 0, tp, dp, cp_rank=1, cp=cp) == 7  # the same rank order as the dense grid
+
+
+def test_describe_names_context_and_expert_parallelism():
+    g = ProcessGroups(*[None] * 5, tp_size=1, dp_size=1, pp_size=1, tp_rank=0, dp_rank=0, pp_rank=0, rank=0,
+                      world_size=4, pp_ranks=[0], cp_size=2, ep_size=2, edp_size=1)
+    assert "CP 2" in g.describe() and "EP 2" in g.describe()
+
+
+def test_a_sequence_the_cp_ranks_would_pad_is_refused_with_moe():
+    def moe(seq):
+        return TransformerConfig(num_layers=2, hidden_size=16, num_attention_heads=2, num_experts=4, seq_length=seq,
+                                 add_bias_linear=False, attention_dropout=0.0, context_parallel_size=2)
+    moe(64).validate()
+    with pytest.raises(ConfigError, match="--seq-length"):
+        moe(62).validate()
