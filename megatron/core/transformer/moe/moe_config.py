@@ -78,6 +78,10 @@ def check_moe(cfg) -> None:
         raise ConfigError(f"MoE layers with {f('context_parallel_size')} {cfg.context_parallel_size} need "
                           f"{f('seq_length')} ({cfg.seq_length}) to be a multiple of 2 x CP x TP ({multiple}): "
                           "the router would count the padding tokens; change it")
+    if cfg.context_parallel_size > 1 and cfg.moe_expert_capacity_factor is not None:
+        # each CP rank holds part of every sequence: its capacity and drops would not be one process's
+        raise ConfigError(f"{f('moe_expert_capacity_factor')} needs {f('context_parallel_size')} 1 (capacity is "
+                          "counted per rank's tokens, which CP splits); drop one of them (dropless MoE runs with CP)")
     etp = cfg.expert_tensor_parallel_size
     if etp is not None and etp not in (1, cfg.tensor_model_parallel_size):
         raise ConfigError(f"{f('expert_tensor_parallel_size')} {etp}: give 1 (whole experts on every TP rank) "
