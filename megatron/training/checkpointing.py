@@ -6,6 +6,7 @@ What is saved: every parameter as its fp32 master value ("param"), Adam's exp_av
 exp_avg_sq per parameter, Adam's step count and the loss scaler's state, the RNG states of
 every rank, the iteration and consumed samples (data resumes at the next sample), and the
 arguments. The LR schedule's position is saved (fp16-skipped iterations do not advance it).
+So is the model's non-trained state, e.g. the MoE expert bias (checkpoint_model_state.py).
 
 Who writes what (no piece is written twice): the optimizer's state pieces (whole parameters,
 or DP-sharded flat ranges with the distributed optimizer) are written by their owner; with
@@ -37,6 +38,7 @@ from ..core.optimizer import STATE_NAMES, StatePiece
 from ..core.tensor_parallel.param_meta import counted_once, data_parallel_replica, param_meta
 from ..core.tensor_parallel.random import get_rng_tracker
 from .checkpoint_args import find_source
+from .checkpoint_model_state import load_model_state, missing_model_state, model_state_keys, model_state_pieces
 from .log import print_rank_0
 
 
@@ -89,6 +91,7 @@ def save_checkpoint(root, iteration, consumed, model, optimizer, groups, model_c
             key, (lo, hi) = param_meta(sp.param).init_key, bounds
             pieces += [make_piece(key, name, sp.param, tp_rank, tp, lo, hi, value[lo - sp.start:hi - sp.start])
                        for name, value in sp.tensors.items()]
+    pieces += model_state_pieces(model, groups)
     payload = {"pieces": pieces, "rng": _rng_state(device)}
     metadata = copy.deepcopy({  # taken now: training goes on while a background save writes
         "consumed_samples": consumed,
@@ -119,18 +122,20 @@ def save_checkpoint(root, iteration, consumed, model, optimizer, groups, model_c
 
 def _check_keys(reader, model):
     """Every model tensor is in the checkpoint, and every checkpoint tensor in the model
-    (the union over all ranks: a pipeline stage holds only its layers)."""
+    (the union over all ranks: a pipeline stage holds only its layers). Returns the non-trained
+    state keys the checkpoint lacks (checkpoint_model_state.missing_model_state)."""
     mine = {param_meta(p).init_key for p in model.parameters()}
     for key in sorted(mine):
         if not reader.has(key):
             raise CheckpointError(f"checkpoint {reader.path} has no tensor {key!r} "
                                   "(was it saved with other model flags?)")
     every = [None] * dist.get_world_size()
-    dist.all_gather_object(every, sorted(mine))
-    extra = set(reader.keys()) - set().union(*map(set, every))
+    dist.all_gather_object(every, (sorted(mine), model_state_keys(model)))
+    extra = set(reader.keys()) - {key for keys, _ in every for key in keys}
     if extra:
         raise CheckpointError(f"checkpoint tensor {sorted(extra)[0]!r} is not in the model "
                               f"({len(extra)} such; was it saved with other model flags?)")
+    return missing_model_state(reader, [state for _, state in every])
 
 
 def _read_shard(reader, key, state, param, groups, ranges, fully_parallel):
@@ -159,7 +164,7 @@ def load_checkpoint(path, model, optimizer, groups, train_cfg, device, scheduler
     """
     reader = open_reader(path)  # with an index: only this rank's byte ranges
     meta = reader.metadata
-    _check_keys(reader, model)
+    no_state = _check_keys(reader, model)
     load_optim = not (train_cfg.finetune or train_cfg.no_load_optim) and meta.get("optimizer") is not None \
         and all(reader.has(k, "exp_avg") for k in reader.keys("param"))
     ranges_of = {}
@@ -181,6 +186,7 @@ def load_checkpoint(path, model, optimizer, groups, train_cfg, device, scheduler
                                     for lo, hi in ranges_of.get(id(p), []))
     if load_optim:
         optimizer.load_scalar_state(meta["optimizer"])
+    load_model_state(reader, model, groups, no_state)
     _maybe_load_rng(reader, meta, groups, train_cfg, device)
     reader.close()
     iteration, consumed = (0, 0) if train_cfg.finetune else (meta["iteration"], meta["consumed_samples"])

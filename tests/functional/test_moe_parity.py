@@ -1,6 +1,6 @@
 """MoE through the CLI: every expert-parallel layout gives the per-iteration losses (the token loss
 and both router losses) and grad norms of one process, and a checkpoint saved at TP2 x EP2 x PP2
-continues at one process with the same losses. fp32, dropout 0, dropless.
+(with the expert bias) continues at one process with the same losses. fp32, dropout 0, dropless.
 
 Each layout proves something the others do not:
   EP2 x DP2, alltoall, distributed optimizer, grouped GEMM: token counts then tokens exchanged;
@@ -8,13 +8,16 @@ Each layout proves something the others do not:
   TP2 x EP2, allgather, sequence parallel: experts split over TP, tokens gathered over TP and EP
   PP2 x EP2, alltoall, replicated optimizer, capacity 1.0 (drop by position): router losses from
       both stages; the expert grad norm summed over the EP group; the same pairs dropped as one process
-  TP2 x PP2 x EP2 (8 ranks): saves at iteration 2; one process loads it and goes on identically
+  TP2 x PP2 x EP2 (8 ranks), expert bias: saves at iteration 1 (the bias, +-rate after one update,
+      is 0 again after two at this rate); one process loads it, bias included, and goes on identically
   CP2 x EP2, alltoall, Llama-style, seq_aux_loss, expert bias: the router's counts summed over CP,
       each CP rank's losses its part of the micro-batch's, the bias's load counts summed over DP x CP,
       EP carved out of DP x CP (CP2 x DP2 and TP2 x CP2 x EP2
       run by hand: notes/17-18-moecp.md)
 """
 import pytest
+
+from megatron.core.checkpointing import CheckpointReader, find_checkpoint
 
 from .cli import run_metrics
 from .test_parity import BASE, LLAMA, assert_metrics_parity
@@ -26,6 +29,7 @@ MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", 
 TERMS = ("lm loss", "load_balancing_loss", "z_loss")
 EP2 = ["--expert-model-parallel-size", "2"]
 
+BIAS = ["--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "0.05"]  # a rate that moves the routing
 CAPACITY = ["--moe-expert-capacity-factor", "1.0", "--moe-token-drop-policy", "position"]
 _ref = {}
 
@@ -58,13 +62,19 @@ def test_moe_layout_matches_one_process(name):
 
 @pytest.mark.slow
 def test_checkpoint_saved_at_tp2_pp2_ep2_continues_at_one_process(tmp_path):
-    ref = reference()
+    ref = reference(BIAS)
     d = str(tmp_path / "ck")
-    first = run_metrics(FLAGS + MOE + EP2 + ["--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size", "2",
-                                             "--moe-token-dispatcher-type", "alltoall", "--save", d,
-                                             "--save-interval", "2", "--exit-interval", "2"], nproc=8)[1]
-    second = run_metrics(FLAGS + MOE + ["--load", d])[1]
-    assert sorted(first["train"]) == [1, 2] and sorted(second["train"]) == [3, 4]
+    first = run_metrics(FLAGS + MOE + BIAS + EP2 + ["--tensor-model-parallel-size", "2",
+                                                    "--pipeline-model-parallel-size", "2",
+                                                    "--moe-token-dispatcher-type", "alltoall", "--save", d,
+                                                    "--save-interval", "1", "--exit-interval", "1"], nproc=8)[1]
+    reader = CheckpointReader(find_checkpoint(d))
+    biases = {key: reader.index[(key, "buffer")] for key in reader.keys("buffer")}
+    assert sorted(biases) == [f"decoder.layers.{i}.mlp.router.expert_bias" for i in (0, 1)]
+    for key, pieces in biases.items():  # one writer of the 4 ranks holding each layer; it moved
+        assert len(pieces) == 1 and pieces[0]["data"].abs().min() > 0, (key, pieces)
+    second = run_metrics(FLAGS + MOE + BIAS + ["--load", d])[1]
+    assert sorted(first["train"]) == [1] and sorted(second["train"]) == [2, 3, 4]
     got = {"train": {**first["train"], **second["train"]}, "validation": {}}
     assert_metrics_parity(ref, got, TERMS)
 

@@ -4,7 +4,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ...tensor_parallel.param_meta import set_init
+from ...tensor_parallel.param_meta import param_meta, set_init
 from . import aux_losses
 from .capacity import drop_over_capacity
 
@@ -40,7 +40,8 @@ class TopKRouter(nn.Module):
     """[T, h] tokens -> (probs [T, k], expert indices [T, k]); replicated on every rank.
 
     Adds the load-balancing and z losses to the output's backward (aux_losses.attach) and records
-    them. The expert bias (a buffer, not trained by the optimizer) moves by update_expert_bias().
+    them. The expert bias (a buffer, not trained by the optimizer) moves by update_expert_bias();
+    checkpoints hold it through bias_state() (transformer/model_state.py).
     cp_group (context parallelism: each rank holds part of every sequence): the losses' counts are
     summed over it and each rank's loss is its part of the micro-batch's (the parts add up over CP).
     """
@@ -91,6 +92,14 @@ class TopKRouter(nn.Module):
                 aux_losses.record("z_loss", self.layer_number, loss)
                 losses.append(loss)
         return probs, indices, (sum(losses) if losses else None)
+
+    def bias_state(self):
+        """[(layout-free key, expert_bias [E] fp32)], or [] without the bias. The key is the router
+        weight's init_key with `expert_bias` for `weight` (layers numbered over the whole model); the
+        value is the same on every rank holding this layer (TP, DP, CP and EP ranks)."""
+        if self.expert_bias is None:
+            return []
+        return [(param_meta(self.weight).init_key.removesuffix("weight") + "expert_bias", self.expert_bias)]
 
     @torch.no_grad()
     def update_expert_bias(self, groups):
