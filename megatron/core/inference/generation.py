@@ -26,6 +26,7 @@ from ..pipeline_parallel.p2p import P2PCommunicator
 from ..tensor_parallel.mappings import gather_from_tensor_model_parallel_region
 from ..tensor_parallel.param_meta import param_meta
 from ..transformer.kv_cache import KVCache
+from ..transformer.model_state import non_trained_state
 
 
 def config_from_checkpoint(args, tp, pp=1):
@@ -58,6 +59,9 @@ def load_model(load_dir, groups, device, dtype=None):
                      device=device)
     for p in model.parameters():
         p.copy_(local_shard(reader.global_tensor(param_meta(p).init_key), p, groups.tp_rank, groups.tp_size))
+    for key, t in non_trained_state(model):  # the MoE expert bias; absent from older checkpoints: stays 0
+        if reader.has(key, "buffer"):
+            t.copy_(reader.global_tensor(key, "buffer"))
     model.eval()
     return model, config, reader.metadata
 
