@@ -1,0 +1,60 @@
+"""Scale limits of the checkpoint loader: the piece lookup is O(pieces) whatever the tensor's
+element count, and it inverts the sharding rule exactly (strides, vocabulary padding, DP ranges)."""
+import math
+import tracemalloc
+
+import pytest
+import torch
+
+from megatron.core.checkpointing.index_reader import PieceTable, placement_index
+from megatron.core.tensor_parallel.initialization import take_shard
+
+
+def _pieces(shape, dim, stride, padded, tp, dp):
+    """Index entries (placement only, no bytes) of a tensor saved by TP x DP ranks, each DP rank
+    a flat 1/DP range of its TP shard (the distributed optimizer's pieces)."""
+    local = math.prod(shape) // shape[dim] * padded // tp if dim is not None else math.prod(shape)
+    return [{"key": "w", "state": "param", "shape": shape, "dim": dim, "stride": stride, "padded": padded,
+             "tp_rank": r, "tp_size": tp, "lo": local * d // dp, "hi": local * (d + 1) // dp}
+            for r in range(tp) for d in range(dp)]
+
+
+def test_lookup_does_not_grow_with_elements():
+    # a real embedding: vocab 153,600 x hidden 4,096 = 629M elements (7.5 GB as the old element map)
+    pieces = _pieces([153600, 4096], 0, 1, 153600, 8, 4)
+    tracemalloc.start()
+    table = PieceTable(pieces)
+    g = torch.tensor([0, 4096 * 19200 - 1, 4096 * 19200, 153600 * 4096 - 1])
+    who, pos = table.find(g)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert len(table) == 32 and peak < 2**20, (len(table), peak)
+    # element 0 -> TP rank 0 DP 0; the last of TP rank 0 -> its DP 3; the next -> TP rank 1's first
+    assert who.tolist() == [0, 3, 4, 31]
+    assert pos.tolist() == [0, 4096 * 19200 // 4 - 1, 0, 4096 * 19200 // 4 - 1]
+
+
+@pytest.mark.parametrize("shape,dim,stride,padded,tp,dp", [
+    ([1000, 6], 0, 1, 1008, 4, 3),   # vocabulary padding
+    ([24, 10], 0, 3, 24, 2, 2),      # fused QKV: 3 blocks, each split TP ways
+    ([5, 16], 1, 2, 16, 4, 1),       # row-parallel split on dim 1 with stride
+    ([7, 3], None, 1, None, 1, 3),   # replicated
+])
+def test_find_inverts_every_placement(shape, dim, stride, padded, tp, dp):
+    pieces = _pieces(shape, dim, stride, padded, tp, dp)
+    table = PieceTable(pieces)
+    seen = torch.zeros(math.prod(shape), dtype=torch.int64)
+    full = torch.arange(math.prod(shape)).view(shape)
+    if dim is not None:  # the reference: take_shard of the padded tensor of global indices
+        pad = list(shape)
+        pad[dim] = padded - shape[dim]
+        full = take_shard(torch.cat([full, full.new_full(pad, -1)], dim), dim, stride, 0, tp)
+    assert torch.equal(placement_index(shape, dim, stride, padded, 0, tp), full.reshape(-1))
+    for i, e in enumerate(pieces):
+        g = placement_index(e["shape"], dim, stride, padded, e["tp_rank"], tp, e["lo"], e["hi"])
+        real = g >= 0
+        who, pos = table.find(g[real])
+        assert torch.equal(who, torch.full_like(who, i)), e
+        assert torch.equal(pos, torch.arange(len(g))[real]), e
+        seen[g[real]] += 1
+    assert bool((seen == 1).all())  # every element in exactly one piece
