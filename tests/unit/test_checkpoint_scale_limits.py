@@ -1,11 +1,15 @@
 """Scale limits of the checkpoint loader: the piece lookup is O(pieces) whatever the tensor's
-element count, and it inverts the sharding rule exactly (strides, vocabulary padding, DP ranges)."""
+element count, and it inverts the sharding rule exactly (strides, vocabulary padding, DP ranges);
+an error in training waits for an --async-save save in flight."""
 import math
+import time
 import tracemalloc
 
 import pytest
 import torch
+import torch.distributed as dist
 
+from megatron.core.checkpointing import AsyncSaver, finishing_saves
 from megatron.core.checkpointing.index_reader import PieceTable, placement_index
 from megatron.core.tensor_parallel.initialization import take_shard
 
@@ -58,3 +62,24 @@ def test_find_inverts_every_placement(shape, dim, stride, padded, tp, dp):
         assert torch.equal(pos, torch.arange(len(g))[real]), e
         seen[g[real]] += 1
     assert bool((seen == 1).all())  # every element in exactly one piece
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_training_error_waits_for_the_save_in_flight(one_rank_group, tmp_path, capfd):
+    saver, done = AsyncSaver(), tmp_path / "committed"
+
+    def slow_save():
+        time.sleep(0.5)
+        done.write_text("ok")
+
+    with pytest.raises(RuntimeError, match="training broke"), finishing_saves():
+        saver.submit(slow_save)
+        raise RuntimeError("training broke")
+    assert done.exists() and not saver.in_flight  # the save committed before the error left
+    assert "waiting for it to commit" in capfd.readouterr().err
