@@ -18,6 +18,7 @@ import zlib
 import torch
 
 from ..tensor_parallel.initialization import take_shard
+from .index_files import IndexFiles
 from .pieces import CheckpointError, check_shape, param_rule
 from .reading import CheckpointReader, load_rank_file, read_metadata
 
@@ -68,32 +69,40 @@ def locate(shape, dim, stride, padded, tp_size, g):
 
 class PieceTable:
     """The pieces of one global tensor as sorted flat ranges of their TP shards: for each
-    sharding rule (dim, stride, padded, tp_size) and TP rank, the pieces' [lo, hi) sorted by lo.
-    Its size is O(pieces), whatever the tensor's element count (no per-element map)."""
+    sharding rule (dim, stride, padded, tp_size) and TP rank, the pieces' [lo, hi) sorted by lo,
+    loaded from the index only for the TP shards a lookup touches. Its size is O(pieces),
+    whatever the tensor's element count (no per-element map)."""
 
-    def __init__(self, pieces):
-        self.shape = pieces[0]["shape"]
-        groups = {}
-        for i, e in enumerate(pieces):
-            rule = (e["dim"], e["stride"], e["padded"], e["tp_size"])
-            groups.setdefault(rule, {}).setdefault(e["tp_rank"], []).append((e["lo"], e["hi"], i))
-        self.rules = {rule: {r: torch.tensor(sorted(v), dtype=torch.int64).reshape(-1, 3) for r, v in ranks.items()}
-                      for rule, ranks in groups.items()}
+    def __init__(self, index, key, state):
+        self.index, self.key, self.state = index, key, state
+        self.shape, self.rules = index.shape(key, state), index.rules(key, state)
+        self.entries, self._tables = [], {}  # entries: the pieces loaded, numbered as find() returns
 
     def __len__(self):
-        """Rows held: one per piece."""
-        return sum(len(t) for ranks in self.rules.values() for t in ranks.values())
+        """Rows held: one per piece loaded."""
+        return len(self.entries)
+
+    def _table(self, rule, tp_rank):
+        """int64 [pieces, 3]: (lo, hi, number) of the pieces of one TP shard, sorted by lo."""
+        if (rule, tp_rank) not in self._tables:
+            rows = []
+            for e in self.index.records(self.key, self.state, rule, tp_rank):
+                rows.append((e["lo"], e["hi"], len(self.entries)))
+                self.entries.append(e)
+            self._tables[(rule, tp_rank)] = torch.tensor(sorted(rows), dtype=torch.int64).reshape(-1, 3)
+        return self._tables[(rule, tp_rank)]
 
     def find(self, g):
         """(piece number int64 [n], position in it int64 [n]) of global flat indices g (>= 0);
         piece -1 where no piece holds the element."""
         who, pos = torch.full_like(g, -1), torch.zeros_like(g)
-        for (dim, stride, padded, tp_size), ranks in self.rules.items():
+        for rule, ranks in self.rules:
             todo = (who < 0).nonzero().reshape(-1)
             if len(todo) == 0:
                 break
-            rank, p = locate(self.shape, dim, stride, padded, tp_size, g[todo])
-            for r, table in ranks.items():
+            rank, p = locate(self.shape, *rule[:3], rule[3], g[todo])
+            for r in set(torch.unique(rank).tolist()) & set(ranks):
+                table = self._table(rule, r)
                 sel = (rank == r).nonzero().reshape(-1)
                 row = torch.searchsorted(table[:, 0].contiguous(), p[sel], right=True) - 1
                 hit = (row >= 0) & (p[sel] < table[row.clamp(min=0), 1])
@@ -103,24 +112,46 @@ class PieceTable:
 
 
 class ParsedIndex:
-    """index.json parsed: the pieces of each (key, state), and each one's PieceTable, built on
-    first use and shared by the readers given this object (one process simulating many ranks)."""
+    """Format 1: index.json parsed whole; the interface of index_files.IndexFiles (format 2), so
+    the reader takes either. Shared by the readers given it (one process simulating many ranks)."""
 
     def __init__(self, index):
-        self.rng, self.pieces, self._tables = index["rng"], {}, {}
+        self._rng, self.pieces = index["rng"], {}
         for e in index["pieces"]:
             self.pieces.setdefault((e["key"], e["state"]), []).append(e)
 
-    def table(self, key, state):
-        """The PieceTable of key/state."""
-        if (key, state) not in self._tables:
-            self._tables[(key, state)] = PieceTable(self.pieces[(key, state)])
-        return self._tables[(key, state)]
+    def keys(self, state):
+        return sorted(k for k, s in self.pieces if s == state)
+
+    def has(self, key, state):
+        return (key, state) in self.pieces
+
+    def shape(self, key, state):
+        return self.pieces[(key, state)][0]["shape"]
+
+    def dtype(self, key, state):
+        return self.pieces[(key, state)][0]["dtype"]
+
+    def rules(self, key, state):
+        out = {}
+        for e in self.pieces[(key, state)]:
+            out.setdefault((e["dim"], e["stride"], e["padded"], e["tp_size"]), set()).add(e["tp_rank"])
+        return [(rule, sorted(ranks)) for rule, ranks in out.items()]
+
+    def records(self, key, state, rule, tp_rank):
+        return [e for e in self.pieces[(key, state)]
+                if (e["dim"], e["stride"], e["padded"], e["tp_size"]) == rule and e["tp_rank"] == tp_rank]
+
+    def rng(self, name):
+        return (self._rng or {}).get(name)
 
 
 def read_index(path, metadata):
-    """The ParsedIndex of a checkpoint, index.json's size and CRC-32 checked against metadata.json."""
+    """The ParsedIndex of a format-1 checkpoint, index.json's size and CRC-32 checked against
+    metadata.json; None for format 2 (per-tensor files, read by each reader as it needs them)."""
     info = metadata["index"]
+    if info.get("format") == 2:
+        return None
     index_path = os.path.join(path, info["name"])
     with open(index_path, "rb") as f:
         raw = f.read()
@@ -134,21 +165,41 @@ class IndexedReader:
     (files_opened, bytes_read) so tests and the bench can hold it to its shard's size."""
 
     def __init__(self, path, metadata, index=None):
-        """index: the ParsedIndex, when the caller has read it (simulations of many ranks share one)."""
-        self.index = index if index is not None else read_index(path, metadata)
-        self.path, self.metadata = path, metadata
-        self.index_bytes = metadata["index"]["size"]  # every loading rank reads the whole index
-        self.rng, self.pieces = self.index.rng, self.index.pieces
+        """index: a format-1 ParsedIndex the caller has read (simulations of many ranks share one)."""
+        info = metadata["index"]
+        if info.get("format") == 2:  # per-tensor index files: read as needed
+            self.index = IndexFiles(path, info)
+        else:
+            self.index = index if index is not None else read_index(path, metadata)
+        self.path, self.metadata, self._tables = path, metadata, {}
         self.files_opened, self.bytes_read, self._open = set(), 0, {}
 
+    @property
+    def index_bytes(self):
+        """Bytes of the index this rank read (format 1: all of index.json, on every rank)."""
+        return self.index.bytes_read if isinstance(self.index, IndexFiles) else self.metadata["index"]["size"]
+
     def keys(self, state="param"):
-        return sorted(k for k, s in self.pieces if s == state)
+        return self.index.keys(state)
 
     def has(self, key, state="param"):
-        return (key, state) in self.pieces
+        return self.index.has(key, state)
 
     def shape(self, key, state="param"):
-        return self.pieces[(key, state)][0]["shape"]
+        return self.index.shape(key, state)
+
+    def complete(self, state):
+        """Whether every tensor of the checkpoint has `state` (e.g. Adam's exp_avg)."""
+        counts = self.metadata["index"].get("states")
+        if counts is not None:
+            return counts.get(state) == counts.get("param")
+        return all(self.has(k, state) for k in self.keys("param"))
+
+    def table(self, key, state):
+        """The PieceTable of key/state (built on first use)."""
+        if (key, state) not in self._tables:
+            self._tables[(key, state)] = PieceTable(self.index, key, state)
+        return self._tables[(key, state)]
 
     def close(self):
         for f in self._open.values():
@@ -196,26 +247,26 @@ class IndexedReader:
     def gather(self, key, state, wanted):
         """Values of the global tensor key/state at flat indices `wanted` (int64 [n], -1 for
         padding: 0 there) -> 1-D [n], reading only the pieces and chunks that hold them."""
-        pieces = self.pieces[(key, state)]
+        table = self.table(key, state)
         real = wanted >= 0
         who = torch.full_like(wanted, -1)
         pos = torch.zeros_like(wanted)
-        who[real], pos[real] = self.index.table(key, state).find(wanted[real])
+        who[real], pos[real] = table.find(wanted[real])
         if bool((who[real] < 0).any()):
             missing = int((who[real] < 0).sum())
             raise CheckpointError(f"checkpoint is incomplete: {missing} wanted elements of {key!r} ({state}) "
                                   "are in no shard file")
-        out = torch.zeros(len(wanted), dtype=getattr(torch, pieces[0]["dtype"]))
+        out = torch.zeros(len(wanted), dtype=getattr(torch, self.index.dtype(key, state)))
         for i in torch.unique(who[real]).tolist():
             sel = (who == i).nonzero().reshape(-1)
-            out[sel] = self.read_entry(pieces[i], pos[sel])
+            out[sel] = self.read_entry(table.entries[i], pos[sel])
         return out
 
     def rng_state(self, name):
         """The RNG states saved in rank file `name` (nested dict), or None when not indexed."""
         if name not in self.metadata["files"]:
             return None
-        entries = (self.rng or {}).get(name)
+        entries = self.index.rng(name)
         if entries is None:  # not indexed: from the file itself
             return load_rank_file(self.path, name).get("rng")
         out = {}

@@ -205,8 +205,9 @@ def _swap_in(root, iteration):
 
 def _delete(path, iteration):
     try:
-        for i, name in enumerate(sorted(os.listdir(path))):  # metadata.json first: incomplete at once
-            os.remove(os.path.join(path, name))
+        for i, name in enumerate(sorted(os.listdir(path), key=lambda n: (n != METADATA, n))):  # incomplete at once
+            target = os.path.join(path, name)
+            shutil.rmtree(target) if os.path.isdir(target) else os.remove(target)  # index/: a directory
             if i == 0:
                 fault_point("ckpt.delete.during", iteration, 0)
         os.rmdir(path)
