@@ -4,8 +4,9 @@
     <dir>/iter_0000010/metadata.json             written last: format, iteration, args, each file's
                                                  size and CRC-32 (zlib.crc32, the standard library)
     <dir>/iter_0000010/rank_00003.pt             rank 3's pieces (see pieces.py) and RNG states
-    <dir>/iter_0000010/index.json                where each piece's bytes are (index.py): a loading
-                                                 rank reads only the byte ranges of its shard
+    <dir>/iter_0000010/index/<tensor>.json       where each piece's bytes are (index.py, index_files.py):
+                                                 a loading rank reads only its tensors' entries and
+                                                 the byte ranges of its shard
 
 A save passes these fault points (megatron/core/debug.py), in this order:
 
