@@ -166,7 +166,7 @@ def load_checkpoint(path, model, optimizer, groups, train_cfg, device, scheduler
     meta = reader.metadata
     no_state = _check_keys(reader, model)
     load_optim = not (train_cfg.finetune or train_cfg.no_load_optim) and meta.get("optimizer") is not None \
-        and all(reader.has(k, "exp_avg") for k in reader.keys("param"))
+        and reader.complete("exp_avg")
     ranges_of = {}
     for sp in optimizer.state_pieces():
         ranges_of.setdefault(id(sp.param), []).append((sp.start, sp.end))

@@ -5,6 +5,7 @@ import sys
 import time
 
 from ..core import watchdog
+from ..core.checkpointing import finishing_saves
 from ..core.errors import MegatronUserError
 from .checkpoint_args import check_load
 from .data import describe_datasets
@@ -67,7 +68,8 @@ def run_pretrain(model_cfg, train_cfg, groups, device, spec, datasets, tokenizer
     -> exit code (2 for a checkpoint that does not fit, found by every rank alike, rank 0 says why; 17 for a
     NaN loss or grad norm, numerics.py; 3 for a peer that hangs, core/watchdog.py)."""
     try:
-        pretrain(model_cfg, train_cfg, groups, device, spec, datasets, tokenizer_name)
+        with finishing_saves():  # --async-save: a save in flight commits before any exit path
+            pretrain(model_cfg, train_cfg, groups, device, spec, datasets, tokenizer_name)
     except USER_ERRORS as e:  # a checkpoint that does not fit, an unwritable --log-metrics-jsonl
         if groups.rank == 0:
             print(f"error: {e}", file=sys.stderr)

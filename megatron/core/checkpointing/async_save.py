@@ -11,11 +11,20 @@ own process group. The thread spends its time in file writes, fsync and zlib.crc
 the GIL, so the training loop keeps running. Its barriers go through a process group of their
 own (gloo, made once by every rank at start): collectives of the training step and of the save
 then never interleave on one group.
+
+A run that raises while a save is in flight waits for it before the exception leaves
+`finishing_saves()` (launch.run_pretrain wraps training in it): the exit paths end with
+os._exit or destroy the process groups, either of which would kill the background write.
 """
+import contextlib
+import sys
 import threading
 import time
+import weakref
 
 import torch.distributed as dist
+
+_savers = weakref.WeakSet()  # every AsyncSaver of this process, for finishing_saves()
 
 
 class AsyncSaver:
@@ -26,6 +35,7 @@ class AsyncSaver:
         # every rank, in the same order (a collective): the group the background barriers use
         self.group = dist.new_group(backend="gloo")
         self._thread, self._error = None, None
+        _savers.add(self)
 
     def submit(self, write):
         """Run write() (no arguments; its barriers on self.group) in the background.
@@ -53,3 +63,22 @@ class AsyncSaver:
     @property
     def in_flight(self):
         return self._thread is not None and self._thread.is_alive()
+
+
+@contextlib.contextmanager
+def finishing_saves():
+    """Run the block; if it raises while a background save is in flight, wait for that save to
+    commit (a failure of the save itself is printed, not raised over the block's exception)."""
+    try:
+        yield
+    except BaseException:
+        for saver in list(_savers):
+            if saver._thread is None:
+                continue
+            print("> training raised while a checkpoint is being written in the background (--async-save): "
+                  "waiting for it to commit", file=sys.stderr, flush=True)
+            try:
+                saver.wait()
+            except BaseException as e:  # the save's own failure; the block's error is the one to raise
+                print(f"> the background checkpoint save failed too: {e}", file=sys.stderr, flush=True)
+        raise

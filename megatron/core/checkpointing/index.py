@@ -4,7 +4,9 @@ A rank file (rank_RRRRR.pt) is a torch.save zip archive; torch stores each tenso
 uncompressed as its own record, numbered in pickling order. After writing the file, the writer
 maps every piece's `data` (and every RNG tensor) to its record and notes (file, byte offset,
 byte length, dtype, numel, CRC-32 of each chunk of `chunk` bytes). Each rank leaves that list beside its
-file (rank_RRRRR.pt.index); rank 0 folds them into one index.json at commit:
+file (rank_RRRRR.pt.index); rank 0 folds them at commit into one small file per tensor
+(index_files.py: format 2, a loading rank reads only its tensors' entries) or, format 1 (the
+first checkpoints with an index, still read), into one index.json:
 
     {"pieces": [{key, state, shape, dim, stride, padded, tp_rank, tp_size, lo, hi   (pieces.py)
                  file, offset, nbytes, dtype, numel, chunk, crc32: [one per chunk]}, ...],
@@ -24,6 +26,8 @@ import zipfile
 import zlib
 
 import torch
+
+from .index_files import write_index_dir
 
 CHUNK = 1 << 16  # the smallest chunk
 MAX_CHUNKS = 64  # per piece
@@ -137,6 +141,12 @@ def fold_sidecars(tmp, names, write_durable):
         rng[n] = entries["rng"]
     if not complete:
         return None
+    return write_index_dir(tmp, pieces, rng, write_durable)  # format 2: one small file per tensor
+
+
+def write_index_json(tmp, pieces, rng, write_durable):
+    """Format 1 (one index.json that every loading rank reads whole); kept for tests of old
+    checkpoints. -> metadata.json's "index"."""
     target = os.path.join(tmp, INDEX)
     crc = write_durable(target, lambda f: f.write(json.dumps({"pieces": pieces, "rng": rng}).encode()))
     return {"name": INDEX, "size": os.path.getsize(target), "crc32": crc}

@@ -179,6 +179,10 @@ class CheckpointReader:
     def has(self, key, state="param"):
         return (key, state) in self.index
 
+    def complete(self, state):
+        """Whether every tensor of the checkpoint has `state` (e.g. Adam's exp_avg)."""
+        return all(self.has(k, state) for k in self.keys())
+
     def shape(self, key, state="param"):
         return self.index[(key, state)][0]["shape"]
 

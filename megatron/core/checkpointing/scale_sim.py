@@ -134,11 +134,13 @@ def save(root, tensors, layers, layout, iteration=1):
 class RankIO:
     rank: int
     shard_bytes: int       # what the rank needs: its param TP shards and its optimizer ranges (fp32)
-    bytes_read: int        # data bytes read (the index comes on top: index_bytes, once per rank)
+    bytes_read: int        # data bytes read (the index comes on top: index_bytes)
     files_opened: int
     files_holding: int     # files holding any element it needs
     correct: bool          # every value read equals the saved one
     received: int = 0      # bytes a DP broadcast would bring instead (dp_broadcast)
+    index_bytes: int = 0   # index bytes read (format 1: all of index.json; format 2: its tensors' entries)
+    index_files: int = 0   # index files read (format 2: one per tensor it holds)
 
 
 def load(path, tensors, layers, layout, index=None, check=True, dp_broadcast=False):
@@ -153,6 +155,7 @@ def load(path, tensors, layers, layout, index=None, check=True, dp_broadcast=Fal
     for rank in range(layout.world):
         tp_rank, _, dp_rank = layout.coords(rank)
         reader = IndexedReader(path, metadata, index)
+        checker = IndexedReader(path, metadata, index)  # the files holding its pieces, counted apart
         io = RankIO(rank, 0, 0, 0, 0, True)
         holding = set()
         for key, p in rank_params(tensors, layers, layout, rank):
@@ -165,12 +168,14 @@ def load(path, tensors, layers, layout, index=None, check=True, dp_broadcast=Fal
                     io.received += numel * 4
                     continue
                 got = reader.shard(key, state, p, tp_rank, layout.tp, None if state == "param" else [(a, b)])
-                holding |= _files_holding(reader, key, state, p, tp_rank, layout.tp, a, b)
+                holding |= _files_holding(checker, key, state, p, tp_rank, layout.tp, a, b)
                 if check:
                     want = expected_shard(key, state, p, layout.tp, tp_rank, shapes[key]).reshape(-1)
                     io.correct = io.correct and torch.equal(got.reshape(-1)[a:b], want[a:b])
         reader.close()
         io.bytes_read, io.files_opened, io.files_holding = reader.bytes_read, len(reader.files_opened), len(holding)
+        io.index_bytes = reader.index_bytes
+        io.index_files = getattr(reader.index, "files_read", 1)
         out.append(io)
     return out
 
@@ -183,6 +188,8 @@ def _files_holding(reader, key, state, param, tp_rank, tp, lo, hi):
     mask = torch.zeros(math.prod(shape) + 1, dtype=torch.bool)  # the last one: padding (-1)
     mask[wanted] = True
     mask[-1] = False
-    return {e["file"] for e in reader.pieces[(key, state)]
+    every = [e for rule, ranks in reader.index.rules(key, state) for r in ranks
+             for e in reader.index.records(key, state, rule, r)]
+    return {e["file"] for e in every
             if bool(mask[placement_index(e["shape"], e["dim"], e["stride"], e["padded"], e["tp_rank"],
                                          e["tp_size"], e["lo"], e["hi"])].any())}

@@ -4,8 +4,9 @@
     <dir>/iter_0000010/metadata.json             written last: format, iteration, args, each file's
                                                  size and CRC-32 (zlib.crc32, the standard library)
     <dir>/iter_0000010/rank_00003.pt             rank 3's pieces (see pieces.py) and RNG states
-    <dir>/iter_0000010/index.json                where each piece's bytes are (index.py): a loading
-                                                 rank reads only the byte ranges of its shard
+    <dir>/iter_0000010/index/<tensor>.json       where each piece's bytes are (index.py, index_files.py):
+                                                 a loading rank reads only its tensors' entries and
+                                                 the byte ranges of its shard
 
 A save passes these fault points (megatron/core/debug.py), in this order:
 
@@ -205,8 +206,9 @@ def _swap_in(root, iteration):
 
 def _delete(path, iteration):
     try:
-        for i, name in enumerate(sorted(os.listdir(path))):  # metadata.json first: incomplete at once
-            os.remove(os.path.join(path, name))
+        for i, name in enumerate(sorted(os.listdir(path), key=lambda n: (n != METADATA, n))):  # incomplete at once
+            target = os.path.join(path, name)
+            shutil.rmtree(target) if os.path.isdir(target) else os.remove(target)  # index/: a directory
             if i == 0:
                 fault_point("ckpt.delete.during", iteration, 0)
         os.rmdir(path)
