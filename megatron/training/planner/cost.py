@@ -137,19 +137,53 @@ def _simulate(P, M, V, cost):
     return makespan, (idle2 + (idle2 - idle1) * extra) / makespan
 
 
-def dp_collectives(mem, distributed_optimizer) -> dict:
-    """{comm.py tag: (collective, full buffer bytes)} of one iteration's data-parallel traffic: the
-    gradient buffers (estimate()'s 'grads') all-reduced, or reduce-scattered with the distributed
-    optimizer, which then all-gathers the parameter buffers ('params')."""
-    if distributed_optimizer:
-        return {"dp-grads": ("reduce_scatter", mem["grads"]), "dp-params": ("all_gather", mem["params"])}
-    return {"dp-grads": ("all_reduce", mem["grads"])}
+def dp_collectives(mem, distributed_optimizer, strategy="optim", shards=1, micro=1, full_recompute=False) -> dict:
+    """{comm.py tag: (collective, full buffer bytes, calls per iteration)} of one iteration's
+    data-parallel traffic over `shards` ranks (DP x CP). no_shard: the gradient buffers (estimate()'s
+    'grads') all-reduced once. optim / optim_grads (ZeRO-1/2): reduce-scattered once, then the
+    parameter buffers all-gathered once. optim_grads_params (ZeRO-3): the gradients reduce-scattered
+    once, the parameters all-gathered before every microbatch's forward and backward (and its
+    recomputed forward under full recompute), docs/zero.md. Sharded buffers are estimate()'s shard
+    bytes x shards."""
+    if not distributed_optimizer:
+        return {"dp-grads": ("all_reduce", mem["grads"], 1)}
+    grads = mem["grads"] * (shards if strategy in ("optim_grads", "optim_grads_params") else 1)
+    if strategy != "optim_grads_params":
+        return {"dp-grads": ("reduce_scatter", grads, 1), "dp-params": ("all_gather", mem["params"], 1)}
+    gathers = (3 if full_recompute else 2) * micro
+    return {"dp-grads": ("reduce_scatter", grads, 1), "dp-params": ("all_gather", mem["params"] * shards, gathers)}
 
 
-def dp_traffic(mem, dp, distributed_optimizer) -> dict:
-    """{tag: bytes one rank sends} of dp_collectives(), to compare with debug.count_traffic()."""
-    collectives = dp_collectives(mem, distributed_optimizer)
-    return {tag: ring_bytes(kind, nbytes, dp) for tag, (kind, nbytes) in collectives.items()}
+def dp_traffic(mem, dp, distributed_optimizer, strategy="optim", micro=1, full_recompute=False) -> dict:
+    """{tag: bytes one rank sends in an iteration} of dp_collectives() over dp ranks (DP x CP), to
+    compare with debug.count_traffic()."""
+    collectives = dp_collectives(mem, distributed_optimizer, strategy, dp, micro, full_recompute)
+    return {tag: calls * ring_bytes(kind, nbytes, dp) for tag, (kind, nbytes, calls) in collectives.items()}
+
+
+def _dp_exposed(cluster, t, mem, dp, tp, micro, fwd, bwd_rec, full_recompute):
+    """Seconds of one stage's DP collectives not hidden by compute. Gradients: the last microbatch's
+    backward hides all buckets but the last (taken as an eighth) with --overlap-grad-reduce. ZeRO-1/2
+    parameters: the next forward hides them with --overlap-param-gather. ZeRO-3 parameters: each
+    unit's gather is prefetched behind the previous unit's compute, so per pass the first of
+    layers + 1 units (the root) shows, or what exceeds the pass's compute."""
+    strategy = t.data_parallel_sharding_strategy or "optim"
+    shown = 0.0
+    for tag, (kind, nbytes, calls) in dp_collectives(mem, t.use_distributed_optimizer, strategy, dp, micro,
+                                                      full_recompute).items():
+        took = collective_time(cluster, kind, nbytes, dp, tp)
+        if tag == "dp-grads":
+            window, overlap, parts = mem["layers"] * bwd_rec, t.overlap_grad_reduce, 8
+        else:
+            window, overlap, parts = mem["layers"] * fwd, t.overlap_param_gather, 8
+        if calls == 1:
+            shown += max(took - window, took / parts) if overlap else took
+            continue
+        units = mem["layers"] + 1
+        back = calls // micro - 1  # gathers in the backward phase of a microbatch (2 under full recompute)
+        per_micro = [(took, mem["layers"] * fwd), (back * took, mem["layers"] * bwd_rec)]
+        shown += micro * sum((max(g - w, g / units) if overlap else g) for g, w in per_micro)
+    return shown
 
 
 def step_time(c, t, cluster: Cluster, tp, pp, dp, mems, sp_grad_bytes=0) -> StepTime:
@@ -157,19 +191,15 @@ def step_time(c, t, cluster: Cluster, tp, pp, dp, mems, sp_grad_bytes=0) -> Step
     (its grad and parameter buffer bytes are what the DP collectives move); the slowest stage counts.
     sp_grad_bytes: traffic.sequence_parallel_grad_bytes of the stage holding the most."""
     (makespan, bubble), (fwd, bwd, rec) = pipeline_time(c, t, cluster, tp, pp, dp)
-    elt = _elt(c)
+    elt, cp = _elt(c), c.context_parallel_size
+    micro = t.global_batch_size // (t.micro_batch_size * dp)
     exposed = optimizer = 0.0
-    for mem in mems:
-        shown = 0.0
-        for tag, (kind, nbytes) in dp_collectives(mem, t.use_distributed_optimizer).items():
-            took = collective_time(cluster, kind, nbytes, dp, tp)
-            # grads: the last microbatch's backward hides all buckets but the last (taken as an eighth)
-            # with --overlap-grad-reduce; params: the next forward hides them with --overlap-param-gather
-            overlap = t.overlap_grad_reduce if tag == "dp-grads" else t.overlap_param_gather
-            window = mem["layers"] * ((bwd + rec) if tag == "dp-grads" else fwd)
-            shown += max(took - window, took / 8) if overlap else took
-        exposed = max(exposed, shown)
-        owned = mem["params"] / elt / (dp if t.use_distributed_optimizer else 1)
+    for mem in mems:  # DP x CP ranks, tp apart (rank order tp-cp-dp-pp)
+        exposed = max(exposed, _dp_exposed(cluster, t, mem, dp * cp, tp, micro, fwd, bwd + rec,
+                                           c.recompute_granularity == "full"))
+        owned = mem["params"] / elt / (dp * cp if t.use_distributed_optimizer else 1)
+        if t.data_parallel_sharding_strategy == "optim_grads_params":
+            owned = mem["params"] / elt  # already the shard
         # Adam on fp32 main params: main, m, v read and written, the fp32 grad read, the param written
         optimizer = max(optimizer, memory_time(cluster, owned * (3 * 2 * 4 + 4 + elt)))
     emb = collective_time(cluster, "all_reduce", sp_grad_bytes, tp, 1)

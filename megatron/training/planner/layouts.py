@@ -20,6 +20,8 @@ class Space:
     num_query_groups: int
     global_batch_size: int
     full: bool  # enumerate dominated choices too (SP off with TP, no distributed optimizer with DP)
+    seq_length: int = 0
+    num_experts: int = 0  # 0: a dense model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +75,14 @@ def _dist_opt(space, lay):
     return [False, True] if space.full else [True]
 
 
+def _zero(space, lay):
+    """ZeRO stage over the distributed optimizer: optim (1), optim_grads (2), optim_grads_params (3).
+    ZeRO-2 moves the bytes ZeRO-1 moves and holds less, so ZeRO-1 is tried only with --search full."""
+    if not lay["dist_opt"]:
+        return ["no_shard"]
+    return ["optim", "optim_grads", "optim_grads_params"] if space.full else ["optim_grads", "optim_grads_params"]
+
+
 DIMENSIONS = [
     Dimension("tp", _tp, lambda v, _: ["--tensor-model-parallel-size", str(v)]),
     Dimension("pp", _pp, lambda v, _: ["--pipeline-model-parallel-size", str(v)]),
@@ -82,6 +92,8 @@ DIMENSIONS = [
     Dimension("sp", _sp, lambda v, _: ["--sequence-parallel"] if v else []),
     Dimension("dist_opt", _dist_opt, lambda v, lay: ["--use-distributed-optimizer", "--overlap-param-gather"] if v
               else []),
+    Dimension("zero", _zero, lambda v, _: [] if v in ("no_shard", "optim") else
+              ["--data-parallel-sharding-strategy", v]),
     Dimension("recompute", lambda s, _: [None, "selective", "full"],
               lambda v, _: ["--recompute-granularity", v] if v else []),
 ]
@@ -112,5 +124,7 @@ def describe(layout: dict) -> str:
     """Short label: TP2 PP4 VPP2 DP8 mb1 SP DO rec=full."""
     parts = [f"TP{layout['tp']}", f"PP{layout['pp']}"] + ([f"VPP{layout['vpp']}"] if layout["vpp"] > 1 else [])
     parts += [f"DP{layout['dp']}", f"mb{layout['mb']}"] + (["SP"] if layout["sp"] else [])
-    parts += (["DO"] if layout["dist_opt"] else []) + ([f"rec={layout['recompute']}"] if layout["recompute"] else [])
+    zero = {"optim": [], "optim_grads": ["Z2"], "optim_grads_params": ["Z3"]}.get(layout.get("zero"), [])
+    parts += (["DO"] if layout["dist_opt"] else []) + zero
+    parts += [f"rec={layout['recompute']}"] if layout["recompute"] else []
     return " ".join(parts)

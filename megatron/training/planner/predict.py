@@ -68,7 +68,7 @@ def predict_resolved(c, t, world_size, cluster: Cluster, label="", flags=()) -> 
     """Prediction for resolved and validated configs (resolve() + validate() done) on `cluster`."""
     est = estimator()
     tp, pp = c.tensor_model_parallel_size, c.pipeline_model_parallel_size
-    dp = world_size // (tp * pp)
+    dp = world_size // (tp * pp * c.context_parallel_size)
     mems = [est.estimate(c, t, world_size, r) for r in range(pp)]
     memory = max(est.total_bytes(m) for m in mems)
     sp_bytes = max(sequence_parallel_grad_bytes(est.stage_params(c, r)[0], tp) for r in range(pp))
