@@ -26,3 +26,20 @@ def test_zero3_dp_bytes_equal_formula(recompute):
     if not recompute:  # the docs' figure, in elements: 3 P (d-1)/d for the first microbatch, 2 per further one
         elements = traffic["dp-params"] / 2 + traffic["dp-grads"] / 4
         assert elements == (3 + 2 * (micro - 1)) * params / 2 * (d - 1) / d
+
+
+@pytest.mark.parametrize("comm", ["p2p", "all_gather"])
+def test_context_parallel_bytes_equal_formula(comm):
+    """Ring attention per rank and layer: forward (C-1) u, backward (C-1) u + C u (all_gather: (C-1) u
+    both ways), u = 2 (s/C) b (g/tp) d x bytes; and the planner's TP and pipeline messages carry s/C."""
+    from megatron.training.planner.traffic import context_parallel_bytes, p2p_message_bytes
+    C, tp, b = 4, 2, 2
+    flags = BASE + ["--global-batch-size", "8", "--micro-batch-size", str(b), "--attention-dropout", "0",
+                    "--tensor-model-parallel-size", str(tp), "--pipeline-model-parallel-size", "2",
+                    "--context-parallel-size", str(C), "--cp-comm-type", comm,
+                    "--group-query-attention", "--num-query-groups", "2"]
+    c, _ = configs(flags, 2 * tp * C)
+    u = 2 * (64 // C) * b * (2 // tp) * (64 // 4) * 2
+    fwd, bwd = context_parallel_bytes(c, b, tp)
+    assert (fwd, bwd) == ((C - 1) * u, (C - 1) * u + (C * u if comm == "p2p" else 0))
+    assert p2p_message_bytes(c, b, tp) == 64 // C * b * 64 * 2

@@ -13,7 +13,13 @@ from ...core.pipeline_parallel.schedules import build_schedule
 from ...core.pipeline_parallel.simulator import simulate
 from ...core.pipeline_parallel.split import layer_split
 from .hardware import Cluster, collective_time, gemm_time, memory_time, p2p_time, ring_bytes
-from .traffic import embedding_collectives, head_collectives, layer_collectives, p2p_message_bytes
+from .traffic import (
+    context_parallel_bytes,
+    embedding_collectives,
+    head_collectives,
+    layer_collectives,
+    p2p_message_bytes,
+)
 
 _UNFUSED = ("local", "unfused")
 _SIM_ACTIONS = 60_000  # simulate at most this many actions; beyond, extrapolate the steady state
@@ -43,23 +49,26 @@ def layer_costs(c, b, cluster: Cluster, tp):
     per GPU of a TP group of tp. TP collectives are not overlapped with compute (they are not here)."""
     s, h, a, d = c.seq_length, c.hidden_size, c.num_attention_heads, c.kv_channels
     q, kv, f = a * d, c.num_query_groups * d, c.ffn_hidden_size
-    sp, elt, m = c.sequence_parallel and tp > 1, _elt(c), s * b
+    cp = c.context_parallel_size
+    sp, elt, m = c.sequence_parallel and tp > 1, _elt(c), s // cp * b  # this CP rank's s / C queries
     fc1 = f * (2 if c.swiglu else 1)
     gemms = (gemm_time(cluster, m, (q + 2 * kv) // tp, h) + gemm_time(cluster, m, h, q // tp)
              + gemm_time(cluster, m, fc1 // tp, h) + gemm_time(cluster, m, h, f // tp))
-    core = gemm_time(cluster, s, s, d, b * a // tp) + gemm_time(cluster, s, d, s, b * a // tp)
-    rep, ffn, att = m * h / (tp if sp else 1), m * f / tp, a * s * s * b / tp
+    core = gemm_time(cluster, s // cp, s, d, b * a // tp) + gemm_time(cluster, s // cp, d, s, b * a // tp)
+    rep, ffn, att = m * h / (tp if sp else 1), m * f / tp, a * s // cp * s * b / tp
     # streamed bytes: 2 norms (read + write), 2 bias-dropout-adds (2 reads, 1 write, 1-byte mask),
     # the activation (read + write, SwiGLU reads two), Q/K/V layout copies; unfused attention adds
     # softmax (read + write) and dropout (read + write + mask) of the s x s scores
     stream = elt * (4 * rep + 6 * rep + (3 if c.swiglu else 2) * ffn + 2 * 3 * m * q / tp) + 2 * rep
-    att_stream = (4 * elt + 1) * att if c.attention_backend in _UNFUSED else 0.0
+    unfused = c.attention_backend in _UNFUSED and cp == 1  # the CP attention runs flash-style blocks
+    att_stream = (4 * elt + 1) * att if unfused else 0.0
     stream += att_stream
     comm_fwd, comm_bwd = (tp_time(cluster, ops, tp) for ops in layer_collectives(c, b, tp))
     fwd_core = core + memory_time(cluster, stream)
-    fwd = gemms + fwd_core + comm_fwd
-    bwd = 2 * (gemms + fwd_core) + comm_bwd
-    if c.attention_backend not in _UNFUSED:
+    cp_fwd, cp_bwd = context_parallel_time(c, b, cluster, tp, core)
+    fwd = gemms + fwd_core + comm_fwd + cp_fwd
+    bwd = 2 * (gemms + fwd_core) + comm_bwd + cp_bwd
+    if not unfused:
         bwd += core / 2  # flash-style kernels recompute the scores in backward
     if c.recompute_granularity == "full":
         rec = fwd
@@ -70,9 +79,29 @@ def layer_costs(c, b, cluster: Cluster, tp):
     return fwd, bwd, rec
 
 
+def context_parallel_time(c, b, cluster: Cluster, tp, core):
+    """(forward s, backward s) of one layer's CP attention traffic not hidden by compute. p2p: the ring
+    sends K/V to the neighbour (tp ranks apart; over the network when the CP group spans nodes) while
+    the current block computes, so only what exceeds the attention core (forward: core, backward:
+    2 core) shows. all_gather: a collective before the attention, not overlapped."""
+    if c.context_parallel_size == 1:
+        return 0.0, 0.0
+    C = c.context_parallel_size
+    fwd_bytes, bwd_bytes = context_parallel_bytes(c, b, tp)
+    if c.cp_comm_type == "all_gather":
+        full = fwd_bytes * C / (C - 1)
+        return (collective_time(cluster, "all_gather", full, C, tp),
+                collective_time(cluster, "reduce_scatter", full, C, tp))
+    crosses = tp * C > cluster.gpus_per_node
+    step = fwd_bytes / (C - 1)
+    fwd = (C - 1) * p2p_time(cluster, step, crosses)
+    bwd = (2 * C - 1) * p2p_time(cluster, step, crosses)
+    return max(fwd - core, 0.0), max(bwd - 2 * core, 0.0)
+
+
 def head_costs(c, b, cluster: Cluster, tp):
     """(forward s, backward s) of the output layer and the vocab-parallel cross entropy (last stage)."""
-    m, h, v = c.seq_length * b, c.hidden_size, c.padded_vocab_size
+    m, h, v = c.seq_length // c.context_parallel_size * b, c.hidden_size, c.padded_vocab_size
     g = gemm_time(cluster, m, v // tp, h)
     ce = memory_time(cluster, 3 * 4 * m * v / tp)  # fp32 logits: max, exp-sum, grad passes
     comm_fwd, comm_bwd = (tp_time(cluster, ops, tp) for ops in head_collectives(c, b, tp))
@@ -81,7 +110,7 @@ def head_costs(c, b, cluster: Cluster, tp):
 
 def embedding_costs(c, b, cluster: Cluster, tp):
     """(forward s, backward s) of the vocab-parallel embedding (first stage)."""
-    touch = memory_time(cluster, 3 * c.seq_length * b * c.hidden_size * _elt(c))
+    touch = memory_time(cluster, 3 * c.seq_length // c.context_parallel_size * b * c.hidden_size * _elt(c))
     comm_fwd, comm_bwd = (tp_time(cluster, ops, tp) for ops in embedding_collectives(c, b, tp))
     return touch + comm_fwd, 2 * touch + comm_bwd
 
@@ -100,7 +129,7 @@ def pipeline_time(c, t, cluster: Cluster, tp, pp, dp):
     ef, eb = embedding_costs(c, b, cluster, tp)
     split = layer_split(c.num_layers, pp, V if V > 1 else None)
     act_bytes = p2p_message_bytes(c, b, tp)
-    crosses = tp * dp >= cluster.gpus_per_node  # consecutive stages are tp * dp ranks apart
+    crosses = tp * c.context_parallel_size * dp >= cluster.gpus_per_node  # stages are tp cp dp ranks apart
     send = p2p_time(cluster, act_bytes, crosses) if pp > 1 else 0.0
 
     def chunk_cost(rank, chunk, backward):

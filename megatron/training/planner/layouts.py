@@ -36,8 +36,8 @@ def _divisors(n):
 
 
 def data_parallel(space: Space, layout: dict) -> int:
-    """GPUs over the model-parallel ones (TP x PP, and CP / EP where those dimensions exist)."""
-    return space.num_gpus // (layout["tp"] * layout["pp"])
+    """GPUs over the model-parallel ones (TP x PP x CP; EP splits the experts over DP x CP instead)."""
+    return space.num_gpus // (layout["tp"] * layout["pp"] * layout.get("cp", 1))
 
 
 def _tp(space, _):
@@ -47,6 +47,21 @@ def _tp(space, _):
 
 def _pp(space, lay):
     return [p for p in _divisors(space.num_gpus // lay["tp"]) if p <= space.num_layers]
+
+
+def _cp(space, lay):
+    """Context parallel sizes (powers of two up to 8 splitting the sequence into 2 C chunks); by
+    default only for sequences of 8192 tokens or more, where the s x s attention starts to dominate."""
+    rest = space.num_gpus // (lay["tp"] * lay["pp"])
+    if not space.full and space.seq_length < 8192:
+        return [1]
+    return [c for c in (1, 2, 4, 8) if rest % c == 0 and space.seq_length % (2 * c) == 0]
+
+
+def _cp_comm(space, lay):
+    if lay["cp"] == 1:
+        return [None]
+    return ["p2p", "all_gather"] if space.full else ["p2p"]
 
 
 def _vpp(space, lay):
@@ -86,6 +101,9 @@ def _zero(space, lay):
 DIMENSIONS = [
     Dimension("tp", _tp, lambda v, _: ["--tensor-model-parallel-size", str(v)]),
     Dimension("pp", _pp, lambda v, _: ["--pipeline-model-parallel-size", str(v)]),
+    Dimension("cp", _cp, lambda v, _: [] if v == 1 else
+              ["--context-parallel-size", str(v), "--attention-dropout", "0"]),
+    Dimension("cp_comm", _cp_comm, lambda v, _: ["--cp-comm-type", v] if v else []),
     Dimension("vpp", _vpp, lambda v, lay: [] if v == 1 else
               ["--num-layers-per-virtual-pipeline-stage", str(lay["layers"] // (lay["pp"] * v))]),
     Dimension("mb", _mb, lambda v, _: ["--micro-batch-size", str(v)]),
@@ -123,6 +141,8 @@ def layout_flags(layout: dict) -> list[str]:
 def describe(layout: dict) -> str:
     """Short label: TP2 PP4 VPP2 DP8 mb1 SP DO rec=full."""
     parts = [f"TP{layout['tp']}", f"PP{layout['pp']}"] + ([f"VPP{layout['vpp']}"] if layout["vpp"] > 1 else [])
+    if layout.get("cp", 1) > 1:
+        parts.append(f"CP{layout['cp']}" + ("ag" if layout["cp_comm"] == "all_gather" else ""))
     parts += [f"DP{layout['dp']}", f"mb{layout['mb']}"] + (["SP"] if layout["sp"] else [])
     zero = {"optim": [], "optim_grads": ["Z2"], "optim_grads_params": ["Z3"]}.get(layout.get("zero"), [])
     parts += (["DO"] if layout["dist_opt"] else []) + zero

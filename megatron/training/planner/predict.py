@@ -100,7 +100,8 @@ def space_of(argv, cluster: Cluster, full=False) -> Space:
     if t.global_batch_size is None:
         raise MegatronUserError("--global-batch-size is required to plan (the batch the cluster must run)")
     return Space(cluster.num_gpus, cluster.gpus_per_node, c.num_layers, c.num_attention_heads,
-                 c.num_query_groups or c.num_attention_heads, t.global_batch_size, full)
+                 c.num_query_groups or c.num_attention_heads, t.global_batch_size, full, c.seq_length,
+                 c.num_experts or 0)
 
 
 def plan(argv, cluster: Cluster, fixed: Optional[dict] = None, full=False) -> tuple[list, int]:
