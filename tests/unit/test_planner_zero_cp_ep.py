@@ -43,3 +43,19 @@ def test_context_parallel_bytes_equal_formula(comm):
     fwd, bwd = context_parallel_bytes(c, b, tp)
     assert (fwd, bwd) == ((C - 1) * u, (C - 1) * u + (C * u if comm == "p2p" else 0))
     assert p2p_message_bytes(c, b, tp) == 64 // C * b * 64 * 2
+
+
+def test_expert_parallel_bytes_equal_formula():
+    """All-to-all per step (bench/moe.py): 4 h x bytes x remote pairs, remote pairs = T k (EP-1)/EP
+    per MoE layer and microbatch under even routing; T = the CP rank's tokens."""
+    from megatron.training.planner.moe_cost import expert_parallel_bytes, iteration_expert_parallel_bytes
+    ep, cp, dp, b, k = 4, 2, 4, 2, 2
+    flags = BASE + ["--global-batch-size", "16", "--micro-batch-size", str(b), "--attention-dropout", "0",
+                    "--num-experts", "8", "--moe-router-topk", str(k), "--moe-layer-freq", "2",
+                    "--expert-model-parallel-size", str(ep), "--moe-token-dispatcher-type", "alltoall",
+                    "--context-parallel-size", str(cp)]
+    c, t = configs(flags, dp * cp)
+    pairs = 64 // cp * b * k * (ep - 1) / ep
+    assert sum(expert_parallel_bytes(c, b)) == 4 * 64 * 2 * pairs
+    micro = 16 // (b * dp)
+    assert iteration_expert_parallel_bytes(c, t, dp, 2) == micro * 2 * 4 * 64 * 2 * pairs

@@ -13,6 +13,7 @@ from ...core.pipeline_parallel.schedules import build_schedule
 from ...core.pipeline_parallel.simulator import simulate
 from ...core.pipeline_parallel.split import layer_split
 from .hardware import Cluster, collective_time, gemm_time, memory_time, p2p_time, ring_bytes
+from .moe_cost import expert_parallel_time, moe_fraction, moe_mlp_costs
 from .traffic import (
     context_parallel_bytes,
     embedding_collectives,
@@ -52,22 +53,28 @@ def layer_costs(c, b, cluster: Cluster, tp):
     cp = c.context_parallel_size
     sp, elt, m = c.sequence_parallel and tp > 1, _elt(c), s // cp * b  # this CP rank's s / C queries
     fc1 = f * (2 if c.swiglu else 1)
-    gemms = (gemm_time(cluster, m, (q + 2 * kv) // tp, h) + gemm_time(cluster, m, h, q // tp)
-             + gemm_time(cluster, m, fc1 // tp, h) + gemm_time(cluster, m, h, f // tp))
+    mlp = gemm_time(cluster, m, fc1 // tp, h) + gemm_time(cluster, m, h, f // tp)
+    mlp_stream = elt * (3 if c.swiglu else 2) * m * f / tp
+    moe = moe_fraction(c)
+    if moe:  # MoE layers' experts instead of the dense MLP, weighed by the fraction of MoE layers
+        moe_gemms, moe_stream = moe_mlp_costs(c, m, cluster, tp)
+        mlp, mlp_stream = (1 - moe) * mlp + moe * moe_gemms, (1 - moe) * mlp_stream + moe * moe_stream
+    gemms = gemm_time(cluster, m, (q + 2 * kv) // tp, h) + gemm_time(cluster, m, h, q // tp) + mlp
     core = gemm_time(cluster, s // cp, s, d, b * a // tp) + gemm_time(cluster, s // cp, d, s, b * a // tp)
-    rep, ffn, att = m * h / (tp if sp else 1), m * f / tp, a * s // cp * s * b / tp
+    rep, att = m * h / (tp if sp else 1), a * s // cp * s * b / tp
     # streamed bytes: 2 norms (read + write), 2 bias-dropout-adds (2 reads, 1 write, 1-byte mask),
     # the activation (read + write, SwiGLU reads two), Q/K/V layout copies; unfused attention adds
     # softmax (read + write) and dropout (read + write + mask) of the s x s scores
-    stream = elt * (4 * rep + 6 * rep + (3 if c.swiglu else 2) * ffn + 2 * 3 * m * q / tp) + 2 * rep
+    stream = elt * (4 * rep + 6 * rep + 2 * 3 * m * q / tp) + 2 * rep + mlp_stream
     unfused = c.attention_backend in _UNFUSED and cp == 1  # the CP attention runs flash-style blocks
     att_stream = (4 * elt + 1) * att if unfused else 0.0
     stream += att_stream
     comm_fwd, comm_bwd = (tp_time(cluster, ops, tp) for ops in layer_collectives(c, b, tp))
     fwd_core = core + memory_time(cluster, stream)
     cp_fwd, cp_bwd = context_parallel_time(c, b, cluster, tp, core)
-    fwd = gemms + fwd_core + comm_fwd + cp_fwd
-    bwd = 2 * (gemms + fwd_core) + comm_bwd + cp_bwd
+    ep_fwd, ep_bwd = (moe * x for x in expert_parallel_time(c, b, cluster, tp))
+    fwd = gemms + fwd_core + comm_fwd + cp_fwd + ep_fwd
+    bwd = 2 * (gemms + fwd_core) + comm_bwd + cp_bwd + ep_bwd
     if not unfused:
         bwd += core / 2  # flash-style kernels recompute the scores in backward
     if c.recompute_granularity == "full":

@@ -64,6 +64,14 @@ def _cp_comm(space, lay):
     return ["p2p", "all_gather"] if space.full else ["p2p"]
 
 
+def _ep(space, lay):
+    """Expert parallel sizes of an MoE model: powers of two dividing the experts and DP x CP."""
+    if not space.num_experts:
+        return [1]
+    dp_cp = data_parallel(space, lay) * lay["cp"]
+    return [e for e in (1, 2, 4, 8, 16, 32, 64) if space.num_experts % e == 0 and dp_cp % e == 0]
+
+
 def _vpp(space, lay):
     if lay["pp"] == 1:
         return [1]
@@ -95,6 +103,8 @@ def _zero(space, lay):
     ZeRO-2 moves the bytes ZeRO-1 moves and holds less, so ZeRO-1 is tried only with --search full."""
     if not lay["dist_opt"]:
         return ["no_shard"]
+    if lay.get("ep", 1) > 1:  # training refuses EP with sharded gradients (expert buffers unsharded)
+        return ["optim"]
     return ["optim", "optim_grads", "optim_grads_params"] if space.full else ["optim_grads", "optim_grads_params"]
 
 
@@ -104,6 +114,8 @@ DIMENSIONS = [
     Dimension("cp", _cp, lambda v, _: [] if v == 1 else
               ["--context-parallel-size", str(v), "--attention-dropout", "0"]),
     Dimension("cp_comm", _cp_comm, lambda v, _: ["--cp-comm-type", v] if v else []),
+    Dimension("ep", _ep, lambda v, _: [] if v == 1 else
+              ["--expert-model-parallel-size", str(v), "--moe-token-dispatcher-type", "alltoall"]),
     Dimension("vpp", _vpp, lambda v, lay: [] if v == 1 else
               ["--num-layers-per-virtual-pipeline-stage", str(lay["layers"] // (lay["pp"] * v))]),
     Dimension("mb", _mb, lambda v, _: ["--micro-batch-size", str(v)]),
@@ -143,6 +155,8 @@ def describe(layout: dict) -> str:
     parts = [f"TP{layout['tp']}", f"PP{layout['pp']}"] + ([f"VPP{layout['vpp']}"] if layout["vpp"] > 1 else [])
     if layout.get("cp", 1) > 1:
         parts.append(f"CP{layout['cp']}" + ("ag" if layout["cp_comm"] == "all_gather" else ""))
+    if layout.get("ep", 1) > 1:
+        parts.append(f"EP{layout['ep']}")
     parts += [f"DP{layout['dp']}", f"mb{layout['mb']}"] + (["SP"] if layout["sp"] else [])
     zero = {"optim": [], "optim_grads": ["Z2"], "optim_grads_params": ["Z3"]}.get(layout.get("zero"), [])
     parts += (["DO"] if layout["dist_opt"] else []) + zero
