@@ -114,5 +114,5 @@ def plan(argv, cluster: Cluster, fixed: Optional[dict] = None, full=False) -> tu
             out.append(predict(list(argv) + flags, cluster, describe(lay)))
         except MegatronUserError:
             refused += 1
-    out.sort(key=lambda p: (not p.fits, p.step.total))
+    out.sort(key=lambda p: (not p.fits, p.step.total, p.memory_bytes))  # ties (ZeRO-1 vs 2): less memory
     return out, refused
