@@ -145,6 +145,8 @@ def kept_activation_bytes(c, micro_batch, tp, layers):
     rep = s * b * h / (tp if c.sequence_parallel else 1) * (2 if c.params_dtype != torch.float32 else 4)
     if c.recompute_granularity == "selective":
         scores = s * b * h * 5 * c.num_attention_heads * s / (h * tp)
+        if c.context_parallel_size > 1:  # the CP attention keeps no s x s scores to drop
+            scores = 0
         return int((full - scores * (1 if c.params_dtype != torch.float32 else 2)) * layers), 0
     k = min(c.recompute_num_layers or 1, layers)
     if c.recompute_method == "block":  # the first k layers of the stage recomputed, the rest kept

@@ -5,8 +5,8 @@
         --max-position-embeddings 2048 --vocab-size 51200 --global-batch-size 512 --bf16
 
 Takes pretrain_gpt.py's model and training flags; the layout flags (TP, PP, VPP, micro batch, SP,
-distributed optimizer, recompute) are what it searches. --fix tp=8 --fix recompute=full pins a
-dimension. `python tools/plan.py --validate` prints the validation table of docs/planner.md.
+distributed optimizer or ZeRO stage, recompute, CP, EP for MoE) are what it searches. --fix tp=8
+--fix recompute=full pins a dimension. `python tools/plan.py --validate` prints the validation table of docs/planner.md.
 Memory is tools/estimate_memory.py's; time is megatron/training/planner/cost.py's model
 with the calibration in megatron/training/planner/calibration.toml.
 """
@@ -30,7 +30,7 @@ def _fixed(items):
         if name not in names or not value:
             raise MegatronUserError(f"--fix {item!r}: give name=value with name one of {', '.join(sorted(names))}")
         out[name] = {"true": True, "false": False, "none": None}.get(value.lower(), value)
-        if name in ("tp", "pp", "vpp", "mb"):
+        if name in ("tp", "pp", "vpp", "mb", "cp", "ep"):
             out[name] = int(value)
     return out
 

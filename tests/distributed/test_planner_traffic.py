@@ -1,5 +1,6 @@
 """The planner's bytes per collective equal what a real gloo run sends, over one training step of
-the same tiny layout: TP2 x DP2 plain and with SP + the distributed optimizer, and TP2 x PP2 with
+the same tiny layout: TP2 x DP2 plain, with SP + the distributed optimizer and with ZeRO-3 (its
+parameters gathered twice per microbatch), and TP2 x PP2 with
 SP and the interleaved schedule:
 - DP: megatron/training/planner/cost.dp_traffic against debug.count_traffic (comm.py's tags);
 - TP: planner/traffic.iteration_tp_traffic against a counter wrapped here around the torch
@@ -30,7 +31,8 @@ TINY = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4"
         "--max-position-embeddings", "16", "--vocab-size", "256", "--micro-batch-size", "2",
         "--global-batch-size", "8", "--tensor-model-parallel-size", "2", "--ddp-bucket-size", "5000",
         "--hidden-dropout", "0", "--attention-dropout", "0"]
-VARIANTS = ([], ["--use-distributed-optimizer", "--sequence-parallel"])
+VARIANTS = ([], ["--use-distributed-optimizer", "--sequence-parallel"],
+            ["--use-distributed-optimizer", "--data-parallel-sharding-strategy", "optim_grads_params"])
 
 
 def _count_tp(groups, counted):
@@ -62,7 +64,9 @@ def _run(groups):
         est = estimator()
         mem = est.estimate(c, t, 4, groups.pp_rank)
         params, layers = est.stage_params(c, groups.pp_rank)
-        out.append((extra, dict(sent), dp_traffic(mem, groups.dp_size, t.use_distributed_optimizer),
+        micro = t.global_batch_size // (t.micro_batch_size * groups.dp_size)
+        dp = dp_traffic(mem, groups.dp_size, t.use_distributed_optimizer, t.data_parallel_sharding_strategy, micro)
+        out.append((extra, dict(sent), dp,
                     dict(tp_counted), iteration_tp_traffic(c, t, groups.tp_size, groups.dp_size, params, layers)))
     return out
 

@@ -13,7 +13,14 @@ from ...core.pipeline_parallel.schedules import build_schedule
 from ...core.pipeline_parallel.simulator import simulate
 from ...core.pipeline_parallel.split import layer_split
 from .hardware import Cluster, collective_time, gemm_time, memory_time, p2p_time, ring_bytes
-from .traffic import embedding_collectives, head_collectives, layer_collectives, p2p_message_bytes
+from .moe_cost import expert_parallel_time, moe_fraction, moe_mlp_costs
+from .traffic import (
+    context_parallel_bytes,
+    embedding_collectives,
+    head_collectives,
+    layer_collectives,
+    p2p_message_bytes,
+)
 
 _UNFUSED = ("local", "unfused")
 _SIM_ACTIONS = 60_000  # simulate at most this many actions; beyond, extrapolate the steady state
@@ -43,23 +50,32 @@ def layer_costs(c, b, cluster: Cluster, tp):
     per GPU of a TP group of tp. TP collectives are not overlapped with compute (they are not here)."""
     s, h, a, d = c.seq_length, c.hidden_size, c.num_attention_heads, c.kv_channels
     q, kv, f = a * d, c.num_query_groups * d, c.ffn_hidden_size
-    sp, elt, m = c.sequence_parallel and tp > 1, _elt(c), s * b
+    cp = c.context_parallel_size
+    sp, elt, m = c.sequence_parallel and tp > 1, _elt(c), s // cp * b  # this CP rank's s / C queries
     fc1 = f * (2 if c.swiglu else 1)
-    gemms = (gemm_time(cluster, m, (q + 2 * kv) // tp, h) + gemm_time(cluster, m, h, q // tp)
-             + gemm_time(cluster, m, fc1 // tp, h) + gemm_time(cluster, m, h, f // tp))
-    core = gemm_time(cluster, s, s, d, b * a // tp) + gemm_time(cluster, s, d, s, b * a // tp)
-    rep, ffn, att = m * h / (tp if sp else 1), m * f / tp, a * s * s * b / tp
+    mlp = gemm_time(cluster, m, fc1 // tp, h) + gemm_time(cluster, m, h, f // tp)
+    mlp_stream = elt * (3 if c.swiglu else 2) * m * f / tp
+    moe = moe_fraction(c)
+    if moe:  # MoE layers' experts instead of the dense MLP, weighed by the fraction of MoE layers
+        moe_gemms, moe_stream = moe_mlp_costs(c, m, cluster, tp)
+        mlp, mlp_stream = (1 - moe) * mlp + moe * moe_gemms, (1 - moe) * mlp_stream + moe * moe_stream
+    gemms = gemm_time(cluster, m, (q + 2 * kv) // tp, h) + gemm_time(cluster, m, h, q // tp) + mlp
+    core = gemm_time(cluster, s // cp, s, d, b * a // tp) + gemm_time(cluster, s // cp, d, s, b * a // tp)
+    rep, att = m * h / (tp if sp else 1), a * s // cp * s * b / tp
     # streamed bytes: 2 norms (read + write), 2 bias-dropout-adds (2 reads, 1 write, 1-byte mask),
     # the activation (read + write, SwiGLU reads two), Q/K/V layout copies; unfused attention adds
     # softmax (read + write) and dropout (read + write + mask) of the s x s scores
-    stream = elt * (4 * rep + 6 * rep + (3 if c.swiglu else 2) * ffn + 2 * 3 * m * q / tp) + 2 * rep
-    att_stream = (4 * elt + 1) * att if c.attention_backend in _UNFUSED else 0.0
+    stream = elt * (4 * rep + 6 * rep + 2 * 3 * m * q / tp) + 2 * rep + mlp_stream
+    unfused = c.attention_backend in _UNFUSED and cp == 1  # the CP attention runs flash-style blocks
+    att_stream = (4 * elt + 1) * att if unfused else 0.0
     stream += att_stream
     comm_fwd, comm_bwd = (tp_time(cluster, ops, tp) for ops in layer_collectives(c, b, tp))
     fwd_core = core + memory_time(cluster, stream)
-    fwd = gemms + fwd_core + comm_fwd
-    bwd = 2 * (gemms + fwd_core) + comm_bwd
-    if c.attention_backend not in _UNFUSED:
+    cp_fwd, cp_bwd = context_parallel_time(c, b, cluster, tp, core)
+    ep_fwd, ep_bwd = (moe * x for x in expert_parallel_time(c, b, cluster, tp))
+    fwd = gemms + fwd_core + comm_fwd + cp_fwd + ep_fwd
+    bwd = 2 * (gemms + fwd_core) + comm_bwd + cp_bwd + ep_bwd
+    if not unfused:
         bwd += core / 2  # flash-style kernels recompute the scores in backward
     if c.recompute_granularity == "full":
         rec = fwd
@@ -70,9 +86,29 @@ def layer_costs(c, b, cluster: Cluster, tp):
     return fwd, bwd, rec
 
 
+def context_parallel_time(c, b, cluster: Cluster, tp, core):
+    """(forward s, backward s) of one layer's CP attention traffic not hidden by compute. p2p: the ring
+    sends K/V to the neighbour (tp ranks apart; over the network when the CP group spans nodes) while
+    the current block computes, so only what exceeds the attention core (forward: core, backward:
+    2 core) shows. all_gather: a collective before the attention, not overlapped."""
+    if c.context_parallel_size == 1:
+        return 0.0, 0.0
+    C = c.context_parallel_size
+    fwd_bytes, bwd_bytes = context_parallel_bytes(c, b, tp)
+    if c.cp_comm_type == "all_gather":
+        full = fwd_bytes * C / (C - 1)
+        return (collective_time(cluster, "all_gather", full, C, tp),
+                collective_time(cluster, "reduce_scatter", full, C, tp))
+    crosses = tp * C > cluster.gpus_per_node
+    step = fwd_bytes / (C - 1)
+    fwd = (C - 1) * p2p_time(cluster, step, crosses)
+    bwd = (2 * C - 1) * p2p_time(cluster, step, crosses)
+    return max(fwd - core, 0.0), max(bwd - 2 * core, 0.0)
+
+
 def head_costs(c, b, cluster: Cluster, tp):
     """(forward s, backward s) of the output layer and the vocab-parallel cross entropy (last stage)."""
-    m, h, v = c.seq_length * b, c.hidden_size, c.padded_vocab_size
+    m, h, v = c.seq_length // c.context_parallel_size * b, c.hidden_size, c.padded_vocab_size
     g = gemm_time(cluster, m, v // tp, h)
     ce = memory_time(cluster, 3 * 4 * m * v / tp)  # fp32 logits: max, exp-sum, grad passes
     comm_fwd, comm_bwd = (tp_time(cluster, ops, tp) for ops in head_collectives(c, b, tp))
@@ -81,7 +117,7 @@ def head_costs(c, b, cluster: Cluster, tp):
 
 def embedding_costs(c, b, cluster: Cluster, tp):
     """(forward s, backward s) of the vocab-parallel embedding (first stage)."""
-    touch = memory_time(cluster, 3 * c.seq_length * b * c.hidden_size * _elt(c))
+    touch = memory_time(cluster, 3 * c.seq_length // c.context_parallel_size * b * c.hidden_size * _elt(c))
     comm_fwd, comm_bwd = (tp_time(cluster, ops, tp) for ops in embedding_collectives(c, b, tp))
     return touch + comm_fwd, 2 * touch + comm_bwd
 
@@ -100,7 +136,7 @@ def pipeline_time(c, t, cluster: Cluster, tp, pp, dp):
     ef, eb = embedding_costs(c, b, cluster, tp)
     split = layer_split(c.num_layers, pp, V if V > 1 else None)
     act_bytes = p2p_message_bytes(c, b, tp)
-    crosses = tp * dp >= cluster.gpus_per_node  # consecutive stages are tp * dp ranks apart
+    crosses = tp * c.context_parallel_size * dp >= cluster.gpus_per_node  # stages are tp cp dp ranks apart
     send = p2p_time(cluster, act_bytes, crosses) if pp > 1 else 0.0
 
     def chunk_cost(rank, chunk, backward):
@@ -137,19 +173,53 @@ def _simulate(P, M, V, cost):
     return makespan, (idle2 + (idle2 - idle1) * extra) / makespan
 
 
-def dp_collectives(mem, distributed_optimizer) -> dict:
-    """{comm.py tag: (collective, full buffer bytes)} of one iteration's data-parallel traffic: the
-    gradient buffers (estimate()'s 'grads') all-reduced, or reduce-scattered with the distributed
-    optimizer, which then all-gathers the parameter buffers ('params')."""
-    if distributed_optimizer:
-        return {"dp-grads": ("reduce_scatter", mem["grads"]), "dp-params": ("all_gather", mem["params"])}
-    return {"dp-grads": ("all_reduce", mem["grads"])}
+def dp_collectives(mem, distributed_optimizer, strategy="optim", shards=1, micro=1, full_recompute=False) -> dict:
+    """{comm.py tag: (collective, full buffer bytes, calls per iteration)} of one iteration's
+    data-parallel traffic over `shards` ranks (DP x CP). no_shard: the gradient buffers (estimate()'s
+    'grads') all-reduced once. optim / optim_grads (ZeRO-1/2): reduce-scattered once, then the
+    parameter buffers all-gathered once. optim_grads_params (ZeRO-3): the gradients reduce-scattered
+    once, the parameters all-gathered before every microbatch's forward and backward (and its
+    recomputed forward under full recompute), docs/zero.md. Sharded buffers are estimate()'s shard
+    bytes x shards."""
+    if not distributed_optimizer:
+        return {"dp-grads": ("all_reduce", mem["grads"], 1)}
+    grads = mem["grads"] * (shards if strategy in ("optim_grads", "optim_grads_params") else 1)
+    if strategy != "optim_grads_params":
+        return {"dp-grads": ("reduce_scatter", grads, 1), "dp-params": ("all_gather", mem["params"], 1)}
+    gathers = (3 if full_recompute else 2) * micro
+    return {"dp-grads": ("reduce_scatter", grads, 1), "dp-params": ("all_gather", mem["params"] * shards, gathers)}
 
 
-def dp_traffic(mem, dp, distributed_optimizer) -> dict:
-    """{tag: bytes one rank sends} of dp_collectives(), to compare with debug.count_traffic()."""
-    collectives = dp_collectives(mem, distributed_optimizer)
-    return {tag: ring_bytes(kind, nbytes, dp) for tag, (kind, nbytes) in collectives.items()}
+def dp_traffic(mem, dp, distributed_optimizer, strategy="optim", micro=1, full_recompute=False) -> dict:
+    """{tag: bytes one rank sends in an iteration} of dp_collectives() over dp ranks (DP x CP), to
+    compare with debug.count_traffic()."""
+    collectives = dp_collectives(mem, distributed_optimizer, strategy, dp, micro, full_recompute)
+    return {tag: calls * ring_bytes(kind, nbytes, dp) for tag, (kind, nbytes, calls) in collectives.items()}
+
+
+def _dp_exposed(cluster, t, mem, dp, tp, micro, fwd, bwd_rec, full_recompute):
+    """Seconds of one stage's DP collectives not hidden by compute. Gradients: the last microbatch's
+    backward hides all buckets but the last (taken as an eighth) with --overlap-grad-reduce. ZeRO-1/2
+    parameters: the next forward hides them with --overlap-param-gather. ZeRO-3 parameters: each
+    unit's gather is prefetched behind the previous unit's compute, so per pass the first of
+    layers + 1 units (the root) shows, or what exceeds the pass's compute."""
+    strategy = t.data_parallel_sharding_strategy or "optim"
+    shown = 0.0
+    for tag, (kind, nbytes, calls) in dp_collectives(mem, t.use_distributed_optimizer, strategy, dp, micro,
+                                                      full_recompute).items():
+        took = collective_time(cluster, kind, nbytes, dp, tp)
+        if tag == "dp-grads":
+            window, overlap, parts = mem["layers"] * bwd_rec, t.overlap_grad_reduce, 8
+        else:
+            window, overlap, parts = mem["layers"] * fwd, t.overlap_param_gather, 8
+        if calls == 1:
+            shown += max(took - window, took / parts) if overlap else took
+            continue
+        units = mem["layers"] + 1
+        back = calls // micro - 1  # gathers in the backward phase of a microbatch (2 under full recompute)
+        per_micro = [(took, mem["layers"] * fwd), (back * took, mem["layers"] * bwd_rec)]
+        shown += micro * sum((max(g - w, g / units) if overlap else g) for g, w in per_micro)
+    return shown
 
 
 def step_time(c, t, cluster: Cluster, tp, pp, dp, mems, sp_grad_bytes=0) -> StepTime:
@@ -157,19 +227,15 @@ def step_time(c, t, cluster: Cluster, tp, pp, dp, mems, sp_grad_bytes=0) -> Step
     (its grad and parameter buffer bytes are what the DP collectives move); the slowest stage counts.
     sp_grad_bytes: traffic.sequence_parallel_grad_bytes of the stage holding the most."""
     (makespan, bubble), (fwd, bwd, rec) = pipeline_time(c, t, cluster, tp, pp, dp)
-    elt = _elt(c)
+    elt, cp = _elt(c), c.context_parallel_size
+    micro = t.global_batch_size // (t.micro_batch_size * dp)
     exposed = optimizer = 0.0
-    for mem in mems:
-        shown = 0.0
-        for tag, (kind, nbytes) in dp_collectives(mem, t.use_distributed_optimizer).items():
-            took = collective_time(cluster, kind, nbytes, dp, tp)
-            # grads: the last microbatch's backward hides all buckets but the last (taken as an eighth)
-            # with --overlap-grad-reduce; params: the next forward hides them with --overlap-param-gather
-            overlap = t.overlap_grad_reduce if tag == "dp-grads" else t.overlap_param_gather
-            window = mem["layers"] * ((bwd + rec) if tag == "dp-grads" else fwd)
-            shown += max(took - window, took / 8) if overlap else took
-        exposed = max(exposed, shown)
-        owned = mem["params"] / elt / (dp if t.use_distributed_optimizer else 1)
+    for mem in mems:  # DP x CP ranks, tp apart (rank order tp-cp-dp-pp)
+        exposed = max(exposed, _dp_exposed(cluster, t, mem, dp * cp, tp, micro, fwd, bwd + rec,
+                                           c.recompute_granularity == "full"))
+        owned = mem["params"] / elt / (dp * cp if t.use_distributed_optimizer else 1)
+        if t.data_parallel_sharding_strategy == "optim_grads_params":
+            owned = mem["params"] / elt  # already the shard
         # Adam on fp32 main params: main, m, v read and written, the fp32 grad read, the param written
         optimizer = max(optimizer, memory_time(cluster, owned * (3 * 2 * 4 + 4 + elt)))
     emb = collective_time(cluster, "all_reduce", sp_grad_bytes, tp, 1)

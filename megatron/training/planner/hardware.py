@@ -112,3 +112,17 @@ def p2p_time(cluster: Cluster, nbytes, crosses_node) -> float:
     if crosses_node:
         return nbytes / (cluster.network_bw * cluster.network_eff) + cluster.latency
     return nbytes / (cluster.nvlink_bw * cluster.nvlink_eff)
+
+
+def all_to_all_time(cluster: Cluster, sent, size, stride) -> float:
+    """Seconds of an all-to-all over `size` ranks `stride` apart in which each rank sends `sent`
+    bytes spread evenly over the others: the part to ranks in its node over NVLink, the rest over
+    its own NIC, both at once."""
+    if size <= 1:
+        return 0.0
+    per_node = 1 if stride >= cluster.gpus_per_node else min(size, cluster.gpus_per_node // stride)
+    off = sent * (size - per_node) / (size - 1)
+    inside = (sent - off) / (cluster.nvlink_bw * cluster.nvlink_eff)
+    if off == 0:
+        return inside
+    return max(inside, off / (cluster.network_bw * cluster.network_eff)) + cluster.latency

@@ -20,6 +20,8 @@ class Space:
     num_query_groups: int
     global_batch_size: int
     full: bool  # enumerate dominated choices too (SP off with TP, no distributed optimizer with DP)
+    seq_length: int = 0
+    num_experts: int = 0  # 0: a dense model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,8 +36,8 @@ def _divisors(n):
 
 
 def data_parallel(space: Space, layout: dict) -> int:
-    """GPUs over the model-parallel ones (TP x PP, and CP / EP where those dimensions exist)."""
-    return space.num_gpus // (layout["tp"] * layout["pp"])
+    """GPUs over the model-parallel ones (TP x PP x CP; EP splits the experts over DP x CP instead)."""
+    return space.num_gpus // (layout["tp"] * layout["pp"] * layout.get("cp", 1))
 
 
 def _tp(space, _):
@@ -45,6 +47,29 @@ def _tp(space, _):
 
 def _pp(space, lay):
     return [p for p in _divisors(space.num_gpus // lay["tp"]) if p <= space.num_layers]
+
+
+def _cp(space, lay):
+    """Context parallel sizes (powers of two up to 8 splitting the sequence into 2 C chunks); by
+    default only for sequences of 8192 tokens or more, where the s x s attention starts to dominate."""
+    rest = space.num_gpus // (lay["tp"] * lay["pp"])
+    if not space.full and space.seq_length < 8192:
+        return [1]
+    return [c for c in (1, 2, 4, 8) if rest % c == 0 and space.seq_length % (2 * c) == 0]
+
+
+def _cp_comm(space, lay):
+    if lay["cp"] == 1:
+        return [None]
+    return ["p2p", "all_gather"] if space.full else ["p2p"]
+
+
+def _ep(space, lay):
+    """Expert parallel sizes of an MoE model: powers of two dividing the experts and DP x CP."""
+    if not space.num_experts:
+        return [1]
+    dp_cp = data_parallel(space, lay) * lay["cp"]
+    return [e for e in (1, 2, 4, 8, 16, 32, 64) if space.num_experts % e == 0 and dp_cp % e == 0]
 
 
 def _vpp(space, lay):
@@ -73,15 +98,32 @@ def _dist_opt(space, lay):
     return [False, True] if space.full else [True]
 
 
+def _zero(space, lay):
+    """ZeRO stage over the distributed optimizer: optim (1), optim_grads (2), optim_grads_params (3).
+    ZeRO-2 moves the bytes ZeRO-1 moves and holds less, so ZeRO-1 is tried only with --search full."""
+    if not lay["dist_opt"]:
+        return ["no_shard"]
+    if lay.get("ep", 1) > 1:  # training refuses EP with sharded gradients (expert buffers unsharded)
+        return ["optim"]
+    return ["optim", "optim_grads", "optim_grads_params"] if space.full else ["optim_grads", "optim_grads_params"]
+
+
 DIMENSIONS = [
     Dimension("tp", _tp, lambda v, _: ["--tensor-model-parallel-size", str(v)]),
     Dimension("pp", _pp, lambda v, _: ["--pipeline-model-parallel-size", str(v)]),
+    Dimension("cp", _cp, lambda v, _: [] if v == 1 else
+              ["--context-parallel-size", str(v), "--attention-dropout", "0"]),
+    Dimension("cp_comm", _cp_comm, lambda v, _: ["--cp-comm-type", v] if v else []),
+    Dimension("ep", _ep, lambda v, _: [] if v == 1 else
+              ["--expert-model-parallel-size", str(v), "--moe-token-dispatcher-type", "alltoall"]),
     Dimension("vpp", _vpp, lambda v, lay: [] if v == 1 else
               ["--num-layers-per-virtual-pipeline-stage", str(lay["layers"] // (lay["pp"] * v))]),
     Dimension("mb", _mb, lambda v, _: ["--micro-batch-size", str(v)]),
     Dimension("sp", _sp, lambda v, _: ["--sequence-parallel"] if v else []),
     Dimension("dist_opt", _dist_opt, lambda v, lay: ["--use-distributed-optimizer", "--overlap-param-gather"] if v
               else []),
+    Dimension("zero", _zero, lambda v, _: [] if v in ("no_shard", "optim") else
+              ["--data-parallel-sharding-strategy", v]),
     Dimension("recompute", lambda s, _: [None, "selective", "full"],
               lambda v, _: ["--recompute-granularity", v] if v else []),
 ]
@@ -111,6 +153,12 @@ def layout_flags(layout: dict) -> list[str]:
 def describe(layout: dict) -> str:
     """Short label: TP2 PP4 VPP2 DP8 mb1 SP DO rec=full."""
     parts = [f"TP{layout['tp']}", f"PP{layout['pp']}"] + ([f"VPP{layout['vpp']}"] if layout["vpp"] > 1 else [])
+    if layout.get("cp", 1) > 1:
+        parts.append(f"CP{layout['cp']}" + ("ag" if layout["cp_comm"] == "all_gather" else ""))
+    if layout.get("ep", 1) > 1:
+        parts.append(f"EP{layout['ep']}")
     parts += [f"DP{layout['dp']}", f"mb{layout['mb']}"] + (["SP"] if layout["sp"] else [])
-    parts += (["DO"] if layout["dist_opt"] else []) + ([f"rec={layout['recompute']}"] if layout["recompute"] else [])
+    zero = {"optim": [], "optim_grads": ["Z2"], "optim_grads_params": ["Z3"]}.get(layout.get("zero"), [])
+    parts += (["DO"] if layout["dist_opt"] else []) + zero
+    parts += [f"rec={layout['recompute']}"] if layout["recompute"] else []
     return " ".join(parts)

@@ -68,7 +68,7 @@ def predict_resolved(c, t, world_size, cluster: Cluster, label="", flags=()) -> 
     """Prediction for resolved and validated configs (resolve() + validate() done) on `cluster`."""
     est = estimator()
     tp, pp = c.tensor_model_parallel_size, c.pipeline_model_parallel_size
-    dp = world_size // (tp * pp)
+    dp = world_size // (tp * pp * c.context_parallel_size)
     mems = [est.estimate(c, t, world_size, r) for r in range(pp)]
     memory = max(est.total_bytes(m) for m in mems)
     sp_bytes = max(sequence_parallel_grad_bytes(est.stage_params(c, r)[0], tp) for r in range(pp))
@@ -100,7 +100,8 @@ def space_of(argv, cluster: Cluster, full=False) -> Space:
     if t.global_batch_size is None:
         raise MegatronUserError("--global-batch-size is required to plan (the batch the cluster must run)")
     return Space(cluster.num_gpus, cluster.gpus_per_node, c.num_layers, c.num_attention_heads,
-                 c.num_query_groups or c.num_attention_heads, t.global_batch_size, full)
+                 c.num_query_groups or c.num_attention_heads, t.global_batch_size, full, c.seq_length,
+                 c.num_experts or 0)
 
 
 def plan(argv, cluster: Cluster, fixed: Optional[dict] = None, full=False) -> tuple[list, int]:
@@ -113,5 +114,5 @@ def plan(argv, cluster: Cluster, fixed: Optional[dict] = None, full=False) -> tu
             out.append(predict(list(argv) + flags, cluster, describe(lay)))
         except MegatronUserError:
             refused += 1
-    out.sort(key=lambda p: (not p.fits, p.step.total))
+    out.sort(key=lambda p: (not p.fits, p.step.total, p.memory_bytes))  # ties (ZeRO-1 vs 2): less memory
     return out, refused

@@ -11,9 +11,29 @@ from ...core.tensor_parallel.param_meta import param_meta
 from .hardware import ring_bytes
 
 
+def _elt(c):
+    return 2 if c.params_dtype is not None and c.params_dtype.itemsize == 2 else 4
+
+
 def _act(c, b):
-    elt = 2 if c.params_dtype is not None and c.params_dtype.itemsize == 2 else 4
-    return c.seq_length * b * c.hidden_size * elt
+    """Bytes of one CP rank's [s / C, b, h] activations."""
+    return c.seq_length // c.context_parallel_size * b * c.hidden_size * _elt(c)
+
+
+def context_parallel_bytes(c, b, tp) -> tuple[float, float]:
+    """(forward, backward) bytes one rank sends over its CP group per layer and microbatch of b
+    samples, with u = its K and V = 2 (s/C) b (g/tp) d x element bytes. p2p ring: forward (C-1) u,
+    backward (C-1) u of K/V and C u of dK/dV (the last hop brings them home); all_gather: forward
+    (C-1) u (all-gather), backward (C-1) u (reduce-scatter). a2a is not modelled (raises)."""
+    C = c.context_parallel_size
+    if C == 1:
+        return 0.0, 0.0
+    u = 2 * (c.seq_length // C) * b * (c.num_query_groups or c.num_attention_heads) // tp * c.kv_channels * _elt(c)
+    if c.cp_comm_type == "p2p":
+        return (C - 1) * u, (C - 1) * u + C * u
+    if c.cp_comm_type == "all_gather":
+        return (C - 1) * u, (C - 1) * u
+    raise NotImplementedError(f"the planner does not model --cp-comm-type {c.cp_comm_type}")
 
 
 def layer_collectives(c, b, tp):
@@ -49,7 +69,7 @@ def head_collectives(c, b, tp):
     entropy (max, then target logit and sum of exponentials, fp32 per token)."""
     if tp == 1:
         return [], []
-    x, tokens = _act(c, b), c.seq_length * b
+    x, tokens = _act(c, b), c.seq_length // c.context_parallel_size * b
     ce = [("all_reduce", 4 * tokens), ("all_reduce", 2 * 4 * tokens)]
     if not c.sequence_parallel:
         return ce, [("all_reduce", x)]
