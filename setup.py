@@ -81,6 +81,7 @@ setup(
     version="0.1.0",
     description="3D-parallel (tensor x pipeline x data) GPT/BERT pretraining on PyTorch, tested on CPU",
     packages=find_packages(include=["megatron", "megatron.*"]),
+    package_data={"megatron.training.planner": ["*.toml"]},  # the planner's calibration and validation tables
     py_modules=["pretrain_gpt"],
     ext_modules=dataset_helpers() + cuda_exts,
     cmdclass={"build_ext": OptionalBuildExt},

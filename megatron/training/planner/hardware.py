@@ -8,14 +8,27 @@ import math
 import os
 from typing import Optional
 
-import tomllib
+from ...core.errors import MegatronUserError
 
 CALIBRATION = os.path.join(os.path.dirname(os.path.abspath(__file__)), "calibration.toml")
 
 
-def load_calibration(path=CALIBRATION) -> dict:
+def load_toml(path) -> dict:
+    """The TOML file at path: tomllib (Python 3.11+) or tomli; imported here, not at module import,
+    so that training on older Pythons never needs either."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:
+        try:
+            import tomli as tomllib
+        except ModuleNotFoundError as e:
+            raise MegatronUserError("the planner reads TOML files: use Python 3.11+ or `pip install tomli`") from e
     with open(path, "rb") as fh:
         return tomllib.load(fh)
+
+
+def load_calibration(path=CALIBRATION) -> dict:
+    return load_toml(path)
 
 
 @dataclasses.dataclass

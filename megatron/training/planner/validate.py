@@ -6,9 +6,7 @@ micro batch size in Table 1, so MICRO_BATCH is used for every row. DP = GPUs / (
 """
 import os
 
-import tomllib
-
-from .hardware import make_cluster
+from .hardware import load_toml, make_cluster
 from .predict import predict
 
 TABLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "narayanan2021.toml")
@@ -16,8 +14,7 @@ MICRO_BATCH = 1
 
 
 def load_table(path=TABLE) -> dict:
-    with open(path, "rb") as fh:
-        return tomllib.load(fh)
+    return load_toml(path)
 
 
 def row_flags(table, row, micro_batch=MICRO_BATCH) -> list[str]:
