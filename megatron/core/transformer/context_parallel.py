@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from .. import comm
 from ..fusions import attention as attention_front
+from ..tensor_parallel.mappings import gather_from_sequence_parallel_region
 from ..watchdog import waiting
 from .ring_attention import ring_attention
 
@@ -99,19 +100,6 @@ class _AllToAll(torch.autograd.Function):
         return _AllToAll.apply(grad, ctx.group), None
 
 
-class _GatherSequence(torch.autograd.Function):
-    """[s, ...] -> [C x s, ...] in CP-rank order; backward reduce-scatters the gradient."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return comm.all_gather_dim0(x, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return comm.reduce_scatter_dim0(grad, ctx.group), None
-
-
 def _gathered_positions(s_local, cp_size, device):
     """Global positions of a sequence gathered over CP in rank order: [C x s_local]."""
     return torch.cat([local_positions(s_local * cp_size, r, cp_size, device) for r in range(cp_size)])
@@ -122,7 +110,8 @@ def all_gather_attention(q, k, v, group, causal=True):
     `group`, the local queries attend to the positions a causal (or full) mask allows."""
     cp, rank = comm.world(group), comm.rank(group)
     s = q.shape[0]
-    kv = _GatherSequence.apply(torch.cat([k, v], dim=2), group)
+    # backward reduce-scatters: every rank's queries contribute to each K/V block's gradient
+    kv = gather_from_sequence_parallel_region(torch.cat([k, v], dim=2), group)
     k, v = kv.split(k.shape[2], dim=2)
     mask = None
     if causal:
