@@ -115,6 +115,8 @@ class ParsedIndex:
     """Format 1: index.json parsed whole; the interface of index_files.IndexFiles (format 2), so
     the reader takes either. Shared by the readers given it (one process simulating many ranks)."""
 
+    files_read = 1  # the one index.json (IndexFiles counts the files it opens)
+
     def __init__(self, index):
         self._rng, self.pieces = index["rng"], {}
         for e in index["pieces"]:

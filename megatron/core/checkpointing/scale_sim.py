@@ -175,7 +175,7 @@ def load(path, tensors, layers, layout, index=None, check=True, dp_broadcast=Fal
         reader.close()
         io.bytes_read, io.files_opened, io.files_holding = reader.bytes_read, len(reader.files_opened), len(holding)
         io.index_bytes = reader.index_bytes
-        io.index_files = getattr(reader.index, "files_read", 1)
+        io.index_files = reader.index.files_read
         out.append(io)
     return out
 
