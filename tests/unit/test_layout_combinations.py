@@ -20,3 +20,12 @@ def test_expert_parallel_with_sharded_gradients_is_refused(strategy):
 def test_expert_parallel_with_replicated_gradients_is_valid(strategy):
     model_cfg, train_cfg = _resolved(MOE + ["--data-parallel-sharding-strategy", strategy], world_size=2)
     assert validate(model_cfg, train_cfg, 2) == 2
+
+
+def test_zb_v_on_nccl_is_refused_before_start_up():
+    zb_v = ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zb-v", "--global-batch-size", "4"]
+    model_cfg, train_cfg = _resolved(zb_v + ["--distributed-backend", "nccl"], world_size=2)
+    with pytest.raises(ConfigError, match="zb-v runs on gloo"):
+        validate(model_cfg, train_cfg, 2)
+    model_cfg, train_cfg = _resolved(zb_v + ["--distributed-backend", "gloo"], world_size=2)
+    assert validate(model_cfg, train_cfg, 2) == 1
