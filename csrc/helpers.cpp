@@ -94,6 +94,12 @@ py::array build_sample_idx(const py::array_t<int32_t, py::array::c_style | py::a
   return build_sample_idx_impl<int32_t>(sizes, doc_idx, seq_length, num_epochs, tokens_per_epoch, add_extra_token);
 }
 
+// Both blending orders write dataset ids as int16 and need outputs of at least `size` rows.
+static void check_blending_args(int64_t k, int64_t index_rows, int64_t sample_rows, int64_t size) {
+  if (k < 1 || k > 32767) throw std::invalid_argument("need between 1 and 32767 datasets");
+  if (index_rows < size || sample_rows < size) throw std::invalid_argument("output arrays are shorter than size");
+}
+
 // Blend `size` samples from datasets with weights summing to 1, so that after every prefix of n
 // samples each dataset has been taken within 1 - 1/(2k - 2) of weight * n times (k datasets;
 // Tijdeman's chairman assignment, 1980). For sample n (1-based), dataset d is eligible when its
@@ -109,11 +115,9 @@ void build_blending_indices(py::array_t<int16_t, py::array::c_style> &dataset_in
   auto sample_index = dataset_sample_index_.mutable_unchecked<1>();
   auto weights = weights_.unchecked<1>();
   const int64_t k = weights.shape(0);
-  if (k < 1 || k > 32767) throw std::invalid_argument("need between 1 and 32767 datasets");
+  check_blending_args(k, dataset_index.shape(0), sample_index.shape(0), size);
   for (int64_t d = 0; d < k; ++d)
     if (!(weights(d) > 0.0)) throw std::invalid_argument("weights must be positive");
-  if (dataset_index.shape(0) < size || sample_index.shape(0) < size)
-    throw std::invalid_argument("output arrays are shorter than size");
   const double sigma = k > 1 ? 1.0 / static_cast<double>(2 * k - 2) : 0.0;
   std::vector<int64_t> taken(k, 0);
   py::gil_scoped_release release;
@@ -152,9 +156,7 @@ void build_greedy_blending_indices(py::array_t<int16_t, py::array::c_style> &dat
   auto sample_index = dataset_sample_index_.mutable_unchecked<1>();
   auto weights = weights_.unchecked<1>();
   const int64_t k = weights.shape(0);
-  if (k < 1 || k > 32767) throw std::invalid_argument("need between 1 and 32767 datasets");
-  if (dataset_index.shape(0) < size || sample_index.shape(0) < size)
-    throw std::invalid_argument("output arrays are shorter than size");
+  check_blending_args(k, dataset_index.shape(0), sample_index.shape(0), size);
   std::vector<int64_t> taken(k, 0);
   py::gil_scoped_release release;
   for (int64_t i = 0; i < size; ++i) {
