@@ -7,6 +7,9 @@ shows B leaves them alone). Each layout proves something the other does not:
   PP2 x EP2, zb-h2, alltoall, overlapped reduction in small buckets: the token exchange stays in B
       while the expert weights wait up to 2r actions for W; the dense and the expert-DP buckets
       see one gradient per microbatch from W
+  PP2 x EP2, zb-v, alltoall: two model chunks per rank in a V (each with its experts), the loss and
+      the router-loss report on rank 0
+4 layers (2 per stage, one per ZB-V chunk), so one reference serves all three.
 """
 import pytest
 
@@ -14,11 +17,13 @@ from .cli import run_metrics
 from .test_moe_parity import EP2, FLAGS, MOE, TERMS
 from .test_parity import PP2, SMALL_BUCKETS, assert_metrics_parity
 
-MODEL = ["--swiglu", "--moe-shared-expert-intermediate-size", "48"]
+MODEL = ["--num-layers", "4", "--lr", "1e-3", "--swiglu", "--moe-shared-expert-intermediate-size", "48"]
 LAYOUTS = {
     "pp2-zb-h1-grouped": (2, PP2 + ["--pipeline-schedule", "zb-h1", "--moe-grouped-gemm"]),
     "pp2xep2-zb-h2-alltoall-overlap": (4, PP2 + EP2 + ["--pipeline-schedule", "zb-h2", "--moe-token-dispatcher-type",
                                                        "alltoall", "--overlap-grad-reduce"] + SMALL_BUCKETS),
+    "pp2xep2-zb-v-alltoall": (4, PP2 + EP2 + ["--pipeline-schedule", "zb-v", "--moe-token-dispatcher-type",
+                                              "alltoall"]),
 }
 _ref = []
 
