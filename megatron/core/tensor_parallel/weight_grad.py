@@ -88,6 +88,9 @@ def _anchor(x):
     return torch.empty(0, device=x.device, requires_grad=True)
 
 
+anchor = _anchor  # for the deferrable functions defined next to their layers (moe/grouped_gemm.py)
+
+
 def _detach(t):
     return None if t is None else t.detach()
 

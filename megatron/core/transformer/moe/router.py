@@ -4,6 +4,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ...tensor_parallel import weight_grad
 from ...tensor_parallel.param_meta import param_meta, set_init
 from . import aux_losses
 from .capacity import drop_over_capacity
@@ -62,7 +63,7 @@ class TopKRouter(nn.Module):
         sum of the losses to attach to the layer's output (None when there are none). With a capacity
         factor, dropped pairs have index E and prob 0 (capacity.py)."""
         c = self.config
-        logits = F.linear(x, self.weight)
+        logits = (weight_grad.linear if weight_grad.split_enabled() else F.linear)(x, self.weight)  # zero-bubble: W
         probs, indices, scores = topk_routing(logits, c.moe_router_topk, c.moe_router_score_function,
                                               c.moe_router_pre_softmax, self.expert_bias)
         chosen = indices  # the balance losses and counts see the choice before any drop
