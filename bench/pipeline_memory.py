@@ -54,6 +54,8 @@ def held_storages(outputs, weight_work, skip) -> dict:
 
 def _body(groups, M):
     from megatron.core.config import TransformerConfig
+    from megatron.core.parallel_state import add_pipeline_grad_group
+    add_pipeline_grad_group(groups)  # zb_v's gradient channel
     from megatron.core.models.gpt import GPTModel
     from megatron.core.pipeline_parallel import forward_backward
     from megatron.core.pipeline_parallel.schedule_flag import use_v_layout
