@@ -139,6 +139,8 @@ def _one_run(groups, P, M, V, name, stage_s, kind):
 
 
 def _body(groups, configs, stage_s, kind, repeats):
+    from megatron.core.parallel_state import add_pipeline_grad_group
+    add_pipeline_grad_group(groups)  # zb_v's gradient channel
     for cfg in configs:  # warm up connections and first-call paths
         _one_run(groups, groups.pp_size, *cfg, 0.001, "sleep")
     gc.collect()

@@ -55,10 +55,12 @@ def held_storages(outputs, weight_work, skip) -> dict:
 def _body(groups, M):
     from megatron.core.config import TransformerConfig
     from megatron.core.models.gpt import GPTModel
+    from megatron.core.parallel_state import add_pipeline_grad_group
     from megatron.core.pipeline_parallel import forward_backward
     from megatron.core.pipeline_parallel.schedule_flag import use_v_layout
     from megatron.core.tensor_parallel.initialization import initialize_parameters
     from megatron.training.training import build_model
+    add_pipeline_grad_group(groups)  # zb_v's gradient channel
 
     def provider(cfg, groups, device, pre_process=True, post_process=True, vp_stage=None):
         return GPTModel(cfg, groups, pre_process=pre_process, post_process=post_process, vp_stage=vp_stage)

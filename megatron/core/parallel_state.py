@@ -69,7 +69,8 @@ class ProcessGroups:
 
     tp: tensor-parallel group; dp: data-parallel group; pp: pipeline group;
     mp: model-parallel group (TP x PP, one model replica); embd: first and last
-    pipeline stage of this (tp, dp) position, for tied embedding gradients. cp: context-parallel
+    pipeline stage of this (tp, dp) position, for tied embedding gradients. pp_grad: the
+    pipeline group again (same ranks), built only for ZB-V (add_pipeline_grad_group). cp: context-parallel
     group (the ranks splitting each sequence); dp_cp: DP x CP, over which gradients and loss sums
     are reduced (the dp group itself when CP is 1).
     """
@@ -99,6 +100,9 @@ class ProcessGroups:
     ep_rank: int = 0
     edp_size: int = 1
     edp_rank: int = 0
+    # ZB-V: a second pipeline group, same ranks as pp, carrying the gradients (backward direction)
+    # so they never meet the activations in one ordered channel (add_pipeline_grad_group)
+    pp_grad: dist.ProcessGroup | None = None
 
     def __post_init__(self):
         if self.dp_cp is None:  # without context parallelism gradients are reduced over DP alone
@@ -157,8 +161,10 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1,
                               pipeline_model_parallel_size: int = 1,
                               virtual_pipeline_model_parallel_size: int | None = None,
                               context_parallel_size: int = 1,
-                              expert_model_parallel_size: int = 1) -> ProcessGroups:
+                              expert_model_parallel_size: int = 1,
+                              pipeline_grad_group: bool = False) -> ProcessGroups:
     """Build all groups over the default (world) group; every rank must call this.
+    pipeline_grad_group: also build groups.pp_grad (ZB-V; add_pipeline_grad_group).
 
     Needs torch.distributed initialised. Raises ParallelConfigError, before creating
     any group, when the sizes do not fit the world size.
@@ -192,6 +198,8 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1,
     if cp > 1:
         groups.cp, groups.dp_cp = build(lists["cp"]), build(lists["dp_cp"])
     _add_expert_groups(groups, expert_model_parallel_size, build)
+    if pipeline_grad_group:
+        add_pipeline_grad_group(groups)
     _GROUPS = groups
     return groups
 
@@ -224,6 +232,22 @@ def expert_rank_lists(tp: int, dp: int, pp: int, ep: int) -> tuple[list[list[int
     cells = [(t, p) for p in range(pp) for t in range(tp)]
     return ([[grid_rank(t, d, p, tp, dp) for d in range(b, b + ep)] for t, p in cells for b in range(0, dp, ep)],
             [[grid_rank(t, d, p, tp, dp) for d in range(j, dp, ep)] for t, p in cells for j in range(ep)])
+
+
+def add_pipeline_grad_group(g: ProcessGroups) -> None:
+    """Fill g.pp_grad: a second group per pipeline (the ranks of g.pp), for ZB-V's gradients.
+
+    ZB-V sends activations and gradients between the same two ranks in both directions, in
+    orders that differ; one ordered channel per rank pair would match a gradient with an
+    activation. NCCL keeps no p2p tags apart, so the second channel is a second communicator.
+    Built on request only: a gloo group connects its ranks when made (every run would pay), an
+    NCCL one is a communicator more. Collective over the world (new_group); no-op with one stage."""
+    if g.pp_size == 1 or g.pp_grad is not None:
+        return
+    for ranks in grid_rank_lists(g.tp_size, g.cp_size, g.dp_size, g.pp_size)["pp"]:
+        group = dist.new_group(ranks)
+        if g.rank in ranks:
+            g.pp_grad = group
 
 
 def get_process_groups() -> ProcessGroups:

@@ -14,7 +14,7 @@ Sizes are checked positive before anything divides by them. Nothing here needs a
 from ..core.config import ConfigError
 from ..core.distributed.strategy import shards_grads
 from ..core.fusions import check_config as check_fusions
-from ..core.parallel_state import default_backend, validate_expert_parallel_size, validate_parallel_sizes
+from ..core.parallel_state import validate_expert_parallel_size, validate_parallel_sizes
 from ..core.pipeline_parallel.schedule_flag import schedule_for_flag, use_v_layout
 from .checkpoint_args import apply_checkpoint_args, check_ckpt_format
 from .tokenizer import build_tokenizer
@@ -57,13 +57,6 @@ def validate(model_cfg, train_cfg, world_size):
                           f"by {train_cfg.data_parallel_sharding_strategy} yet); change one of them")
     check_ckpt_format(train_cfg)
     schedule_for_flag(train_cfg.pipeline_schedule, pp, vpp or 1)
-    if model_cfg.pipeline_v_layout and not model_cfg.untie_embeddings_and_output_weights and \
-            train_cfg.use_distributed_optimizer and train_cfg.overlap_grad_reduce:
-        raise ConfigError("--pipeline-schedule zb-v with --use-distributed-optimizer cannot overlap the gradient "
-                          "reduction yet (its two tied-embedding copies on rank 0): drop --overlap-grad-reduce")
-    if model_cfg.pipeline_v_layout and (train_cfg.distributed_backend or default_backend()) != "gloo":
-        raise ConfigError("--pipeline-schedule zb-v runs on gloo (CPU) only for now: its gradients need their own "
-                          "ordered channel (p2p tags), which NCCL does not keep apart; use zb-h1 or zb-h2")
     num_micro = train_cfg.global_batch_size // (train_cfg.micro_batch_size * dp)
     if vpp and not model_cfg.pipeline_v_layout and num_micro % pp:
         raise ConfigError(

@@ -22,10 +22,12 @@ def test_expert_parallel_with_replicated_gradients_is_valid(strategy):
     assert validate(model_cfg, train_cfg, 2) == 2
 
 
-def test_zb_v_on_nccl_is_refused_before_start_up():
+@pytest.mark.parametrize("extra", [["--distributed-backend", "nccl"], ["--distributed-backend", "gloo"],
+                                   ["--use-distributed-optimizer", "--overlap-grad-reduce"],
+                                   ["--data-parallel-sharding-strategy", "optim_grads", "--overlap-grad-reduce"]])
+def test_zb_v_is_valid_on_nccl_and_with_the_distributed_optimizer_overlapped(extra):
+    # its gradients have their own pipeline group (groups.pp_grad), not a gloo tag; its tied copies on
+    # rank 0 are summed before their buckets' reduction (ddp.tied_reduced_last)
     zb_v = ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zb-v", "--global-batch-size", "4"]
-    model_cfg, train_cfg = _resolved(zb_v + ["--distributed-backend", "nccl"], world_size=2)
-    with pytest.raises(ConfigError, match="zb-v runs on gloo"):
-        validate(model_cfg, train_cfg, 2)
-    model_cfg, train_cfg = _resolved(zb_v + ["--distributed-backend", "gloo"], world_size=2)
-    assert validate(model_cfg, train_cfg, 2) == 1
+    model_cfg, train_cfg = _resolved(zb_v + extra, world_size=4)
+    assert validate(model_cfg, train_cfg, 4) == 2

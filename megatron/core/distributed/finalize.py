@@ -88,9 +88,10 @@ def finalize_model_grads(model, groups, ddp=None):
         _finalize_sharded(model, groups, ddp)
         return
     # ZB-V's two tied copies: summed before the DP reduction where it has not started yet (the
-    # distributed optimizer's shards of the two copies are different slices); with overlap after it
-    copies_summed = groups.pp_size > 1 and (ddp is None or not ddp.overlap_grad_reduce) and \
-        sum_tied_copies_here(model, _grad_of(ddp))
+    # distributed optimizer's shards of the two copies are different slices: DDP holds their buckets
+    # back, tied_reduced_last); with overlap and plain all-reduce after it
+    copies_summed = groups.pp_size > 1 and (ddp is None or not ddp.overlap_grad_reduce or ddp.tied_reduced_last) \
+        and sum_tied_copies_here(model, _grad_of(ddp))
     if ddp is not None:
         ddp.finish_grad_sync()
     elif groups.dp_size * groups.cp_size > 1:

@@ -8,7 +8,7 @@ A schedule with W actions (zero_bubble.py) runs its forwards with the layers' we
 gradients split off (tensor_parallel/weight_grad.py): B keeps that work, W does it.
 ZB-V (zb_v.py, v_shape): the loss is on rank 0's chunk 1; on the last rank chunk 0's output is
 chunk 1's input, and chunk 1's input gradient chunk 0's output gradient, without a message;
-activations and gradients travel on two ordered channels (p2p tags).
+activations and gradients travel on two ordered channels (groups.pp and groups.pp_grad, p2p.py).
 """
 import contextlib
 import functools
@@ -19,11 +19,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..errors import ConfigError
 from ..tensor_parallel import weight_grad
 from ..watchdog import waiting
 from .losses import TOKEN_LOSS, LossDeclaration, ReducedLosses, global_counts, masked_sums
-from .p2p import P2PCommunicator, backward_through, free_output
+from .p2p import ACTIVATIONS, GRADIENTS, P2PCommunicator, backward_through, free_output
 from .schedules import SCHEDULES, default_schedule
 from .zb_v import zb_v
 
@@ -101,7 +100,8 @@ class _Rank:
         posted, received = [], []
         for op in ops:
             key = (op.chunk, op.mb)
-            channel = int(self.v_shape and op.kind.endswith("bwd"))  # ZB-V: gradients on their own channel
+            # ZB-V: gradients on a channel of their own (groups.pp_grad); other schedules need one
+            channel = GRADIENTS if self.v_shape and op.kind.endswith("bwd") else ACTIVATIONS
             if op.kind == "send_fwd":
                 posted.append(("send", self.outputs[key].detach(), op.peer, channel))
             elif op.kind == "send_bwd":
@@ -197,14 +197,12 @@ def forward_backward(model, batches, forward_step, groups, loss_terms: LossDecla
     batch, whatever the layout), the terms' means are added, and what is backpropagated is
     multiplied by loss_scale (fp16 loss scaling). Gradients accumulate (DDP buffer or .grad).
     Collectives: one all-reduce of the counts over groups.dp before the schedule, p2p over
-    groups.pp during it, one all-reduce of the sums over groups.dp on the last stage after.
+    groups.pp during it (ZB-V: gradients over groups.pp_grad), one all-reduce of the sums over
+    groups.dp on the last stage after.
     """
     chunks = as_chunks(model)
     P, V, M = groups.pp_size, len(chunks), len(batches)
     v_shape = P > 1 and chunks[0].config.pipeline_v_layout  # built for ZB-V: only zb_v runs it
-    if v_shape and dist.get_backend(groups.pp) != "gloo":
-        raise ConfigError("--pipeline-schedule zb-v runs on gloo (CPU) only for now: its gradients need their own "
-                          "ordered channel (p2p tags), which NCCL does not keep apart; use zb-h1 or zb-h2")
     schedule = "zb_v" if v_shape else schedule or default_schedule(P, V)
     actions = (zb_v if v_shape else SCHEDULES[schedule])(P, M, V, groups.pp_rank, forward_only)
     names = list(loss_terms)
@@ -214,7 +212,7 @@ def forward_backward(model, batches, forward_step, groups, loss_terms: LossDecla
         b, s = batches[0]["tokens"].shape
         cfg = chunks[0].config
         shape = (s // groups.tp_size if cfg.sequence_parallel else s, b, cfg.hidden_size)
-        comm = P2PCommunicator(groups, shape, cfg.params_dtype, counts.device)
+        comm = P2PCommunicator(groups, shape, cfg.params_dtype, counts.device, grad_channel=v_shape)
     total = run_actions(actions, chunks, batches, forward_step, groups, comm, counts, names, forward_only, trace,
                         stats, loss_scale, v_shape)
     if groups.pp_rank == (0 if v_shape else P - 1) and groups.dp_size * groups.cp_size > 1:
