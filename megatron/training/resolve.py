@@ -46,7 +46,9 @@ def validate(model_cfg, train_cfg, world_size):
     pp, vpp = model_cfg.pipeline_model_parallel_size, model_cfg.virtual_pipeline_model_parallel_size
     dp = validate_parallel_sizes(world_size, model_cfg.tensor_model_parallel_size, pp, vpp,
                                  model_cfg.context_parallel_size)
-    validate_expert_parallel_size(dp * model_cfg.context_parallel_size, model_cfg.expert_model_parallel_size)
+    validate_expert_parallel_size(dp * model_cfg.context_parallel_size, model_cfg.expert_model_parallel_size,
+                                  model_cfg.tensor_model_parallel_size,
+                                  model_cfg.expert_tensor_parallel_size if model_cfg.num_experts else None)
     train_cfg.validate(dp)
     if model_cfg.context_parallel_size > 1 and train_cfg.reset_attention_mask:
         raise ConfigError("--reset-attention-mask needs --context-parallel-size 1 (no attention mask crosses "
