@@ -13,8 +13,9 @@ Each layout proves something the others do not:
       shards over expert-TP in init and in the grad norm (summed over expert-TP x EP)
   TP2 x PP2 x ETP1 x EP2 (4 ranks), seq_aux_loss + expert bias: saves at iteration 2 and one
       process continues (3-4); the bias's load counts summed over TP; expert grad norm over stages
-  one process saves at iteration 2 and TP2 x ETP1 x EP2 continues: a checkpoint loads into the
-      folded grid
+  one process saves at iteration 2 and TP2 x ETP1 (EP1) continues: a checkpoint loads into the
+      folded grid; every rank holds all experts and their grads are summed over expert-DP (= the TP
+      ranks, each routing its own tokens)
 """
 import pytest
 
@@ -59,10 +60,10 @@ def test_folded_layout_matches_one_process(name):
 
 def test_checkpoint_saved_folded_continues_at_one_process_and_back(tmp_path):
     ref = reference(ROUTER)
-    folded = TP2 + FOLD + ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"]
+    folded = TP2 + FOLD + ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall",
+                           "--pipeline-model-parallel-size", "2"]
     save = ["--save-interval", "2", "--exit-interval", "2"]
-    for saver, nproc, loader, load_nproc in ((folded + ["--pipeline-model-parallel-size", "2"], 4, [], 1),
-                                             ([], 1, folded, 2)):
+    for saver, nproc, loader, load_nproc in ((folded, 4, [], 1), ([], 1, TP2 + FOLD, 2)):
         d = str(tmp_path / f"saved{nproc}")
         first = run_metrics(FLAGS + MOE + ROUTER + saver + save + ["--save", d], nproc=nproc)[1]
         second = run_metrics(FLAGS + MOE + ROUTER + loader + ["--load", d], nproc=load_nproc)[1]
