@@ -57,6 +57,12 @@ def validate(model_cfg, train_cfg, world_size):
         raise ConfigError(f"--expert-model-parallel-size {model_cfg.expert_model_parallel_size} runs with "
                           "--data-parallel-sharding-strategy no_shard or optim (the expert buffers are not sharded "
                           f"by {train_cfg.data_parallel_sharding_strategy} yet); change one of them")
+    etp = model_cfg.expert_tensor_parallel_size
+    if model_cfg.num_experts and etp not in (None, model_cfg.tensor_model_parallel_size) and \
+            shards_grads(train_cfg.data_parallel_sharding_strategy):  # folded: expert buffers even at EP 1
+        raise ConfigError(f"--expert-tensor-parallel-size {etp} runs with --data-parallel-sharding-strategy no_shard "
+                          "or optim (the expert buffers are not sharded by "
+                          f"{train_cfg.data_parallel_sharding_strategy} yet); change one of them")
     check_ckpt_format(train_cfg)
     schedule_for_flag(train_cfg.pipeline_schedule, pp, vpp or 1)
     if model_cfg.pipeline_v_layout and not model_cfg.untie_embeddings_and_output_weights and \

@@ -50,11 +50,14 @@ class ExpertTPGather:
         self.width, self.rows = max(1, int(rows.max())), int(rows[comm.rank(self.group)])  # no empty collective
         padded = F.pad(x, (0, 0, 0, self.width - x.shape[0]))
         gathered = mappings.gather_from_sequence_parallel_region(padded, self.group)  # [ETP x width, h]
-        starts = torch.cumsum(table, 1) - table  # row of (rank, expert) inside the rank's block
-        flat_t, flat_s = table.tolist(), starts.tolist()
-        self.index = torch.tensor([r * self.width + flat_s[r][e] + i for e in range(table.shape[1])
-                                   for r in range(self.size) for i in range(flat_t[r][e])],
-                                  dtype=torch.int64, device=x.device)
+        # segment (rank r, expert e) starts at row r x width + (rows of r's experts before e); take the
+        # segments in (expert, rank) order, each a run of consecutive rows
+        begin = (torch.cumsum(table, 1) - table + self.width * torch.arange(self.size, device=x.device)[:, None]).T
+        length = table.T.reshape(-1)
+        total = int(length.sum())
+        offset = torch.repeat_interleave(begin.reshape(-1) - (torch.cumsum(length, 0) - length), length,
+                                         output_size=total)
+        self.index = offset + torch.arange(total, device=x.device)
         return gathered[self.index], table.sum(0).tolist()
 
     def scatter(self, y):
