@@ -97,16 +97,17 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
     t.validate(dp)
     params, layers = stage_params(model_cfg, pp_rank)
     by_dtype = {}
-    ep = model_cfg.expert_model_parallel_size
+    ep, etp = model_cfg.expert_model_parallel_size, model_cfg.expert_tensor_parallel_size
+    folded = model_cfg.num_experts is not None and etp not in (None, tp)  # expert-DP = TP x DP x CP / (ETP x EP)
     for p in params:  # MoE experts (this EP rank's) in buffers of their own, sharded over expert-DP
-        by_dtype.setdefault((p.dtype, ep > 1 and is_expert_parallel(p)), []).append(p)
+        by_dtype.setdefault((p.dtype, (ep > 1 or folded) and is_expert_parallel(p)), []).append(p)
     dp_cp = dp * model_cfg.context_parallel_size  # DDP and the distributed optimizer work over DP x CP
     bucket_size = t.ddp_bucket_size or max(DEFAULT_BUCKET_SIZE, 1_000_000 * dp_cp)
     out = {"params": 0, "grads": 0, "optimizer": 0, "gathered": 0}
     strategy = t.data_parallel_sharding_strategy
     chunk_units = zero3.units(nn.ModuleList(stage_chunks(model_cfg, pp_rank))) if shards_params(strategy) else None
     for (dtype, expert), ps in by_dtype.items():
-        shards = dp_cp // ep if expert else dp_cp
+        shards = (tp * dp_cp // (etp * ep) if folded else dp_cp // ep) if expert else dp_cp
         if chunk_units is not None:  # one bucket per unit, as DistributedDataParallel
             per_unit = zero3.layout_units(chunk_units, ps)
             numels = [p.numel() for u in per_unit for p in u]

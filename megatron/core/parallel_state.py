@@ -22,6 +22,12 @@ consecutive DP x CP ranks (CP fastest, as in the dp_cp group) form an expert-par
 hold different experts), and the DP x CP ranks EP apart an expert-data-parallel group (replicas of
 the same experts), EP x EDP = DP x CP.
 With 8 ranks, TP=2, EP=2 (DP=4): EP groups [0,2] [4,6] [1,3] [5,7], EDP groups [0,4] [2,6] [1,5] [3,7].
+
+MoE parallel folding (--expert-tensor-parallel-size ETP != TP, Megatron-Core's): within each
+pipeline stage the TP x CP x DP ranks, indexed i = tp + TP * (cp + CP * dp), are re-split for the
+experts as ETP (fastest) x EP x EDP: etp_rank = i % ETP, ep_rank = (i // ETP) % EP, edp_rank =
+i // (ETP x EP), so EP may span TP ranks. At ETP = TP this is the grid above. With 4 ranks, TP=2,
+DP=2, ETP=1, EP=4: one EP group [0,1,2,3], EDP groups [0] [1] [2] [3] (expert_grid_rank_lists).
 """
 from __future__ import annotations
 
@@ -103,10 +109,19 @@ class ProcessGroups:
     # ZB-V: a second pipeline group, same ranks as pp, carrying the gradients (backward direction)
     # so they never meet the activations in one ordered channel (add_pipeline_grad_group)
     pp_grad: dist.ProcessGroup | None = None
+    # MoE parallel folding (expert TP != TP): the expert-TP group (groups.tp when not folded) and the TP x CP
+    # ranks that share each sequence (each routes its own share of the tokens; None when not folded)
+    etp: dist.ProcessGroup | None = None
+    etp_size: int = 1
+    etp_rank: int = 0
+    expert_folded: bool = False
+    tp_cp: dist.ProcessGroup | None = None
 
     def __post_init__(self):
         if self.dp_cp is None:  # without context parallelism gradients are reduced over DP alone
             self.dp_cp = self.dp
+        if not self.expert_folded:  # the experts are split over TP like the dense layers
+            self.etp, self.etp_size, self.etp_rank = self.tp, self.tp_size, self.tp_rank
 
     @property
     def is_first_stage(self) -> bool:
@@ -117,6 +132,9 @@ class ProcessGroups:
         return self.pp_rank == self.pp_size - 1
 
     def describe(self) -> str:
+        if self.expert_folded:  # the experts re-split TP x CP x DP (parallel folding)
+            return self._describe_grid() + (f"; experts folded over expert-TP {self.etp_size} x EP {self.ep_size} x "
+                                             f"expert-DP {self.edp_size}")
         if self.ep_size > 1:  # experts are split over DP x CP
             return self._describe_grid() + f"; experts over EP {self.ep_size} x expert-DP {self.edp_size}"
         return self._describe_grid()
@@ -162,6 +180,7 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1,
                               virtual_pipeline_model_parallel_size: int | None = None,
                               context_parallel_size: int = 1,
                               expert_model_parallel_size: int = 1,
+                              expert_tensor_parallel_size: int | None = None,
                               pipeline_grad_group: bool = False) -> ProcessGroups:
     """Build all groups over the default (world) group; every rank must call this.
     pipeline_grad_group: also build groups.pp_grad (ZB-V; add_pipeline_grad_group).
@@ -197,15 +216,26 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1,
         vpp_size=virtual_pipeline_model_parallel_size, cp_size=cp, cp_rank=cp_rank)
     if cp > 1:
         groups.cp, groups.dp_cp = build(lists["cp"]), build(lists["dp_cp"])
-    _add_expert_groups(groups, expert_model_parallel_size, build)
+    if expert_tensor_parallel_size in (None, tp):
+        _add_expert_groups(groups, expert_model_parallel_size, build)
+    else:
+        _add_folded_expert_groups(groups, expert_tensor_parallel_size, expert_model_parallel_size, build)
     if pipeline_grad_group:
         add_pipeline_grad_group(groups)
     _GROUPS = groups
     return groups
 
 
-def validate_expert_parallel_size(dp: int, ep: int) -> None:
-    """ParallelConfigError unless EP divides the data-parallel size (expert groups are carved out of it)."""
+def validate_expert_parallel_size(dp: int, ep: int, tp: int = 1, etp: int | None = None) -> None:
+    """ParallelConfigError unless EP divides the data-parallel size (expert groups are carved out of it),
+    or, folded (etp given and != tp), unless ETP x EP divides TP x DP (pass dp = DP x CP)."""
+    if etp is not None and etp != tp:
+        if ep < 1 or etp < 1 or (tp * dp) % (etp * ep):
+            raise ParallelConfigError(
+                f"--expert-tensor-parallel-size ({etp}) x --expert-model-parallel-size ({ep}) must divide "
+                f"--tensor-model-parallel-size x the data-parallel size ({tp} x {dp}): the experts re-split those "
+                "ranks; change them or launch more processes")
+        return
     if ep < 1 or dp % ep:
         raise ParallelConfigError(
             f"--expert-model-parallel-size ({ep}) must divide the data-parallel size ({dp}): expert-parallel "
@@ -248,6 +278,32 @@ def add_pipeline_grad_group(g: ProcessGroups) -> None:
         group = dist.new_group(ranks)
         if g.rank in ranks:
             g.pp_grad = group
+
+
+def expert_grid_rank_lists(tp: int, cp: int, dp: int, pp: int, etp: int, ep: int) -> dict[str, list[list[int]]]:
+    """The folded expert grid (see the module docstring) as {"etp", "ep", "edp", "tp_cp": lists of global
+    ranks}: per pipeline stage the TP x CP x DP ranks re-split as ETP (fastest) x EP x EDP; tp_cp: the
+    TP x CP ranks of one (dp, pp) position (they hold the parts of the same sequences)."""
+    block, edp = tp * cp * dp, tp * cp * dp // (etp * ep)
+    stages = [p * block for p in range(pp)]
+    return {
+        "etp": [[s + i + e * etp for i in range(etp)] for s in stages for e in range(edp * ep)],
+        "ep": [[s + x + etp * (k + ep * d) for k in range(ep)]
+               for s in stages for d in range(edp) for x in range(etp)],
+        "edp": [[s + x + etp * (k + ep * d) for d in range(edp)]
+                for s in stages for k in range(ep) for x in range(etp)],
+        "tp_cp": [[s + d * tp * cp + i for i in range(tp * cp)] for s in stages for d in range(dp)]}
+
+
+def _add_folded_expert_groups(g: ProcessGroups, etp: int, ep: int, build) -> None:
+    """Fill the expert groups of the folded grid (ETP != TP). Collective over the world."""
+    dp = g.dp_size * g.cp_size
+    validate_expert_parallel_size(dp, ep, g.tp_size, etp)
+    i = g.tp_rank + g.tp_size * (g.cp_rank + g.cp_size * g.dp_rank)
+    g.etp_size, g.etp_rank, g.ep_size, g.ep_rank = etp, i % etp, ep, (i // etp) % ep
+    g.edp_size, g.edp_rank, g.expert_folded = g.tp_size * dp // (etp * ep), i // (etp * ep), True
+    lists = expert_grid_rank_lists(g.tp_size, g.cp_size, g.dp_size, g.pp_size, etp, ep)
+    g.etp, g.ep, g.edp, g.tp_cp = (build(lists[k]) for k in ("etp", "ep", "edp", "tp_cp"))
 
 
 def get_process_groups() -> ProcessGroups:

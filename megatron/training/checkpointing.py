@@ -35,7 +35,7 @@ from ..core.checkpointing import (
     write_rank_file,
 )
 from ..core.optimizer import STATE_NAMES, StatePiece
-from ..core.tensor_parallel.param_meta import counted_once, data_parallel_replica, param_meta
+from ..core.tensor_parallel.param_meta import counted_once, data_parallel_replica, param_meta, tensor_parallel_split
 from ..core.tensor_parallel.random import get_rng_tracker
 from .checkpoint_args import find_source
 from .checkpoint_model_state import load_model_state, missing_model_state, model_state_keys, model_state_pieces
@@ -84,11 +84,11 @@ def save_checkpoint(root, iteration, consumed, model, optimizer, groups, model_c
     here; the writes and the commit run in its background thread.
     """
     start = time.perf_counter()
-    tp_rank, tp = groups.tp_rank, groups.tp_size
     pieces = []
     for sp in optimizer.state_pieces():
         if (bounds := _written_range(sp, groups, optimizer, train_cfg.ckpt_fully_parallel_save)) is not None:
             key, (lo, hi) = param_meta(sp.param).init_key, bounds
+            tp_rank, tp = tensor_parallel_split(sp.param, groups)
             pieces += [make_piece(key, name, sp.param, tp_rank, tp, lo, hi, value[lo - sp.start:hi - sp.start])
                        for name, value in sp.tensors.items()]
     pieces += model_state_pieces(model, groups)
@@ -146,9 +146,9 @@ def _read_shard(reader, key, state, param, groups, ranges, fully_parallel):
     numel = param.numel()
     r, dp, group = data_parallel_replica(param, groups)
     if not fully_parallel or dp == 1 or ranges not in (None, [(0, numel)]):
-        return reader.shard(key, state, param, groups.tp_rank, groups.tp_size, ranges)
+        return reader.shard(key, state, param, *tensor_parallel_split(param, groups), ranges)
     bounds = [numel * i // dp for i in range(dp + 1)]
-    mine = reader.shard(key, state, param, groups.tp_rank, groups.tp_size, [(bounds[r], bounds[r + 1])])
+    mine = reader.shard(key, state, param, *tensor_parallel_split(param, groups), [(bounds[r], bounds[r + 1])])
     buf = torch.zeros(-(-numel // dp), dtype=mine.dtype, device=param.device)
     buf[:bounds[r + 1] - bounds[r]] = mine.reshape(-1)[bounds[r]:bounds[r + 1]]
     parts = [torch.empty_like(buf) for _ in range(dp)]
@@ -170,9 +170,9 @@ def load_checkpoint(path, model, optimizer, groups, train_cfg, device, scheduler
     ranges_of = {}
     for sp in optimizer.state_pieces():
         ranges_of.setdefault(id(sp.param), []).append((sp.start, sp.end))
-    tp_rank, tp = groups.tp_rank, groups.tp_size
     for p in model.parameters():  # shapes are checked (local_shard) before anything changes
-        local_shard(torch.empty(reader.shape(param_meta(p).init_key), device="meta"), p, tp_rank, tp)
+        shape = reader.shape(param_meta(p).init_key)
+        local_shard(torch.empty(shape, device="meta"), p, *tensor_parallel_split(p, groups))
     for p in model.parameters():
         key = param_meta(p).init_key
         value = _read_shard(reader, key, "param", p, groups, None, train_cfg.ckpt_fully_parallel_load)

@@ -51,6 +51,7 @@ def initialize_distributed(model_cfg, train_cfg):
                                        model_cfg.virtual_pipeline_model_parallel_size,
                                        model_cfg.context_parallel_size,
                                        model_cfg.expert_model_parallel_size,
+                                       model_cfg.expert_tensor_parallel_size if model_cfg.num_experts else None,
                                        pipeline_grad_group=model_cfg.pipeline_v_layout)
     model_parallel_seed(train_cfg.seed, groups.tp_rank, groups.pp_rank, device)
     return groups, device

@@ -46,7 +46,9 @@ def validate(model_cfg, train_cfg, world_size):
     pp, vpp = model_cfg.pipeline_model_parallel_size, model_cfg.virtual_pipeline_model_parallel_size
     dp = validate_parallel_sizes(world_size, model_cfg.tensor_model_parallel_size, pp, vpp,
                                  model_cfg.context_parallel_size)
-    validate_expert_parallel_size(dp * model_cfg.context_parallel_size, model_cfg.expert_model_parallel_size)
+    validate_expert_parallel_size(dp * model_cfg.context_parallel_size, model_cfg.expert_model_parallel_size,
+                                  model_cfg.tensor_model_parallel_size,
+                                  model_cfg.expert_tensor_parallel_size if model_cfg.num_experts else None)
     train_cfg.validate(dp)
     if model_cfg.context_parallel_size > 1 and train_cfg.reset_attention_mask:
         raise ConfigError("--reset-attention-mask needs --context-parallel-size 1 (no attention mask crosses "
@@ -55,6 +57,12 @@ def validate(model_cfg, train_cfg, world_size):
         raise ConfigError(f"--expert-model-parallel-size {model_cfg.expert_model_parallel_size} runs with "
                           "--data-parallel-sharding-strategy no_shard or optim (the expert buffers are not sharded "
                           f"by {train_cfg.data_parallel_sharding_strategy} yet); change one of them")
+    etp = model_cfg.expert_tensor_parallel_size
+    if model_cfg.num_experts and etp not in (None, model_cfg.tensor_model_parallel_size) and \
+            shards_grads(train_cfg.data_parallel_sharding_strategy):  # folded: expert buffers even at EP 1
+        raise ConfigError(f"--expert-tensor-parallel-size {etp} runs with --data-parallel-sharding-strategy no_shard "
+                          "or optim (the expert buffers are not sharded by "
+                          f"{train_cfg.data_parallel_sharding_strategy} yet); change one of them")
     check_ckpt_format(train_cfg)
     schedule_for_flag(train_cfg.pipeline_schedule, pp, vpp or 1)
     num_micro = train_cfg.global_batch_size // (train_cfg.micro_batch_size * dp)

@@ -114,6 +114,7 @@ def test_router_loss_gradient_enters_backward():
 
 class _OneRank:
     dp = pp = dp_cp = None
+    expert_folded = False
     dp_size = pp_size = cp_size = 1
 
 

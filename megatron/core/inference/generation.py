@@ -38,6 +38,7 @@ def config_from_checkpoint(args, tp, pp=1):
               virtual_pipeline_model_parallel_size=None, num_layers_per_virtual_pipeline_stage=None,
               decoder_first_pipeline_num_layers=None, decoder_last_pipeline_num_layers=None, sequence_parallel=False,
               hidden_dropout=0.0, attention_dropout=0.0)
+    kw["expert_tensor_parallel_size"] = None  # no folded expert grid here: experts split like the dense MLP
     config = TransformerConfig(**kw)
     config.params_dtype = getattr(torch, str(args.get("params_dtype", "torch.float32")).split(".")[-1])
     config.validate()

@@ -24,12 +24,22 @@ def expert_parallel_norm(dense, expert, groups, device):
         if not grads:
             return torch.zeros((), device=device)
         return torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).pow(2).sum()
+    if groups.expert_folded:  # the expert shards are over expert-TP x EP (parallel_state), not TP x EP
+        return _folded_norm(squares(dense), squares(expert), groups)
     total = torch.stack([squares(dense), squares(expert)])
     if dist.get_world_size(groups.mp) > 1:
         dist.all_reduce(total, group=groups.mp)
     expert_total = total[1].clone()
     dist.all_reduce(expert_total, group=groups.ep)
     return (total[0] + expert_total).sqrt()
+
+
+def _folded_norm(dense, expert, groups):
+    """sqrt(dense squares summed over groups.mp + expert squares summed over groups.etp, groups.ep, groups.pp)."""
+    for group, t in ((groups.mp, dense), (groups.etp, expert), (groups.ep, expert), (groups.pp, expert)):
+        if group is not None and dist.get_world_size(group) > 1:
+            dist.all_reduce(t, group=group)
+    return (dense + expert).sqrt()
 
 
 def get_grad_norm(params, groups):

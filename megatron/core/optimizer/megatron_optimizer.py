@@ -82,7 +82,7 @@ class MegatronOptimizer:
         self._counted = [counted_once(pc.param, groups) for pc in self._pieces]
         # MoE with EP and replicated optimizer state: experts live on other EP ranks, summed over groups.ep
         self._expert = [is_expert_parallel(pc.param) for pc in self._pieces] \
-            if groups.ep_size > 1 and not self.distributed_optimizer else None
+            if (groups.ep_size > 1 or groups.expert_folded) and not self.distributed_optimizer else None
 
     @staticmethod
     def _adamw(pieces, weight_decay, lr, betas, eps):

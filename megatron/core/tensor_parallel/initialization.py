@@ -51,13 +51,15 @@ def init_full_tensor(param, seed, tp_size):
 
 
 @torch.no_grad()
-def initialize_parameters(model, seed, tp_rank, tp_size):
-    """Fill every parameter of `model` from its layout-free full value. No communication."""
+def initialize_parameters(model, seed, tp_rank, tp_size, expert_tp=None):
+    """Fill every parameter of `model` from its layout-free full value. No communication.
+    expert_tp: (rank, size) of the expert-TP split for experts' parameters (default: tp_rank, tp_size)."""
     for name, param in model.named_parameters():
         meta = param_meta(param)
         if meta.init_key is None:
             raise RuntimeError(f"parameter {name} has no init_key")
-        full = init_full_tensor(param, seed, tp_size)
+        rank, size = expert_tp if expert_tp is not None and meta.expert_parallel else (tp_rank, tp_size)
+        full = init_full_tensor(param, seed, size)
         if meta.tensor_parallel:
-            full = take_shard(full, meta.partition_dim, meta.partition_stride, tp_rank, tp_size)
+            full = take_shard(full, meta.partition_dim, meta.partition_stride, rank, size)
         param.copy_(full)

@@ -96,6 +96,15 @@ def data_parallel_replica(param, groups):
     return groups.cp_rank + groups.cp_size * groups.dp_rank, groups.dp_size * groups.cp_size, groups.dp_cp
 
 
+def tensor_parallel_split(param, groups) -> tuple[int, int]:
+    """(this rank's shard index, the number of shards) of a tensor-parallel `param`: over the expert-TP
+    group for an expert's parameter (groups.etp: TP itself unless the experts are folded, parallel_state),
+    else over TP. Used by initialisation and checkpoints."""
+    if param_meta(param).expert_parallel:
+        return groups.etp_rank, groups.etp_size
+    return groups.tp_rank, groups.tp_size
+
+
 def set_init_key(param, key):
     _update(param, init_key=key)
 
@@ -118,7 +127,9 @@ def counted_once(param, groups) -> bool:
     the caller's concern: their copies are identical and are summed or written by rule
     of the (distributed) optimizer.
     """
-    return not (is_tensor_parallel_duplicate(param, groups.tp_rank) or is_pipeline_duplicate(param, groups.pp_rank))
+    # an expert's copies over TP are over expert-TP (the folded grid has none at expert TP 1)
+    tp_rank = groups.etp_rank if param_meta(param).expert_parallel else groups.tp_rank
+    return not (is_tensor_parallel_duplicate(param, tp_rank) or is_pipeline_duplicate(param, groups.pp_rank))
 
 
 def has_weight_decay(param) -> bool:

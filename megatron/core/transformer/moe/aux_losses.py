@@ -88,16 +88,23 @@ def record_tokens(layer_number, tokens_per_expert):
     tokens[layer_number] = tokens.get(layer_number, 0) + tokens_per_expert.detach().float()
 
 
+def token_groups(groups):
+    """[(group, size)] over which the ranks of a pipeline stage route different tokens: groups.dp_cp, and
+    groups.tp when the experts are folded (each TP rank routes its own share; parallel_state)."""
+    found = [(groups.dp_cp, groups.dp_size * groups.cp_size)]
+    return found + [(groups.tp, groups.tp_size)] if groups.expert_folded else found
+
+
 def iteration_report(names, groups, microbatches_in_global_batch, moe_layers, device):
     """{name: (sum, count)} of each router loss over the global batch: summed over this rank's
-    micro-batches and layers, all-reduced over groups.dp_cp (the CP ranks' parts add up to the
-    loss) and groups.pp; count = micro-batches x MoE layers, so the mean is per layer and
+    micro-batches and layers, all-reduced over token_groups (the CP, and folded the TP, ranks' parts
+    add up to the loss) and groups.pp; count = micro-batches x MoE layers, so the mean is per layer and
     micro-batch. Every rank calls it (collective)."""
     if not names:
         return {}
     sums = torch.stack([torch.as_tensor(_STATE["sums"].get(n, 0.0), device=device, dtype=torch.float32)
                         for n in names])
-    for group, size in ((groups.dp_cp, groups.dp_size * groups.cp_size), (groups.pp, groups.pp_size)):
+    for group, size in token_groups(groups) + [(groups.pp, groups.pp_size)]:
         if size > 1:
             dist.all_reduce(sums, group=group)
     count = torch.tensor(float(microbatches_in_global_batch * moe_layers), device=device)
@@ -106,12 +113,12 @@ def iteration_report(names, groups, microbatches_in_global_batch, moe_layers, de
 
 def tokens_balance(groups, num_layers, num_experts, device):
     """(min, max) over MoE layers and experts of the tokens routed since the last call, summed over
-    groups.dp_cp and groups.pp (collective); clears the counts. None when nothing was routed."""
+    token_groups and groups.pp (collective); clears the counts. None when nothing was routed."""
     table = torch.zeros(num_layers, num_experts, device=device)
     for layer, counts in _STATE["tokens"].items():
         table[layer - 1] += counts.to(device)
     _STATE["tokens"] = {}
-    for group, size in ((groups.dp_cp, groups.dp_size * groups.cp_size), (groups.pp, groups.pp_size)):
+    for group, size in token_groups(groups) + [(groups.pp, groups.pp_size)]:
         if size > 1:
             dist.all_reduce(table, group=group)
     used = table[table.sum(1) > 0]

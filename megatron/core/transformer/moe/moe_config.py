@@ -44,8 +44,9 @@ class MoEConfig:
         "values.")
     expert_model_parallel_size: int = opt(1, "Degree of expert parallelism (carved out of data parallelism).")
     expert_tensor_parallel_size: Optional[int] = opt(
-        None, "Tensor parallelism of the experts: --tensor-model-parallel-size (default; experts split like the "
-        "dense MLP) or 1 (whole experts on every TP rank, their compute repeated over TP).")
+        None, "Tensor parallelism of the experts (default --tensor-model-parallel-size: experts split like the "
+        "dense MLP). Smaller: MoE parallel folding, the TP x CP x DP ranks re-split as expert-TP x EP x expert-DP, "
+        "each TP rank routing its own tokens (EP may span TP ranks).")
 
     @property
     def expert_ffn_hidden_size(self) -> int:
@@ -83,10 +84,12 @@ def check_moe(cfg) -> None:
         raise ConfigError(f"{f('moe_expert_capacity_factor')} needs {f('context_parallel_size')} 1 (capacity is "
                           "counted per rank's tokens, which CP splits); drop one of them (dropless MoE runs with CP)")
     etp = cfg.expert_tensor_parallel_size
-    if etp is not None and etp not in (1, cfg.tensor_model_parallel_size):
-        raise ConfigError(f"{f('expert_tensor_parallel_size')} {etp}: give 1 (whole experts on every TP rank) "
-                          f"or {f('tensor_model_parallel_size')} ({cfg.tensor_model_parallel_size}, the default)")
-    if cfg.add_bias_linear and cfg.tensor_model_parallel_size > 1 and etp != 1:
+    if etp is not None and not 1 <= etp <= cfg.tensor_model_parallel_size:
+        raise ConfigError(f"{f('expert_tensor_parallel_size')} {etp}: give 1 to {f('tensor_model_parallel_size')} "
+                          f"({cfg.tensor_model_parallel_size}, the default); larger is not built")
+    if etp is not None and etp != cfg.tensor_model_parallel_size:
+        check_folding(cfg, f)
+    if cfg.add_bias_linear and (cfg.tensor_model_parallel_size if etp is None else etp) > 1:
         raise ConfigError(f"MoE experts with {f('tensor_model_parallel_size')} > 1 have no biases: give "
                           f"{f('add_bias_linear')}")
     if cfg.moe_expert_capacity_factor is not None and cfg.moe_expert_capacity_factor <= 0:
@@ -95,3 +98,17 @@ def check_moe(cfg) -> None:
         raise ConfigError(f"{f('moe_pad_expert_input_to_capacity')} needs {f('moe_expert_capacity_factor')}")
     if cfg.moe_router_pre_softmax and cfg.moe_router_score_function != "softmax":
         raise ConfigError(f"{f('moe_router_pre_softmax')} needs {f('moe_router_score_function')} softmax")
+
+
+def check_folding(cfg, f) -> None:
+    """ConfigError for what MoE parallel folding (expert TP != TP, each TP rank routing its own 1/TP of
+    the tokens) does not build."""
+    etp, tp = cfg.expert_tensor_parallel_size, cfg.tensor_model_parallel_size
+    if cfg.moe_expert_capacity_factor is not None:  # capacity and drops would be counted per TP rank's tokens
+        raise ConfigError(f"{f('moe_expert_capacity_factor')} needs {f('expert_tensor_parallel_size')} equal to "
+                          f"{f('tensor_model_parallel_size')} ({tp}): folded, capacity would be counted per TP rank's "
+                          "share of the tokens; drop one of them")
+    if cfg.seq_length % (tp * cfg.context_parallel_size):
+        raise ConfigError(f"{f('expert_tensor_parallel_size')} {etp} needs {f('seq_length')} ({cfg.seq_length}) to "
+                          f"be a multiple of TP x CP ({tp * cfg.context_parallel_size}): each TP rank routes its "
+                          "share of the sequence; change it")

@@ -5,10 +5,12 @@ from torch import nn
 
 from ... import comm
 from ...tensor_parallel import mappings
+from ...tensor_parallel.param_meta import set_sequence_parallel
 from ..mlp import MLP
 from . import aux_losses
 from .capacity import capacity, pad_to_capacity, unpad
 from .experts import LocalExperts
+from .folding import ExpertTPGather, all_tokens, own_tokens
 from .router import TopKRouter
 from .token_dispatcher import build_dispatcher
 
@@ -21,19 +23,28 @@ class MoELayer(nn.Module):
     Experts are split over `ep_group` (None: all here) in blocks of E / EP, this rank
     holding block `ep_rank`. The router's losses join backward through the output; with context
     parallelism its statistics are reduced over `cp_group` (router.py).
+    Folded (config.expert_tensor_parallel_size != TP, parallel_state's folded grid): each TP rank routes
+    its own tokens (folding.py), `cp_group` is then the TP x CP group, the experts are split over
+    `etp_group` and the groups are the folded grid's.
     """
 
-    def __init__(self, config, tp_group, layer_number, ep_group=None, ep_rank=0, device=None, cp_group=None):
+    def __init__(self, config, tp_group, layer_number, ep_group=None, ep_rank=0, device=None, cp_group=None,
+                 etp_group=None):
         super().__init__()
         self.config, self.tp_group = config, tp_group
         self.tp_size = comm.world(tp_group)
+        self.folded = config.expert_tensor_parallel_size not in (None, self.tp_size)
+        self.etp = ExpertTPGather(etp_group) if self.folded and comm.world(etp_group) > 1 else None
         # expert TP 1: whole experts on every TP rank, no TP collective around them
         self.expert_tp = tp_group if config.expert_tensor_parallel_size != 1 and self.tp_size > 1 else None
         ep = comm.world(ep_group) if ep_group is not None else 1
         count = config.num_experts // ep
         self.ep = ep
         self.router = TopKRouter(config, layer_number, device, cp_group)
-        self.experts = LocalExperts(config, ep_rank * count, count, self.tp_size if self.expert_tp else 1, device)
+        expert_tp_size = comm.world(etp_group) if self.folded else self.tp_size if self.expert_tp else 1
+        self.experts = LocalExperts(config, ep_rank * count, count, expert_tp_size, device)
+        if self.folded:  # each TP rank routes other tokens: the router's gradient is summed over TP
+            set_sequence_parallel(self.router.weight)
         self.dispatcher = build_dispatcher(config.moe_token_dispatcher_type, config.num_experts, ep_rank * count,
                                            count, ep_group)
         self.shared_experts = None
@@ -43,6 +54,8 @@ class MoELayer(nn.Module):
 
     def forward(self, hidden):
         sp = self.config.sequence_parallel and self.tp_size > 1
+        if self.folded:
+            return self._folded_forward(hidden, sp)
         # the router is replicated: its input gradient is whole on every rank (split, not summed)
         x = mappings.gather_from_sequence_parallel_region(hidden, self.tp_group, False) if sp else hidden
         s, b, h = x.shape
@@ -63,15 +76,33 @@ class MoELayer(nn.Module):
         out = self.dispatcher.combine(expert_out).view(s, b, h)
         if sp:
             out = mappings.scatter_to_sequence_parallel_region(out, self.tp_group)
+        return self._finish(out, hidden, aux)
+
+    def _finish(self, out, hidden, aux):
         if self.shared_experts is not None:
             out = out + self.shared_experts(hidden)
         return aux_losses.attach(out, aux) if aux is not None else out
+
+    def _folded_forward(self, hidden, sp):
+        x = own_tokens(hidden, self.tp_group, sp)
+        s, b, h = x.shape
+        tokens = x.reshape(s * b, h)
+        probs, indices, aux = self.router(tokens, s)
+        routed, counts = self.dispatcher.dispatch(tokens, probs, indices)
+        if self.etp is not None:
+            routed, counts = self.etp.gather(routed, counts)
+        expert_out = self.experts(routed, counts)
+        if self.etp is not None:  # summed over expert TP before the probs weigh them, as above
+            expert_out = self.etp.scatter(expert_out)
+        out = all_tokens(self.dispatcher.combine(expert_out).view(s, b, h), self.tp_group, sp)
+        return self._finish(out, hidden, aux)
 
 
 def build_mlp(config, tp_group, layer_number, device=None):
     """The feed-forward block of layer `layer_number`: an MoELayer where config.is_moe_layer, else
     the dense MLP. The expert-parallel group is read from parallel_state when EP > 1 (a PlanGroup on
-    the meta device, for planning), the context-parallel group when CP > 1 (none on meta: no forward)."""
+    the meta device, for planning), the context-parallel group when CP > 1 (none on meta: no forward);
+    folded (expert TP != TP), the expert-TP group and the TP x CP group in place of the CP one."""
     if not config.is_moe_layer(layer_number):
         return MLP(config, tp_group, device)
     ep_group, ep_rank, ep = None, 0, config.expert_model_parallel_size
@@ -85,4 +116,11 @@ def build_mlp(config, tp_group, layer_number, device=None):
     if config.context_parallel_size > 1 and str(device) != "meta":
         from ...parallel_state import get_process_groups
         cp_group = get_process_groups().cp
-    return MoELayer(config, tp_group, layer_number, ep_group, ep_rank, device, cp_group)
+    etp_group = None
+    if config.expert_tensor_parallel_size not in (None, config.tensor_model_parallel_size):  # folded
+        if str(device) == "meta":
+            etp_group = comm.PlanGroup(config.expert_tensor_parallel_size, 0)
+        else:
+            from ...parallel_state import get_process_groups
+            etp_group, cp_group = get_process_groups().etp, get_process_groups().tp_cp
+    return MoELayer(config, tp_group, layer_number, ep_group, ep_rank, device, cp_group, etp_group)

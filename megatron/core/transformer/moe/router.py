@@ -43,8 +43,9 @@ class TopKRouter(nn.Module):
     Adds the load-balancing and z losses to the output's backward (aux_losses.attach) and records
     them. The expert bias (a buffer, not trained by the optimizer) moves by update_expert_bias();
     checkpoints hold it through bias_state() (transformer/model_state.py).
-    cp_group (context parallelism: each rank holds part of every sequence): the losses' counts are
-    summed over it and each rank's loss is its part of the micro-batch's (the parts add up over CP).
+    cp_group (context parallelism: each rank holds part of every sequence; with folded experts the
+    TP x CP group, each TP rank routing its own share): the losses' counts are summed over it and each
+    rank's loss is its part of the micro-batch's (the parts add up over the group).
     """
 
     def __init__(self, config, layer_number, device=None, cp_group=None):
@@ -104,12 +105,14 @@ class TopKRouter(nn.Module):
 
     @torch.no_grad()
     def update_expert_bias(self, groups):
-        """After an iteration: bias_e += rate x sign(mean - tokens_e), tokens summed over groups.dp_cp
-        (every TP and pipeline rank of a layer holds the same counts; CP ranks hold parts). Clears the counts."""
+        """After an iteration: bias_e += rate x sign(mean - tokens_e), tokens summed over
+        aux_losses.token_groups (groups.dp_cp: every TP and pipeline rank of a layer holds the same counts,
+        CP ranks hold parts; folded experts: TP ranks hold parts too). Clears the counts."""
         if self.expert_bias is None:
             return
-        if groups.dp_size * groups.cp_size > 1:
-            dist.all_reduce(self.bias_tokens, group=groups.dp_cp)
+        for group, size in aux_losses.token_groups(groups):
+            if size > 1:
+                dist.all_reduce(self.bias_tokens, group=group)
         offset = self.bias_tokens.mean() - self.bias_tokens
         self.expert_bias += self.config.moe_router_bias_update_rate * torch.sign(offset)
         self.bias_tokens.zero_()

@@ -1,0 +1,67 @@
+"""MoE parallel folding (expert TP != TP): each TP rank routes its own share of the tokens, and
+the experts' tokens are gathered over the expert-TP group and their outputs reduce-scattered back.
+
+The grid is parallel_state's folded expert grid (ETP fastest, then EP, then expert-DP, over the
+TP x CP x DP ranks of a stage). The token share of a TP rank is its sequence-parallel chunk; without
+sequence parallelism it is cut out of the replicated tokens here and the outputs are all-gathered
+over TP at the end (the compute after the layer is replicated over TP).
+"""
+import torch
+import torch.nn.functional as F
+
+from ... import comm
+from ...tensor_parallel import mappings
+
+
+def own_tokens(hidden, tp_group, sequence_parallel):
+    """[s, b, h] replicated over TP (or [s/TP, b, h] with sequence parallelism) -> this TP rank's
+    [s/TP, b, h]: the slice along s (backward: the slices' gradients all-gathered over tp_group)."""
+    if sequence_parallel:
+        return hidden
+    return mappings.scatter_to_sequence_parallel_region(hidden, tp_group)
+
+
+def all_tokens(out, tp_group, sequence_parallel):
+    """own_tokens' inverse: [s/TP, b, h] -> [s, b, h] all-gathered over tp_group (backward: this rank's
+    slice of the replicated gradient), or unchanged with sequence parallelism."""
+    if sequence_parallel:
+        return out
+    return mappings.gather_from_sequence_parallel_region(out, tp_group, False)
+
+
+class ExpertTPGather:
+    """The pairs each expert-TP rank received (sorted by local expert, counts per expert), gathered
+    over the expert-TP group `group` so that every rank runs its shard of each expert on all of them;
+    scatter() sums the rank's partial outputs over the group and returns this rank's rows.
+
+    Ranks receive different numbers of rows: each pads its rows to the largest count before the
+    (equal-size) all-gather / reduce-scatter of mappings; the padding rows are never read.
+    """
+
+    def __init__(self, group):
+        self.group, self.size = group, comm.world(group)
+
+    def gather(self, x, counts):
+        """x [N, h] (counts[e] rows for local expert e) -> ([sum over ranks of N, h] sorted by local
+        expert then rank, counts summed over the ranks: a list of ints)."""
+        mine = torch.tensor(counts, dtype=torch.int64, device=x.device)
+        table = comm.all_gather_dim0(mine.unsqueeze(0), self.group)  # [ETP, local experts]
+        rows = table.sum(1)
+        self.width, self.rows = max(1, int(rows.max())), int(rows[comm.rank(self.group)])  # no empty collective
+        padded = F.pad(x, (0, 0, 0, self.width - x.shape[0]))
+        gathered = mappings.gather_from_sequence_parallel_region(padded, self.group)  # [ETP x width, h]
+        # segment (rank r, expert e) starts at row r x width + (rows of r's experts before e); take the
+        # segments in (expert, rank) order, each a run of consecutive rows
+        begin = (torch.cumsum(table, 1) - table + self.width * torch.arange(self.size, device=x.device)[:, None]).T
+        length = table.T.reshape(-1)
+        total = int(length.sum())
+        offset = torch.repeat_interleave(begin.reshape(-1) - (torch.cumsum(length, 0) - length), length,
+                                         output_size=total)
+        self.index = offset + torch.arange(total, device=x.device)
+        return gathered[self.index], table.sum(0).tolist()
+
+    def scatter(self, y):
+        """y [sum over ranks of N, h] (gather's order), partial over the expert-TP shards -> [N, h]:
+        this rank's rows, summed over the group."""
+        full = y.new_zeros((self.size * self.width, y.shape[1])).index_copy(0, self.index, y)
+        return mappings.reduce_scatter_to_sequence_parallel_region(full, self.group)[:self.rows]
