@@ -13,6 +13,9 @@ ones), and a model no HF family holds is refused with one line saying what is su
 The tokenizer files and the bos/eos/pad ids travel too (hf_tokenizer.py).
 torch_dcp is a torch.distributed.checkpoint directory of the global tensors, keyed by our names,
 with the saved arguments (megatron/core/checkpointing/dcp_interop.py); torch alone loads it.
+The MoE routers' expert bias (--moe-router-enable-expert-bias, checkpoint state "buffer") travels
+between ours and torch_dcp; no HF family here holds it, so --saver hf refuses a non-zero one (the
+routing would change) and drops a zero one (the same model).
 
 Our checkpoints are layout-free (global tensors keyed by init_key; any TP/PP/DP loads
 them), so --target-tensor/pipeline-parallel-size need no resharding: they are accepted
@@ -36,7 +39,7 @@ from megatron.core.checkpointing import (
     whole_piece,
 )
 from megatron.core.checkpointing import hf_conversion as hc
-from megatron.core.checkpointing.dcp_interop import load_dcp, save_dcp
+from megatron.core.checkpointing.dcp_interop import load_dcp, save_dcp, split_buffers
 from megatron.core.checkpointing.hf_files import read_config_json, read_state_dict
 from megatron.core.errors import MegatronUserError
 
@@ -105,6 +108,16 @@ def save_hf(path, args, tensors, training, model_type="GPT"):
     model.save_pretrained(path)
 
 
+def refuse_nonzero_buffers(buffers):
+    """HF has no place for our non-trained state: dropping a non-zero expert bias changes the routing."""
+    moved = sorted(k for k, v in buffers.items() if v.count_nonzero())
+    if moved:
+        raise CheckpointError(f"{moved[0]} ({len(moved)} such) is non-zero: the MoE expert bias of "
+                              "--moe-router-enable-expert-bias has no HuggingFace counterpart for this model, and "
+                              "dropping it changes which experts tokens go to; convert with --saver megatron or "
+                              "torch_dcp")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-type", default="GPT", choices=["GPT", "BERT"])
@@ -126,21 +139,26 @@ def main(argv=None):
         if a.loader == "hf":
             args, tensors, raw = load_hf(a.load_dir, a.model_type)
             training = dict(hf_tokenizer.from_hf(a.load_dir, a.save_dir, raw), hf_model_type=raw["model_type"])
+            buffers = {}
         elif a.loader == "torch_dcp":
             saved, tensors = load_dcp(a.load_dir)
             args, training = saved.get("model", {}), saved.get("training", {})
+            tensors, buffers = split_buffers(saved, tensors)
         else:
             reader = CheckpointReader(find_checkpoint(a.load_dir))
             args, training = reader.metadata["args"]["model"], reader.metadata["args"].get("training", {})
             tensors = {k: reader.global_tensor(k) for k in reader.keys("param")}
+            buffers = {k: reader.global_tensor(k, "buffer") for k in reader.keys("buffer")}
         if a.saver == "hf":
+            refuse_nonzero_buffers(buffers)
             save_hf(a.save_dir, args, tensors, training, a.model_type)
         elif a.saver == "torch_dcp":
-            save_dcp(a.save_dir, tensors, {"model": args, "training": training})
+            save_dcp(a.save_dir, tensors, {"model": args, "training": training}, buffers)
         else:
             args = dict(args, tensor_model_parallel_size=a.target_tensor_parallel_size,
                         pipeline_model_parallel_size=a.target_pipeline_parallel_size)
-            save_global_checkpoint(a.save_dir, [whole_piece(k, "param", v) for k, v in tensors.items()],
+            pieces = [whole_piece(k, "param", v) for k, v in tensors.items()]
+            save_global_checkpoint(a.save_dir, pieces + [whole_piece(k, "buffer", v) for k, v in buffers.items()],
                                    {"model": args, "training": training})
     except MegatronUserError as e:  # CheckpointError, TokenizerError
         print(f"error: {e}", file=sys.stderr)
