@@ -1,5 +1,6 @@
 """Convert checkpoints between HuggingFace and ours: GPT (GPT2LMHeadModel, LlamaForCausalLM)
-and BERT (BertForPreTraining, or BertForMaskedLM for a model without the binary head).
+and BERT (BertForPreTraining, or BertForMaskedLM for a model without the binary head); MoE GPT
+as MixtralForCausalLM, or Qwen2MoeForCausalLM for a model with (gated) shared experts.
 
     python tools/checkpoint/convert.py --model-type GPT --loader hf --saver megatron \
         --load-dir hf_model/ --save-dir ckpt/
@@ -35,6 +36,7 @@ from megatron.core.checkpointing import (
     find_checkpoint,
     hf_bert,
     hf_mixtral,
+    hf_qwen2_moe,
     save_global_checkpoint,
     whole_piece,
 )
@@ -46,7 +48,7 @@ from megatron.core.errors import MegatronUserError
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_tokenizer
 
-HF_TYPES = {"GPT": ("gpt2", "llama", "mixtral"), "BERT": ("bert",)}
+HF_TYPES = {"GPT": ("gpt2", "llama", "mixtral", "qwen2_moe"), "BERT": ("bert",)}
 
 
 def _transformers():
@@ -66,7 +68,7 @@ def load_hf(path, model_type="GPT"):
     except Exception as e:  # transformers rejects bad values with several exception types
         raise CheckpointError(f"{path}/config.json: {type(e).__name__}: {str(e).splitlines()[0]}") from None
     convert = {"gpt2": hc.gpt2_to_ours, "llama": hc.llama_to_ours, "bert": hf_bert.bert_to_ours,
-               "mixtral": hf_mixtral.mixtral_to_ours}[raw["model_type"]]
+               "mixtral": hf_mixtral.mixtral_to_ours, "qwen2_moe": hf_qwen2_moe.qwen2_moe_to_ours}[raw["model_type"]]
     sd = read_state_dict(path)
     try:
         args, tensors = convert(config, sd)
@@ -81,6 +83,10 @@ def save_hf(path, args, tensors, training, model_type="GPT"):
         cfg, sd, binary = hf_bert.ours_to_bert(args, tensors)
         config, cls = tf.BertConfig(**cfg), tf.BertForPreTraining if binary else tf.BertForMaskedLM
         tied = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+    elif args.get("moe_shared_expert_intermediate_size"):
+        cfg, sd = hf_qwen2_moe.ours_to_qwen2_moe(args, tensors)
+        config, cls = tf.Qwen2MoeConfig(**cfg), tf.Qwen2MoeForCausalLM
+        tied = ("lm_head.weight",)
     elif args.get("num_experts"):
         cfg, sd = hf_mixtral.ours_to_mixtral(args, tensors)
         config, cls = tf.MixtralConfig(**cfg), tf.MixtralForCausalLM
