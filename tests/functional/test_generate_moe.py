@@ -65,3 +65,13 @@ def test_logits_at_ep2_equal_one_process(ckpt):
     diff = max((got[0] - single[r]).abs().max().item() for r, (got, _) in enumerate(ranks))
     print(f"max |logits EP2 - one process| {diff:.3g}")
     assert diff < 1e-5, diff
+
+
+def test_expert_parallel_flags_on_a_dense_checkpoint_are_refused():
+    from megatron.core.config import TransformerConfig
+    from megatron.core.errors import ConfigError
+    from megatron.core.inference.generation import config_from_checkpoint
+    dense = vars(TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=100))
+    assert config_from_checkpoint(dense, 1).num_experts is None
+    with pytest.raises(ConfigError, match="the checkpoint is a dense model"):
+        config_from_checkpoint(dense, 1, ep=2)

@@ -114,3 +114,13 @@ def test_shared_expert_gate_sums_its_grad_over_tp_with_sequence_parallel():
     gated = SharedExpertMLP(TransformerConfig(**kw, moe_shared_expert_gate=True), tp, device="meta")
     assert param_meta(gated.gate_weight).sequence_parallel  # each TP rank gates its own tokens
     assert SharedExpertMLP(TransformerConfig(**kw), tp, device="meta").gate_weight is None
+
+
+def test_hf_savers_refuse_models_their_family_routes_differently():
+    from megatron.core.checkpointing import CheckpointError
+    from megatron.core.checkpointing.hf_mixtral import ours_to_mixtral
+    from megatron.core.checkpointing.hf_qwen2_moe import ours_to_qwen2_moe
+    with pytest.raises(CheckpointError, match="--moe-router-pre-softmax"):
+        ours_to_mixtral({"num_experts": 4, "moe_router_pre_softmax": True}, {})
+    with pytest.raises(CheckpointError, match="--moe-shared-expert-gate"):  # an ungated shared expert
+        ours_to_qwen2_moe({"num_experts": 4, "moe_shared_expert_intermediate_size": 8}, {})

@@ -82,7 +82,7 @@ def ours_to_qwen2_moe(a, t):
         raise CheckpointError("HF Qwen2-MoE needs shared experts with --moe-shared-expert-gate, "
                               "--disable-bias-linear, --moe-layer-freq 1 and softmax routing")
     t, own = _take_own(t)
-    cfg, sd = ours_to_mixtral(a, t)
+    cfg, sd = ours_to_mixtral(dict(a, moe_router_pre_softmax=False), t)  # Qwen2-MoE has both normalisations
     cfg.update(num_experts=cfg.pop("num_local_experts"), moe_intermediate_size=cfg.pop("intermediate_size"),
                intermediate_size=a["ffn_hidden_size"], qkv_bias=bool(a.get("add_qkv_bias")),
                shared_expert_intermediate_size=a["moe_shared_expert_intermediate_size"],

@@ -40,6 +40,9 @@ def config_from_checkpoint(args, tp, pp=1, ep=1, etp=None):
               hidden_dropout=0.0, attention_dropout=0.0)
     if args.get("num_experts"):  # the training run's EP and expert TP are layout, not model
         kw.update(expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
+    elif ep > 1 or etp is not None:
+        raise ConfigError("--expert-model-parallel-size / --expert-tensor-parallel-size: the checkpoint is a dense "
+                          "model (no experts); leave them out")
     config = TransformerConfig(**kw)
     config.params_dtype = getattr(torch, str(args.get("params_dtype", "torch.float32")).split(".")[-1])
     config.validate()
