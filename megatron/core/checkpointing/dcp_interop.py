@@ -3,13 +3,14 @@
 
 The DCP state dict is flat: {init_key: global unpadded tensor} for every parameter, plus
 ARGS_KEY: the saved arguments ({"model": ..., "training": ...}) as a JSON string (DCP stores
-it as bytes). The model's non-trained state (state "buffer" of ours: the MoE routers' expert bias)
-sits in the same flat dict under its own keys (e.g. decoder.layers.0.mlp.router.expert_bias, also
-the name in our model's state_dict), listed in the arguments' "buffer_keys". Any DCP reader
-loads it with torch alone: read the metadata, make a tensor of each entry's size and dtype,
-dcp.load. Written and read by one process (no process group: DCP then runs without
-collectives); Adam's moments are not carried (a converted checkpoint trains from fresh optimizer
-state, as the HF conversions do).
+it as bytes). Any DCP reader loads it with torch alone: read the metadata, make a tensor of
+each entry's size and dtype, dcp.load. Written and read by one process (no process group:
+DCP then runs without collectives); Adam's moments are not carried (a converted checkpoint
+trains from fresh optimizer state, as the HF conversions do).
+
+The model's non-trained state (state "buffer" of ours: the MoE routers' expert bias) sits in the
+same flat dict under its own keys (e.g. decoder.layers.0.mlp.router.expert_bias, also its name in
+our model's state_dict), listed in the arguments' "buffer_keys".
 """
 import json
 import os
