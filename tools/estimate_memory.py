@@ -30,6 +30,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.parallel_state import validate_parallel_sizes
 from megatron.core.tensor_parallel.param_meta import is_expert_parallel
 from megatron.core.transformer import context_parallel
+from megatron.core.transformer.moe.activation_memory import moe_extra_bytes_per_layer
 from megatron.training.arguments import parse_args
 from megatron.training.resolve import resolve, validate
 
@@ -38,18 +39,21 @@ def activation_bytes_per_layer(c, micro_batch, tp, sp):
     """Korthikanti et al. eq. 1-3 for 16-bit activations: s b h (34 + 5 a s / h) without TP,
     s b h (10 + 24/t + 5 a s/(h t)) with TP, s b h/t (34 + 5 a s/h) with TP and SP.
     fp32 activations (no --bf16/--fp16) double it. With --context-parallel-size C: the same on s / C
-    tokens, with the CP attention's log-sum-exp instead of the s x s terms (context_parallel.py)."""
+    tokens, with the CP attention's log-sum-exp instead of the s x s terms (context_parallel.py).
+    MoE layers replace the MLP's share by theirs (moe/activation_memory.py), averaged over the layers."""
     s, b, h, a = c.seq_length, micro_batch, c.hidden_size, c.num_attention_heads
     if c.context_parallel_size > 1:
         return context_parallel.activation_bytes_per_layer(s, b, h, a, tp, sp, c.context_parallel_size,
-                                                           2 if c.params_dtype != torch.float32 else 4)
+                                                           2 if c.params_dtype != torch.float32 else 4) \
+            + moe_extra_bytes_per_layer(c, s * b / c.context_parallel_size, tp, sp, c.params_dtype.itemsize)
     if tp == 1:
         per = s * b * h * (34 + 5 * a * s / h)
     elif sp:
         per = s * b * h * (34 + 5 * a * s / h) / tp
     else:
         per = s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))
-    return per * (1 if c.params_dtype != torch.float32 else 2)
+    return per * (1 if c.params_dtype != torch.float32 else 2) + moe_extra_bytes_per_layer(
+        c, s * b, tp, sp, c.params_dtype.itemsize)
 
 
 _built = {}  # (config, stage) -> its meta parameters: a planner asks for the same stage many times

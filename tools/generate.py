@@ -4,6 +4,7 @@
     python tools/generate.py --load ckpt/ --prompt-file prompts.txt    # one prompt a line, outputs in order
     torchrun --nproc-per-node 4 tools/generate.py --load ckpt/ --tensor-model-parallel-size 2 \
         --pipeline-model-parallel-size 2 --prompt "def main(" --temperature 0.8 --top-p 0.9
+    torchrun --nproc-per-node 2 tools/generate.py --load moe_ckpt/ --expert-model-parallel-size 2 --prompt "x"
 
 Text goes through the tokenizer the checkpoint was trained with (its saved tokenizer flags:
 SentencePiece, GPT2BPE, HuggingFace, Byte or Null; its files must still be where training
@@ -70,7 +71,9 @@ def parse(argv):
     p.add_argument("--load", required=True, help="checkpoint directory")
     p.add_argument("--tensor-model-parallel-size", type=int, default=1)
     p.add_argument("--pipeline-model-parallel-size", type=int, default=1,
-                   help="stages, each holding its share of the layers (launch TP x PP processes)")
+                   help="stages, each holding its share of the layers (launch TP x PP x EP processes)")
+    p.add_argument("--expert-model-parallel-size", type=int, default=1,
+                   help="MoE checkpoints: experts split over this many ranks, each rank running every prompt")
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt-ids", help="space-separated token ids")
     prompt.add_argument("--prompt", help="text, tokenised with the checkpoint's tokenizer")
@@ -113,15 +116,17 @@ def _run(a):
         if limit and len(ids) + a.max_new_tokens > limit:
             raise ConfigError(f"prompt {i + 1} ({len(ids)} tokens) + --max-new-tokens ({a.max_new_tokens}) exceeds "
                               f"--inference-max-seq-length ({limit}); raise it or ask for fewer tokens")
-    tp, pp = a.tensor_model_parallel_size, a.pipeline_model_parallel_size
+    tp, pp, ep = a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.expert_model_parallel_size
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
-    if tp < 1 or pp < 1 or int(os.environ["WORLD_SIZE"]) != tp * pp:
-        raise ParallelConfigError(f"launch exactly --tensor-model-parallel-size x --pipeline-model-parallel-size "
-                                  f"({tp} x {pp}) processes, got {os.environ['WORLD_SIZE']}")
+    if min(tp, pp, ep) < 1 or int(os.environ["WORLD_SIZE"]) != tp * pp * ep:
+        raise ParallelConfigError(f"launch exactly --tensor-model-parallel-size x --pipeline-model-parallel-size x "
+                                  f"--expert-model-parallel-size ({tp} x {pp} x {ep}) processes, "
+                                  f"got {os.environ['WORLD_SIZE']}")
     dist.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
     try:
-        groups = initialize_model_parallel(tp, pp)
+        # the EP ranks are the data-parallel ones: they all run the same prompts, each with its experts
+        groups = initialize_model_parallel(tp, pp, expert_model_parallel_size=ep)
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
             if torch.cuda.is_available() else torch.device("cpu")
         model, _, _ = load_model(a.load, groups, device)

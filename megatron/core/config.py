@@ -67,6 +67,7 @@ class TransformerConfig(ModelParallelConfig, MoEConfig):
     swiglu: bool = opt(False, "Use SwiGLU instead of GeLU in the MLP.")
     openai_gelu: bool = opt(False, "Use the tanh approximation of GeLU (GPT-2's gelu_new).")
     add_bias_linear: bool = opt(True, "Disable biases in the linear layers.", flag="--disable-bias-linear")
+    add_qkv_bias: bool = opt(False, "Biases in the QKV projection only (Qwen2), also with --disable-bias-linear.")
     untie_embeddings_and_output_weights: bool = opt(False, "Give the output layer its own weight.")
     hidden_dropout: float = opt(0.1, "Dropout on the residual branches and embeddings.")
     attention_dropout: float = opt(0.1, "Dropout on the attention probabilities.")

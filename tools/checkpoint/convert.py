@@ -1,5 +1,6 @@
 """Convert checkpoints between HuggingFace and ours: GPT (GPT2LMHeadModel, LlamaForCausalLM)
-and BERT (BertForPreTraining, or BertForMaskedLM for a model without the binary head).
+and BERT (BertForPreTraining, or BertForMaskedLM for a model without the binary head); MoE GPT
+as MixtralForCausalLM, or Qwen2MoeForCausalLM for a model with (gated) shared experts.
 
     python tools/checkpoint/convert.py --model-type GPT --loader hf --saver megatron \
         --load-dir hf_model/ --save-dir ckpt/
@@ -13,6 +14,9 @@ ones), and a model no HF family holds is refused with one line saying what is su
 The tokenizer files and the bos/eos/pad ids travel too (hf_tokenizer.py).
 torch_dcp is a torch.distributed.checkpoint directory of the global tensors, keyed by our names,
 with the saved arguments (megatron/core/checkpointing/dcp_interop.py); torch alone loads it.
+The MoE routers' expert bias (--moe-router-enable-expert-bias, checkpoint state "buffer") travels
+between ours and torch_dcp; no HF family here holds it, so --saver hf refuses a non-zero one (the
+routing would change) and drops a zero one (the same model).
 
 Our checkpoints are layout-free (global tensors keyed by init_key; any TP/PP/DP loads
 them), so --target-tensor/pipeline-parallel-size need no resharding: they are accepted
@@ -32,18 +36,19 @@ from megatron.core.checkpointing import (
     find_checkpoint,
     hf_bert,
     hf_mixtral,
+    hf_qwen2_moe,
     save_global_checkpoint,
     whole_piece,
 )
 from megatron.core.checkpointing import hf_conversion as hc
-from megatron.core.checkpointing.dcp_interop import load_dcp, save_dcp
+from megatron.core.checkpointing.dcp_interop import load_dcp, save_dcp, split_buffers
 from megatron.core.checkpointing.hf_files import read_config_json, read_state_dict
 from megatron.core.errors import MegatronUserError
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_tokenizer
 
-HF_TYPES = {"GPT": ("gpt2", "llama", "mixtral"), "BERT": ("bert",)}
+HF_TYPES = {"GPT": ("gpt2", "llama", "mixtral", "qwen2_moe"), "BERT": ("bert",)}
 
 
 def _transformers():
@@ -63,7 +68,7 @@ def load_hf(path, model_type="GPT"):
     except Exception as e:  # transformers rejects bad values with several exception types
         raise CheckpointError(f"{path}/config.json: {type(e).__name__}: {str(e).splitlines()[0]}") from None
     convert = {"gpt2": hc.gpt2_to_ours, "llama": hc.llama_to_ours, "bert": hf_bert.bert_to_ours,
-               "mixtral": hf_mixtral.mixtral_to_ours}[raw["model_type"]]
+               "mixtral": hf_mixtral.mixtral_to_ours, "qwen2_moe": hf_qwen2_moe.qwen2_moe_to_ours}[raw["model_type"]]
     sd = read_state_dict(path)
     try:
         args, tensors = convert(config, sd)
@@ -78,6 +83,10 @@ def save_hf(path, args, tensors, training, model_type="GPT"):
         cfg, sd, binary = hf_bert.ours_to_bert(args, tensors)
         config, cls = tf.BertConfig(**cfg), tf.BertForPreTraining if binary else tf.BertForMaskedLM
         tied = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+    elif args.get("moe_shared_expert_intermediate_size"):
+        cfg, sd = hf_qwen2_moe.ours_to_qwen2_moe(args, tensors)
+        config, cls = tf.Qwen2MoeConfig(**cfg), tf.Qwen2MoeForCausalLM
+        tied = ("lm_head.weight",)
     elif args.get("num_experts"):
         cfg, sd = hf_mixtral.ours_to_mixtral(args, tensors)
         config, cls = tf.MixtralConfig(**cfg), tf.MixtralForCausalLM
@@ -105,6 +114,16 @@ def save_hf(path, args, tensors, training, model_type="GPT"):
     model.save_pretrained(path)
 
 
+def refuse_nonzero_buffers(buffers):
+    """HF has no place for our non-trained state: dropping a non-zero expert bias changes the routing."""
+    moved = sorted(k for k, v in buffers.items() if v.count_nonzero())
+    if moved:
+        raise CheckpointError(f"{moved[0]} ({len(moved)} such) is non-zero: the MoE expert bias of "
+                              "--moe-router-enable-expert-bias has no HuggingFace counterpart for this model, and "
+                              "dropping it changes which experts tokens go to; convert with --saver megatron or "
+                              "torch_dcp")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model-type", default="GPT", choices=["GPT", "BERT"])
@@ -126,21 +145,26 @@ def main(argv=None):
         if a.loader == "hf":
             args, tensors, raw = load_hf(a.load_dir, a.model_type)
             training = dict(hf_tokenizer.from_hf(a.load_dir, a.save_dir, raw), hf_model_type=raw["model_type"])
+            buffers = {}
         elif a.loader == "torch_dcp":
             saved, tensors = load_dcp(a.load_dir)
             args, training = saved.get("model", {}), saved.get("training", {})
+            tensors, buffers = split_buffers(saved, tensors)
         else:
             reader = CheckpointReader(find_checkpoint(a.load_dir))
             args, training = reader.metadata["args"]["model"], reader.metadata["args"].get("training", {})
             tensors = {k: reader.global_tensor(k) for k in reader.keys("param")}
+            buffers = {k: reader.global_tensor(k, "buffer") for k in reader.keys("buffer")}
         if a.saver == "hf":
+            refuse_nonzero_buffers(buffers)
             save_hf(a.save_dir, args, tensors, training, a.model_type)
         elif a.saver == "torch_dcp":
-            save_dcp(a.save_dir, tensors, {"model": args, "training": training})
+            save_dcp(a.save_dir, tensors, {"model": args, "training": training}, buffers)
         else:
             args = dict(args, tensor_model_parallel_size=a.target_tensor_parallel_size,
                         pipeline_model_parallel_size=a.target_pipeline_parallel_size)
-            save_global_checkpoint(a.save_dir, [whole_piece(k, "param", v) for k, v in tensors.items()],
+            pieces = [whole_piece(k, "param", v) for k, v in tensors.items()]
+            save_global_checkpoint(a.save_dir, pieces + [whole_piece(k, "buffer", v) for k, v in buffers.items()],
                                    {"model": args, "training": training})
     except MegatronUserError as e:  # CheckpointError, TokenizerError
         print(f"error: {e}", file=sys.stderr)

@@ -7,6 +7,10 @@ it as bytes). Any DCP reader loads it with torch alone: read the metadata, make 
 each entry's size and dtype, dcp.load. Written and read by one process (no process group:
 DCP then runs without collectives); Adam's moments are not carried (a converted checkpoint
 trains from fresh optimizer state, as the HF conversions do).
+
+The model's non-trained state (state "buffer" of ours: the MoE routers' expert bias) sits in the
+same flat dict under its own keys (e.g. decoder.layers.0.mlp.router.expert_bias, also its name in
+our model's state_dict), listed in the arguments' "buffer_keys".
 """
 import json
 import os
@@ -19,13 +23,15 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from .pieces import CheckpointError
 
 ARGS_KEY = "megatron_args"
+BUFFER_KEYS = "buffer_keys"
 
 
-def save_dcp(path, tensors, args):
-    """Write {key: tensor} and the argument dict `args` to directory `path` as a DCP checkpoint."""
+def save_dcp(path, tensors, args, buffers=None):
+    """Write {key: tensor} (the parameters), {key: tensor} buffers (non-trained state) and the
+    argument dict `args` to directory `path` as a DCP checkpoint."""
     os.makedirs(path, exist_ok=True)
-    state = {k: v.contiguous() for k, v in tensors.items()}
-    state[ARGS_KEY] = json.dumps(args)
+    state = {k: v.contiguous() for k, v in {**tensors, **(buffers or {})}.items()}
+    state[ARGS_KEY] = json.dumps(dict(args, **{BUFFER_KEYS: sorted(buffers)}) if buffers else args)
     with warnings.catch_warnings():  # "no process group: running single-process" is the intent
         warnings.simplefilter("ignore")
         dcp.save(state, storage_writer=dcp.FileSystemWriter(path))
@@ -47,3 +53,12 @@ def load_dcp(path):
         dcp.load(state, storage_reader=reader)
     args = json.loads(state.pop(ARGS_KEY)) if ARGS_KEY in state else {}
     return args, state
+
+
+def split_buffers(args, tensors):
+    """(args, {key: tensor}) of load_dcp -> ({key: parameter}, {key: buffer}) by args' "buffer_keys"."""
+    names = set(args.get(BUFFER_KEYS, ()))
+    missing = names - set(tensors)
+    if missing:
+        raise CheckpointError(f"DCP checkpoint lists buffer {sorted(missing)[0]!r} but holds no such tensor")
+    return ({k: v for k, v in tensors.items() if k not in names}, {k: v for k, v in tensors.items() if k in names})

@@ -21,6 +21,8 @@ REQUIRED_KEYS = {
              "max_position_embeddings"),
     "mixtral": ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                 "max_position_embeddings", "num_local_experts", "num_experts_per_tok"),
+    "qwen2_moe": ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings",
+                  "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"),
 }
 
 

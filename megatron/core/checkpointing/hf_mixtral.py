@@ -13,6 +13,7 @@ import types
 import torch
 
 from .hf_conversion import L, llama_to_ours, ours_to_llama
+from .pieces import CheckpointError
 
 _EXPERT = L + "mlp.experts.local_experts.{}."
 
@@ -58,6 +59,10 @@ def mixtral_to_ours(config, sd):
 
 def ours_to_mixtral(a, t):
     """(model args with num_experts, global tensors) -> (MixtralConfig kwargs, state dict, fused experts)."""
+    if a.get("moe_router_pre_softmax") or a.get("moe_router_score_function", "softmax") != "softmax" \
+            or a.get("moe_layer_freq", 1) != 1:  # transformers would route differently, silently
+        raise CheckpointError("HF Mixtral routes every layer by a softmax over the top-k logits: the model needs "
+                              "softmax scores without --moe-router-pre-softmax, and --moe-layer-freq 1")
     E, h = a["num_experts"], a["hidden_size"]
     f = a.get("moe_ffn_hidden_size") or a["ffn_hidden_size"]
     dense, moe = {}, {}

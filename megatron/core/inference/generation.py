@@ -29,16 +29,22 @@ from ..transformer.kv_cache import KVCache
 from ..transformer.model_state import non_trained_state
 
 
-def config_from_checkpoint(args, tp, pp=1):
-    """TransformerConfig for inference at TP size `tp` and PP size `pp` (layers split evenly)
-    from a checkpoint's model args."""
+def config_from_checkpoint(args, tp, pp=1, ep=1):
+    """TransformerConfig for inference at TP size `tp`, PP size `pp` (layers split evenly) and, for
+    MoE, expert-parallel size `ep` (experts split over TP like the dense MLP) from a checkpoint's model args."""
     names = {f.name for f in dataclasses.fields(TransformerConfig)}
     kw = {k: v for k, v in args.items() if k in names and k != "params_dtype"}
     kw.update(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
               virtual_pipeline_model_parallel_size=None, num_layers_per_virtual_pipeline_stage=None,
               decoder_first_pipeline_num_layers=None, decoder_last_pipeline_num_layers=None, sequence_parallel=False,
               hidden_dropout=0.0, attention_dropout=0.0)
-    kw["expert_tensor_parallel_size"] = None  # no folded expert grid here: experts split like the dense MLP
+    # the training run's EP and expert TP are layout, not model: experts split over TP like the dense MLP
+    # (no folded expert grid here: one decoding step may hold fewer tokens than TP ranks)
+    kw["expert_tensor_parallel_size"] = None
+    if args.get("num_experts"):
+        kw["expert_model_parallel_size"] = ep
+    elif ep > 1:
+        raise ConfigError("--expert-model-parallel-size: the checkpoint is a dense model (no experts); leave it out")
     config = TransformerConfig(**kw)
     config.params_dtype = getattr(torch, str(args.get("params_dtype", "torch.float32")).split(".")[-1])
     config.validate()
@@ -48,12 +54,14 @@ def config_from_checkpoint(args, tp, pp=1):
 @torch.no_grad()
 def load_model(load_dir, groups, device, dtype=None):
     """(model, config, checkpoint metadata): a GPTModel of this pipeline stage's layers with
-    this TP rank's shards of the checkpoint's weights. dtype overrides the saved parameter
-    dtype (e.g. torch.float32)."""
+    this TP rank's shards of the checkpoint's weights (an MoE layer's: this EP rank's experts,
+    groups.ep_size of them splitting the experts). dtype overrides the saved parameter dtype
+    (e.g. torch.float32)."""
     reader = CheckpointReader(find_checkpoint(load_dir))
     if reader.has("tokentype_embeddings"):  # by design: an encoder has no next-token head to decode with
         raise CheckpointError(f"{load_dir} holds a BERT model; generation runs GPT checkpoints only")
-    config = config_from_checkpoint(reader.metadata["args"]["model"], groups.tp_size, groups.pp_size)
+    config = config_from_checkpoint(reader.metadata["args"]["model"], groups.tp_size, groups.pp_size,
+                                    groups.ep_size)
     if dtype is not None:
         config.params_dtype = dtype
     model = GPTModel(config, groups, pre_process=groups.is_first_stage, post_process=groups.is_last_stage,

@@ -34,7 +34,7 @@ class SelfAttention(nn.Module):
         qkv_size = (config.num_attention_heads + 2 * config.num_query_groups) * config.kv_channels
         out_std = config.init_method_std / math.sqrt(2.0 * config.num_layers)
         self.linear_qkv = ColumnParallelLinear(
-            config.hidden_size, qkv_size, group=tp_group, bias=config.add_bias_linear,
+            config.hidden_size, qkv_size, group=tp_group, bias=config.add_bias_linear or config.add_qkv_bias,
             init_std=config.init_method_std, sequence_parallel=config.sequence_parallel,
             params_dtype=config.params_dtype, device=device)
         # context parallelism: the CP group from the one grid (parallel_state), as only attention talks to it

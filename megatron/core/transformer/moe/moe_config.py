@@ -17,6 +17,8 @@ class MoEConfig:
     moe_ffn_hidden_size: Optional[int] = opt(None, "Hidden size of each expert (default --ffn-hidden-size).")
     moe_shared_expert_intermediate_size: Optional[int] = opt(
         None, "Hidden size of the shared experts, run on every token beside the routed ones (None: none).")
+    moe_shared_expert_gate: bool = opt(
+        False, "Scale the shared experts' output by a learned sigmoid gate of each token (Qwen2-MoE).")
     moe_router_topk: int = opt(2, "Experts each token is routed to.")
     moe_router_score_function: str = opt("softmax", "Router scores.", choices=["softmax", "sigmoid"])
     moe_router_pre_softmax: bool = opt(
@@ -96,6 +98,8 @@ def check_moe(cfg) -> None:
         raise ConfigError(f"{f('moe_expert_capacity_factor')} must be positive (leave it out: dropless)")
     if cfg.moe_pad_expert_input_to_capacity and cfg.moe_expert_capacity_factor is None:
         raise ConfigError(f"{f('moe_pad_expert_input_to_capacity')} needs {f('moe_expert_capacity_factor')}")
+    if cfg.moe_shared_expert_gate and not cfg.moe_shared_expert_intermediate_size:
+        raise ConfigError(f"{f('moe_shared_expert_gate')} needs {f('moe_shared_expert_intermediate_size')}")
     if cfg.moe_router_pre_softmax and cfg.moe_router_score_function != "softmax":
         raise ConfigError(f"{f('moe_router_pre_softmax')} needs {f('moe_router_score_function')} softmax")
 

@@ -12,6 +12,7 @@ from .capacity import capacity, pad_to_capacity, unpad
 from .experts import LocalExperts
 from .folding import ExpertTPGather, all_tokens, own_tokens
 from .router import TopKRouter
+from .shared_experts import SharedExpertMLP
 from .token_dispatcher import build_dispatcher
 
 
@@ -50,7 +51,7 @@ class MoELayer(nn.Module):
         self.shared_experts = None
         if config.moe_shared_expert_intermediate_size:
             shared = dataclasses.replace(config, ffn_hidden_size=config.moe_shared_expert_intermediate_size)
-            self.shared_experts = MLP(shared, tp_group, device)
+            self.shared_experts = SharedExpertMLP(shared, tp_group, device)
 
     def forward(self, hidden):
         sp = self.config.sequence_parallel and self.tp_size > 1
