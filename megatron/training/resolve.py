@@ -12,7 +12,6 @@ query groups, max positions) are filled when the config is made (TransformerConf
 Sizes are checked positive before anything divides by them. Nothing here needs a process group.
 """
 from ..core.config import ConfigError
-from ..core.distributed.strategy import shards_grads
 from ..core.fusions import check_config as check_fusions
 from ..core.parallel_state import default_backend, validate_expert_parallel_size, validate_parallel_sizes
 from ..core.pipeline_parallel.schedule_flag import schedule_for_flag, use_v_layout
@@ -51,10 +50,6 @@ def validate(model_cfg, train_cfg, world_size):
     if model_cfg.context_parallel_size > 1 and train_cfg.reset_attention_mask:
         raise ConfigError("--reset-attention-mask needs --context-parallel-size 1 (no attention mask crosses "
                           "context-parallel ranks); drop one of them")
-    if model_cfg.expert_model_parallel_size > 1 and shards_grads(train_cfg.data_parallel_sharding_strategy):
-        raise ConfigError(f"--expert-model-parallel-size {model_cfg.expert_model_parallel_size} runs with "
-                          "--data-parallel-sharding-strategy no_shard or optim (the expert buffers are not sharded "
-                          f"by {train_cfg.data_parallel_sharding_strategy} yet); change one of them")
     check_ckpt_format(train_cfg)
     schedule_for_flag(train_cfg.pipeline_schedule, pp, vpp or 1)
     if model_cfg.pipeline_v_layout and not model_cfg.untie_embeddings_and_output_weights and \
