@@ -32,7 +32,8 @@ class DistributedDataParallel:
     bucket_size: elements per bucket (default max(40M, 1M x DP), as Megatron-LM).
     grad_reduce_in_bf16: keep and reduce the gradients of bf16 parameters in bf16.
     expert_dp_group: with MoE expert parallelism, the expert-data-parallel group: the parameters of
-    experts (param_meta.is_expert_parallel) get buffers of their own, reduced (sharded) over it.
+    experts (param_meta.is_expert_parallel) get buffers of their own, reduced over it and, with any
+    strategy but no_shard, sharded over it as the dense ones over dp_group (ZeRO-3: gathered over it).
     sharding_strategy: strategy.SHARDING_STRATEGIES (default optim with use_distributed_optimizer,
     else no_shard); any but no_shard implies the distributed optimizer.
     """

@@ -2,7 +2,8 @@
 parameters too (optim_grads_params, ZeRO-3).
 
 What one DP rank holds, and when (d DP ranks, N this rank's parameter elements with the
-padding of every bucket to a multiple of d):
+padding of every bucket to a multiple of d; a buffer of MoE experts' parameters is sharded over
+the expert-data-parallel group instead, d its size):
 
 - always: `grad_shard`, N/d elements of the gradient dtype: this rank's slice of every bucket's
   reduced gradient, written when the bucket's reduce-scatter completes, read by the optimizer.

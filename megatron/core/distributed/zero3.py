@@ -13,7 +13,8 @@ Working set per rank: the root unit of the chunk being run plus one layer (two w
 --overlap-param-gather, which starts the next unit's gather while the current one computes:
 the next layer in forward, the previous one in backward).
 
-Traffic per step, per unit of P parameter elements: an all-gather of P (d-1)/d before each
+Traffic per step, per bucket of P parameter elements over d ranks (a MoE layer's experts: the
+expert-DP size): an all-gather of P (d-1)/d before each
 forward and each backward of every microbatch, one reduce-scatter of the gradient per step:
 3 P (d-1)/d without accumulation; each further microbatch adds 2 P (d-1)/d (parameters are not
 kept gathered across microbatches).
