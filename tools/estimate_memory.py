@@ -126,7 +126,7 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
             out["params"] += sum(numels) * elt
             owned = sum(numels)
         out["optimizer"] += owned * (8 + (4 if dtype != torch.float32 else 0))
-        if chunk_units is not None:
+        if chunk_units is not None and shards > 1:  # over one rank the shard is the whole, never gathered
             for key, n in _unit_sizes(chunk_units, ps, buckets).items():
                 unit_bytes[key] = unit_bytes.get(key, 0) + n * elt
     if chunk_units is not None:

@@ -9,7 +9,8 @@ Each run proves what the others do not:
 - ZeRO-3 EP2 x DP2 (EDP 2), grouped GEMM, overlap (grad reduce and prefetched gathers): a MoE layer's
   unit gathers its dense bucket over DP and its expert bucket over EDP; log = estimator, the gathered
   working set included; it saves, and one process loads its checkpoint at iteration 2 and continues.
-- ZeRO-3 EP2 at DP2 (EDP 1), allgather, 2 microbatches per rank: expert buffers with nothing to shard.
+- ZeRO-3 EP2 at DP2 (EDP 1), allgather, 2 microbatches per rank: expert buffers with nothing to shard,
+  held whole and never gathered (log = estimator: they are not in the gathered working set).
 """
 import re
 
@@ -65,5 +66,7 @@ def test_zero3_ep2_dp2_matches_one_process_and_its_checkpoint_continues_at_one(t
 
 @pytest.mark.slow
 def test_zero3_ep2_at_dp2_expert_dp_1_matches_one_process():
-    got = run_metrics(FLAGS + MOE + EP2 + Z3, nproc=2)[1]
+    flags = FLAGS + MOE + EP2 + Z3
+    proc, got = run_metrics(flags, nproc=2)
     assert_metrics_parity(reference(), got, TERMS)
+    assert _logged(proc.stdout) == _estimate(flags, 2)  # the experts, whole, not in the gathered set

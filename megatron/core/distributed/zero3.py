@@ -127,7 +127,7 @@ class ParamGatherer:
                 self.start_gather(b)
 
     def start_gather(self, bucket):
-        if self.initial or bucket.param_handle is not None or is_allocated(bucket.param):
+        if self.initial or bucket.whole or bucket.param_handle is not None or is_allocated(bucket.param):
             return
         allocate(bucket.param)
         bucket.own(bucket.param).copy_(bucket.param_shard)
@@ -143,7 +143,7 @@ class ParamGatherer:
                 b.param_handle = None
 
     def release(self, bucket):
-        if self.initial:
+        if self.initial or bucket.whole:
             return
         if bucket.param_handle is not None:
             bucket.param_handle.wait()
@@ -167,7 +167,7 @@ class ParamGatherer:
             if b.param_handle is not None:
                 b.param_handle.wait()
                 b.param_handle = None
-            if self.initial and is_allocated(b.param):
+            if self.initial and is_allocated(b.param) and not b.whole:
                 b.param_shard.copy_(b.own(b.param))
         self.initial = False
         for b in self.order:
@@ -175,7 +175,7 @@ class ParamGatherer:
 
     def working_set_bytes(self):
         """working_set() of these buckets, in bytes of the parameter dtype."""
-        sizes = [[sum(b.end - b.start for b in unit) for unit in us] for us in self._units]
+        sizes = [[sum(b.end - b.start for b in unit if not b.whole) for unit in us] for us in self._units]
         return working_set(sizes, self.prefetch) * self.order[0].param.element_size() if self.order else 0
 
     def wait_all(self):
