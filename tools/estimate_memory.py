@@ -110,6 +110,7 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
     out = {"params": 0, "grads": 0, "optimizer": 0, "gathered": 0}
     strategy = t.data_parallel_sharding_strategy
     chunk_units = zero3.units(nn.ModuleList(stage_chunks(model_cfg, pp_rank))) if shards_params(strategy) else None
+    unit_bytes = {}  # ZeRO-3: (chunk, unit) -> padded bytes over its buffers (a MoE layer: dense + experts)
     for (dtype, expert), ps in by_dtype.items():
         shards = (tp * dp_cp // (etp * ep) if folded else dp_cp // ep) if expert else dp_cp
         if chunk_units is not None:  # one bucket per unit, as DistributedDataParallel
@@ -130,8 +131,12 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
             out["params"] += sum(numels) * elt
             owned = sum(numels)
         out["optimizer"] += owned * (8 + (4 if dtype != torch.float32 else 0))
-        if chunk_units is not None:
-            out["gathered"] += _gathered(chunk_units, buckets, t.overlap_param_gather) * elt
+        if chunk_units is not None and shards > 1:  # over one rank the shard is the whole, never gathered
+            for key, n in _unit_sizes(chunk_units, ps, buckets).items():
+                unit_bytes[key] = unit_bytes.get(key, 0) + n * elt
+    if chunk_units is not None:
+        out["gathered"] = zero3.working_set([[unit_bytes.get((c, u), 0) for u in range(len(chunk))]
+                                             for c, chunk in enumerate(chunk_units)], t.overlap_param_gather)
     out["layers"] = layers
     out["activations"], out["working"] = kept_activation_bytes(model_cfg, t.micro_batch_size, tp, out["layers"])
     num_micro = t.global_batch_size // (t.micro_batch_size * dp)
@@ -166,14 +171,13 @@ def total_bytes(est):
             + est["working"] + est["gathered"])
 
 
-def _gathered(chunk_units, buckets, prefetch):
-    """zero3.working_set of the units' buckets (in reverse unit order), in elements."""
-    sizes = [b.end - b.start for b in reversed(buckets)]
-    per_chunk, i = [], 0
-    for chunk in chunk_units:
-        per_chunk.append(sizes[i:i + len(chunk)])
-        i += len(chunk)
-    return zero3.working_set(per_chunk, prefetch)
+def _unit_sizes(chunk_units, ps, buckets):
+    """{(chunk, unit): padded elements of its bucket} of one buffer of `ps` laid out by
+    zero3.layout_units (the last unit first, units without any of `ps` left out)."""
+    mine = {id(p) for p in ps}
+    keys = [(c, u) for c in reversed(range(len(chunk_units))) for u in reversed(range(len(chunk_units[c])))
+            if any(id(p) in mine for p in chunk_units[c][u][1])]
+    return {key: b.end - b.start for key, b in zip(keys, buckets)}
 
 
 def _owned_real(starts, numels, buckets, dp, rank=0):

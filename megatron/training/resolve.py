@@ -53,10 +53,6 @@ def validate(model_cfg, train_cfg, world_size):
     if model_cfg.context_parallel_size > 1 and train_cfg.reset_attention_mask:
         raise ConfigError("--reset-attention-mask needs --context-parallel-size 1 (no attention mask crosses "
                           "context-parallel ranks); drop one of them")
-    if model_cfg.expert_model_parallel_size > 1 and shards_grads(train_cfg.data_parallel_sharding_strategy):
-        raise ConfigError(f"--expert-model-parallel-size {model_cfg.expert_model_parallel_size} runs with "
-                          "--data-parallel-sharding-strategy no_shard or optim (the expert buffers are not sharded "
-                          f"by {train_cfg.data_parallel_sharding_strategy} yet); change one of them")
     etp = model_cfg.expert_tensor_parallel_size
     if model_cfg.num_experts and etp not in (None, model_cfg.tensor_model_parallel_size) and \
             shards_grads(train_cfg.data_parallel_sharding_strategy):  # folded: expert buffers even at EP 1

@@ -9,15 +9,8 @@ from megatron.training.resolve import validate
 MOE = ["--num-experts", "4", "--expert-model-parallel-size", "2"]
 
 
-@pytest.mark.parametrize("strategy", ["optim_grads", "optim_grads_params"])
-def test_expert_parallel_with_sharded_gradients_is_refused(strategy):
-    model_cfg, train_cfg = _resolved(MOE + ["--data-parallel-sharding-strategy", strategy], world_size=2)
-    with pytest.raises(ConfigError, match=f"--expert-model-parallel-size 2 .*{strategy}"):
-        validate(model_cfg, train_cfg, 2)
-
-
-@pytest.mark.parametrize("strategy", ["no_shard", "optim"])
-def test_expert_parallel_with_replicated_gradients_is_valid(strategy):
+@pytest.mark.parametrize("strategy", ["no_shard", "optim", "optim_grads", "optim_grads_params"])
+def test_expert_parallel_with_every_sharding_strategy_is_valid(strategy):
     model_cfg, train_cfg = _resolved(MOE + ["--data-parallel-sharding-strategy", strategy], world_size=2)
     assert validate(model_cfg, train_cfg, 2) == 2
 

@@ -32,7 +32,8 @@ class DistributedDataParallel:
     bucket_size: elements per bucket (default max(40M, 1M x DP), as Megatron-LM).
     grad_reduce_in_bf16: keep and reduce the gradients of bf16 parameters in bf16.
     expert_dp_group: with MoE expert parallelism, the expert-data-parallel group: the parameters of
-    experts (param_meta.is_expert_parallel) get buffers of their own, reduced (sharded) over it.
+    experts (param_meta.is_expert_parallel) get buffers of their own, reduced over it and, with any
+    strategy but no_shard, sharded over it as the dense ones over dp_group (ZeRO-3: gathered over it).
     sharding_strategy: strategy.SHARDING_STRATEGIES (default optim with use_distributed_optimizer,
     else no_shard); any but no_shard implies the distributed optimizer.
     """
@@ -56,17 +57,15 @@ class DistributedDataParallel:
                 # MoE experts' parameters get buffers of their own, reduced over the expert-DP group
                 key = (p.dtype, True) if expert_dp_group is not None and is_expert_parallel(p) else p.dtype
                 by_dtype.setdefault(key, []).append(p)
-        if self.shards_params and len(by_dtype) > 1:
+        if self.shards_params and len({p.dtype for ps in by_dtype.values() for p in ps}) > 1:
             raise ValueError("optim_grads_params needs the parameters of one dtype")
-        if self.shards_grads and expert_dp_group is not None:
-            raise ValueError("sharded gradients (optim_grads, optim_grads_params) do not take MoE expert buffers")
         self.buffers = []
         chunk_units = zero3.units(module) if self.shards_params else None
         for key, params in by_dtype.items():
             dtype, group = (key[0], expert_dp_group) if isinstance(key, tuple) else (key, dp_group)
             grad_dtype = torch.bfloat16 if (grad_reduce_in_bf16 and dtype == torch.bfloat16) else torch.float32
             if self.shards_grads:
-                self.buffers.append(self._sharded_buffer(params, grad_dtype, bucket_size, chunk_units))
+                self.buffers.append(self._sharded_buffer(params, grad_dtype, bucket_size, chunk_units, group))
             else:
                 self.buffers.append(ParamAndGradBuffer(params, grad_dtype, group, bucket_size,
                                                        use_distributed_optimizer))
@@ -84,8 +83,8 @@ class DistributedDataParallel:
         self.gatherer = None
         if self.shards_params:
             self.gatherer = zero3.ParamGatherer(
-                [[(m, self._bucket_of[id(ps[0])]) for m, ps in chunk] for chunk in chunk_units],
-                dp_group, overlap_param_gather)
+                [[(m, list({id(b): b for b in (self._bucket_of[id(p)] for p in ps)}.values())) for m, ps in chunk]
+                 for chunk in chunk_units], overlap_param_gather)
         self._counts = {}
         self.num_microbatches = 1
         for p in module.parameters():
@@ -200,8 +199,8 @@ class DistributedDataParallel:
         return params, grads
 
     # ---- where the optimizer finds its ranges
-    def _sharded_buffer(self, params, grad_dtype, bucket_size, chunk_units):
-        dp = comm.world(self.dp_group)
+    def _sharded_buffer(self, params, grad_dtype, bucket_size, chunk_units, group):
+        dp = comm.world(group)
         if chunk_units is None:
             params = list(reversed(params))
             offsets, layouts, _ = bucket_layout([p.numel() for p in params], bucket_size, dp, True)
@@ -209,7 +208,7 @@ class DistributedDataParallel:
             per_unit = zero3.layout_units(chunk_units, params)
             params = [p for ps in per_unit for p in ps]
             offsets, layouts, _ = unit_layout([[p.numel() for p in ps] for ps in per_unit], dp)
-        return ShardedBuffer(params, grad_dtype, self.dp_group, offsets, layouts, self.shards_params)
+        return ShardedBuffer(params, grad_dtype, group, offsets, layouts, self.shards_params)
 
     def param_view(self, param, lo, hi):
         """1-D view of where param's flat [lo, hi) persists on this rank (the optimizer writes it)."""

@@ -2,7 +2,8 @@
 parameters too (optim_grads_params, ZeRO-3).
 
 What one DP rank holds, and when (d DP ranks, N this rank's parameter elements with the
-padding of every bucket to a multiple of d):
+padding of every bucket to a multiple of d; a buffer of MoE experts' parameters is sharded over
+the expert-data-parallel group instead, d its size):
 
 - always: `grad_shard`, N/d elements of the gradient dtype: this rank's slice of every bucket's
   reduced gradient, written when the bucket's reduce-scatter completes, read by the optimizer.
@@ -14,7 +15,8 @@ padding of every bucket to a multiple of d):
   accumulation and with --overlap-grad-reduce at most two buckets' are alive at once; with
   gradient accumulation a bucket's lives across all microbatches of the step, since it is
   reduced once, after the last one.
-- ZeRO-3 only: a bucket's full-size parameter tensor exists from its all-gather (before the
+- ZeRO-3 only (but for a group of one rank, whose bucket is its shard): a bucket's full-size
+  parameter tensor exists from its all-gather (before the
   forward of its unit, and again before its backward) until that forward has returned or that
   backward has produced every gradient of the bucket (zero3.py). Until the first training step it
   holds the initial (or loaded) values, from which the shards are taken then.
@@ -67,9 +69,12 @@ class ShardedBucket:
         n, device = self.end - self.start, params[0].device
         self.k = n // comm.world(dp_group)
         self.grad = torch.zeros(n, dtype=grad_dtype, device=device)  # released once the views exist
-        self.param = torch.zeros(n, dtype=params[0].dtype, device=device)
         self.grad_shard = grad_shard[shard_base:shard_base + self.k]
         self.param_shard = param_shard[shard_base:shard_base + self.k] if param_shard is not None else None
+        # ZeRO-3 over a group of one rank (MoE experts at EP = DP x CP): the shard is the whole bucket and
+        # the parameters live in it, never gathered nor released
+        self.whole = self.param_shard is not None and comm.world(dp_group) == 1
+        self.param = self.param_shard if self.whole else torch.zeros(n, dtype=params[0].dtype, device=device)
         self.grad_handle = self.param_handle = None
         self.pending = set()
 
@@ -129,7 +134,7 @@ class ShardedBuffer:
                 p.main_grad = b.grad[off:off + n].view_as(p)
                 b.param[off:off + n].copy_(p.data.view(-1))
                 p.data = b.param[off:off + n].view_as(p)
-            if shard_params:
+            if shard_params and not b.whole:
                 b.param_shard.copy_(b.own(b.param))
             release(b.grad)
             self.buckets.append(b)

@@ -6,13 +6,15 @@ transformer layers), and per model chunk one root unit with the rest of its para
 (embeddings, final norm, output layer). The root unit is gathered for the chunk's whole forward,
 and in backward from the chunk's output until its last gradient: that is how a tied word table,
 used by the embedding and by the output layer of one chunk, is there for both uses. Each unit is
-one bucket of sharded_buffer.ShardedBuffer (unit_layout).
+one bucket of each sharded_buffer.ShardedBuffer holding some of its parameters (unit_layout): a MoE
+layer's experts are in a buffer of their own, gathered over the expert-data-parallel group.
 
 Working set per rank: the root unit of the chunk being run plus one layer (two with
 --overlap-param-gather, which starts the next unit's gather while the current one computes:
 the next layer in forward, the previous one in backward).
 
-Traffic per step, per unit of P parameter elements: an all-gather of P (d-1)/d before each
+Traffic per step, per bucket of P parameter elements over d ranks (a MoE layer's experts: the
+expert-DP size): an all-gather of P (d-1)/d before each
 forward and each backward of every microbatch, one reduce-scatter of the gradient per step:
 3 P (d-1)/d without accumulation; each further microbatch adds 2 P (d-1)/d (parameters are not
 kept gathered across microbatches).
@@ -69,74 +71,79 @@ def _tensors(out):
 
 
 class ParamGatherer:
-    """Forward and backward hooks that gather and release the units' buckets over dp_group.
+    """Forward and backward hooks that gather and release the units' buckets, each over its own
+    bucket.group (groups.dp_cp for dense parameters, groups.edp for MoE experts').
 
-    chunk_units: per model chunk, [(module, bucket)] in forward order, its root unit first.
+    chunk_units: per model chunk, [(module, buckets)] in forward order, its root unit first; a unit
+    has one bucket per buffer holding some of its parameters (a MoE layer: dense and expert).
     """
 
-    def __init__(self, chunk_units, dp_group, prefetch):
-        self.group, self.prefetch = dp_group, prefetch
-        self.order = [b for chunk in chunk_units for _, b in chunk]
-        self._chunk_lengths = [len(chunk) for chunk in chunk_units]
+    def __init__(self, chunk_units, prefetch):
+        self.prefetch = prefetch
+        self.order = [b for chunk in chunk_units for _, bs in chunk for b in bs]
+        self._units = [[tuple(bs) for _, bs in chunk] for chunk in chunk_units]
         self._seen = {id(b): set() for b in self.order}
         self._bucket_of = {id(p): b for b in self.order for p in b.params}
         # which unit to prefetch after each: the next layer in forward; in backward the root is
         # first (from the chunk's output), then the layers from the last
         self._next = {+1: {}, -1: {}}
-        for chunk in chunk_units:
-            bs = [b for _, b in chunk]
-            for a, b in zip(bs, bs[1:]):
+        for us in self._units:
+            for a, b in zip(us, us[1:]):
                 self._next[+1][id(a)] = b
-            for a, b in zip([bs[0]] + bs[:0:-1], bs[:0:-1]):
+            for a, b in zip([us[0]] + us[:0:-1], us[:0:-1]):
                 self._next[-1][id(a)] = b
         self.initial = True  # the full tensors hold the initial values until the first step
-        for chunk in chunk_units:
-            for module, bucket in chunk:
-                module.register_forward_pre_hook(self._pre_forward(bucket))
-                module.register_forward_hook(self._post_forward(bucket))
+        for chunk, us in zip(chunk_units, self._units):
+            for (module, _), unit in zip(chunk, us):
+                module.register_forward_pre_hook(self._pre_forward(unit))
+                module.register_forward_hook(self._post_forward(unit))
 
-    def _pre_forward(self, bucket):
+    def _pre_forward(self, unit):
         def hook(module, args):
-            self.gather(bucket)
-            self._prefetch(bucket, +1)
+            self.gather(unit)
+            self._prefetch(unit, +1)
         return hook
 
-    def _post_forward(self, bucket):
+    def _post_forward(self, unit):
         def hook(module, args, out):
             if torch.is_grad_enabled():
                 for t in _tensors(out):
                     if t.requires_grad:
-                        t.register_hook(self._pre_backward(bucket))
-            self.release(bucket)
+                        t.register_hook(self._pre_backward(unit))
+            for b in unit:
+                self.release(b)
         return hook
 
-    def _pre_backward(self, bucket):
+    def _pre_backward(self, unit):
         def hook(grad):
-            self.gather(bucket)
-            self._prefetch(bucket, -1)
+            self.gather(unit)
+            self._prefetch(unit, -1)
         return hook
 
-    def _prefetch(self, bucket, direction):
-        nxt = self._next[direction].get(id(bucket))
+    def _prefetch(self, unit, direction):
+        nxt = self._next[direction].get(id(unit))
         if self.prefetch and nxt is not None:
-            self.start_gather(nxt)
+            for b in nxt:
+                self.start_gather(b)
 
     def start_gather(self, bucket):
-        if self.initial or bucket.param_handle is not None or is_allocated(bucket.param):
+        if self.initial or bucket.whole or bucket.param_handle is not None or is_allocated(bucket.param):
             return
         allocate(bucket.param)
         bucket.own(bucket.param).copy_(bucket.param_shard)
-        bucket.param_handle = comm.all_gather_inplace_async(bucket.param, self.group, tag="dp-params")
+        bucket.param_handle = comm.all_gather_inplace_async(bucket.param, bucket.group, tag="dp-params")
 
-    def gather(self, bucket):
-        """Make the bucket's full parameter tensor hold the current values (blocking)."""
-        self.start_gather(bucket)
-        if bucket.param_handle is not None:
-            bucket.param_handle.wait()
-            bucket.param_handle = None
+    def gather(self, unit):
+        """Make the unit's full parameter tensors hold the current values (blocking)."""
+        for b in unit:
+            self.start_gather(b)
+        for b in unit:
+            if b.param_handle is not None:
+                b.param_handle.wait()
+                b.param_handle = None
 
     def release(self, bucket):
-        if self.initial:
+        if self.initial or bucket.whole:
             return
         if bucket.param_handle is not None:
             bucket.param_handle.wait()
@@ -160,7 +167,7 @@ class ParamGatherer:
             if b.param_handle is not None:
                 b.param_handle.wait()
                 b.param_handle = None
-            if self.initial and is_allocated(b.param):
+            if self.initial and is_allocated(b.param) and not b.whole:
                 b.param_shard.copy_(b.own(b.param))
         self.initial = False
         for b in self.order:
@@ -168,10 +175,7 @@ class ParamGatherer:
 
     def working_set_bytes(self):
         """working_set() of these buckets, in bytes of the parameter dtype."""
-        sizes, i = [], 0
-        for n in self._chunk_lengths:
-            sizes.append([b.end - b.start for b in self.order[i:i + n]])
-            i += n
+        sizes = [[sum(b.end - b.start for b in unit if not b.whole) for unit in us] for us in self._units]
         return working_set(sizes, self.prefetch) * self.order[0].param.element_size() if self.order else 0
 
     def wait_all(self):

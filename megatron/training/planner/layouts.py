@@ -103,7 +103,7 @@ def _zero(space, lay):
     ZeRO-2 moves the bytes ZeRO-1 moves and holds less, so ZeRO-1 is tried only with --search full."""
     if not lay["dist_opt"]:
         return ["no_shard"]
-    if lay.get("ep", 1) > 1:  # training refuses EP with sharded gradients (expert buffers unsharded)
+    if lay.get("ep", 1) > 1:  # ZeRO-2/3 of expert buffers (over expert-DP) not in the traffic model yet
         return ["optim"]
     return ["optim", "optim_grads", "optim_grads_params"] if space.full else ["optim_grads", "optim_grads_params"]
 
