@@ -12,7 +12,6 @@ query groups, max positions) are filled when the config is made (TransformerConf
 Sizes are checked positive before anything divides by them. Nothing here needs a process group.
 """
 from ..core.config import ConfigError
-from ..core.distributed.strategy import shards_grads
 from ..core.fusions import check_config as check_fusions
 from ..core.parallel_state import validate_expert_parallel_size, validate_parallel_sizes
 from ..core.pipeline_parallel.schedule_flag import schedule_for_flag, use_v_layout
@@ -53,12 +52,6 @@ def validate(model_cfg, train_cfg, world_size):
     if model_cfg.context_parallel_size > 1 and train_cfg.reset_attention_mask:
         raise ConfigError("--reset-attention-mask needs --context-parallel-size 1 (no attention mask crosses "
                           "context-parallel ranks); drop one of them")
-    etp = model_cfg.expert_tensor_parallel_size
-    if model_cfg.num_experts and etp not in (None, model_cfg.tensor_model_parallel_size) and \
-            shards_grads(train_cfg.data_parallel_sharding_strategy):  # folded: expert buffers even at EP 1
-        raise ConfigError(f"--expert-tensor-parallel-size {etp} runs with --data-parallel-sharding-strategy no_shard "
-                          "or optim (the expert buffers are not sharded by "
-                          f"{train_cfg.data_parallel_sharding_strategy} yet); change one of them")
     check_ckpt_format(train_cfg)
     schedule_for_flag(train_cfg.pipeline_schedule, pp, vpp or 1)
     num_micro = train_cfg.global_batch_size // (train_cfg.micro_batch_size * dp)

@@ -3,7 +3,6 @@ flags, before any group or model exists (the combinations that are built have pa
 import pytest
 from test_config_resolve import _resolved
 
-from megatron.core.config import ConfigError
 from megatron.training.resolve import validate
 
 MOE = ["--num-experts", "4", "--expert-model-parallel-size", "2"]
