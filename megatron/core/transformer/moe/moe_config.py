@@ -81,10 +81,6 @@ def check_moe(cfg) -> None:
         raise ConfigError(f"MoE layers with {f('context_parallel_size')} {cfg.context_parallel_size} need "
                           f"{f('seq_length')} ({cfg.seq_length}) to be a multiple of 2 x CP x TP ({multiple}): "
                           "the router would count the padding tokens; change it")
-    if cfg.context_parallel_size > 1 and cfg.moe_expert_capacity_factor is not None:
-        # each CP rank holds part of every sequence: its capacity and drops would not be one process's
-        raise ConfigError(f"{f('moe_expert_capacity_factor')} needs {f('context_parallel_size')} 1 (capacity is "
-                          "counted per rank's tokens, which CP splits); drop one of them (dropless MoE runs with CP)")
     etp = cfg.expert_tensor_parallel_size
     if etp is not None and not 1 <= etp <= cfg.tensor_model_parallel_size:
         raise ConfigError(f"{f('expert_tensor_parallel_size')} {etp}: give 1 to {f('tensor_model_parallel_size')} "
@@ -108,10 +104,6 @@ def check_folding(cfg, f) -> None:
     """ConfigError for what MoE parallel folding (expert TP != TP, each TP rank routing its own 1/TP of
     the tokens) does not build."""
     etp, tp = cfg.expert_tensor_parallel_size, cfg.tensor_model_parallel_size
-    if cfg.moe_expert_capacity_factor is not None:  # capacity and drops would be counted per TP rank's tokens
-        raise ConfigError(f"{f('moe_expert_capacity_factor')} needs {f('expert_tensor_parallel_size')} equal to "
-                          f"{f('tensor_model_parallel_size')} ({tp}): folded, capacity would be counted per TP rank's "
-                          "share of the tokens; drop one of them")
     if cfg.seq_length % (tp * cfg.context_parallel_size):
         raise ConfigError(f"{f('expert_tensor_parallel_size')} {etp} needs {f('seq_length')} ({cfg.seq_length}) to "
                           f"be a multiple of TP x CP ({tp * cfg.context_parallel_size}): each TP rank routes its "
