@@ -82,9 +82,9 @@ def check_moe(cfg) -> None:
                           f"{f('seq_length')} ({cfg.seq_length}) to be a multiple of 2 x CP x TP ({multiple}): "
                           "the router would count the padding tokens; change it")
     etp = cfg.expert_tensor_parallel_size
-    if etp is not None and not 1 <= etp <= cfg.tensor_model_parallel_size:
-        raise ConfigError(f"{f('expert_tensor_parallel_size')} {etp}: give 1 to {f('tensor_model_parallel_size')} "
-                          f"({cfg.tensor_model_parallel_size}, the default); larger is not built")
+    if etp is not None and etp < 1:
+        raise ConfigError(f"{f('expert_tensor_parallel_size')} ({etp}) must be positive (leave it out: "
+                          f"{f('tensor_model_parallel_size')})")
     if etp is not None and etp != cfg.tensor_model_parallel_size:
         check_folding(cfg, f)
     if cfg.add_bias_linear and (cfg.tensor_model_parallel_size if etp is None else etp) > 1:
@@ -108,3 +108,6 @@ def check_folding(cfg, f) -> None:
         raise ConfigError(f"{f('expert_tensor_parallel_size')} {etp} needs {f('seq_length')} ({cfg.seq_length}) to "
                           f"be a multiple of TP x CP ({tp * cfg.context_parallel_size}): each TP rank routes its "
                           "share of the sequence; change it")
+    if cfg.expert_ffn_hidden_size % etp:  # above TP the dense sizes' checks do not cover it
+        raise ConfigError(f"{f('expert_tensor_parallel_size')} {etp} must divide the experts' hidden size "
+                          f"({cfg.expert_ffn_hidden_size}, {f('moe_ffn_hidden_size')}); change one of them")
