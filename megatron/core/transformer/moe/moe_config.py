@@ -47,8 +47,8 @@ class MoEConfig:
     expert_model_parallel_size: int = opt(1, "Degree of expert parallelism (carved out of data parallelism).")
     expert_tensor_parallel_size: Optional[int] = opt(
         None, "Tensor parallelism of the experts (default --tensor-model-parallel-size: experts split like the "
-        "dense MLP). Smaller: MoE parallel folding, the TP x CP x DP ranks re-split as expert-TP x EP x expert-DP, "
-        "each TP rank routing its own tokens (EP may span TP ranks).")
+        "dense MLP). Other than TP: MoE parallel folding, the TP x CP x DP ranks re-split as expert-TP x EP x "
+        "expert-DP, each TP rank routing its own tokens (EP may span TP ranks, expert TP may span DP ranks).")
 
     @property
     def expert_ffn_hidden_size(self) -> int:
