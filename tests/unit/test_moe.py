@@ -160,7 +160,7 @@ def test_expert_bias_moves_load_towards_balance():
     (dict(moe_router_topk=5), "--moe-router-topk"),
     (dict(tensor_model_parallel_size=2, add_bias_linear=True), "--disable-bias-linear"),
     (dict(moe_pad_expert_input_to_capacity=True), "--moe-expert-capacity-factor"),
-    (dict(tensor_model_parallel_size=2, num_attention_heads=4, expert_tensor_parallel_size=4),
+    (dict(tensor_model_parallel_size=2, num_attention_heads=4, expert_tensor_parallel_size=3),
      "--expert-tensor-parallel-size")])
 def test_bad_moe_flags_name_the_flag(kw, flag):
     with pytest.raises(ConfigError, match=flag):

@@ -73,9 +73,11 @@ def _cfg(**kw):
 def test_folding_refuses_what_it_does_not_build():
     _cfg().validate()
     _cfg(add_bias_linear=True).validate()  # expert TP 1: whole experts, biases fine
-    with pytest.raises(ConfigError, match="--moe-expert-capacity-factor needs --expert-tensor-parallel-size"):
-        _cfg(moe_expert_capacity_factor=1.0).validate()
+    _cfg(moe_expert_capacity_factor=1.0).validate()  # the drops are one process's (capacity.py)
     with pytest.raises(ConfigError, match="--seq-length"):
         _cfg(seq_length=63).validate()
-    with pytest.raises(ConfigError, match="larger is not built"):
-        _cfg(expert_tensor_parallel_size=4).validate()
+    _cfg(expert_tensor_parallel_size=4).validate()  # above TP: expert-TP groups span DP ranks
+    with pytest.raises(ConfigError, match="--expert-tensor-parallel-size 3 must divide the experts' hidden size"):
+        _cfg(expert_tensor_parallel_size=3).validate()
+    with pytest.raises(ConfigError, match="--expert-tensor-parallel-size .0. must be positive"):
+        _cfg(expert_tensor_parallel_size=0).validate()

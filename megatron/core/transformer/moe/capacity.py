@@ -1,36 +1,61 @@
 """Token dropping (--moe-expert-capacity-factor): each expert takes at most its capacity,
-ceil(T x k / E x factor) of the micro-batch's T tokens on this rank; the rest of its (token, choice)
-pairs are dropped. Which ones stay (--moe-token-drop-policy): probs keeps the highest routing probs
-(ties: the earlier token), position keeps the earliest tokens (rows in [s, b] order, s-major).
-The rule reads only this micro-batch's routing, which is the same in every layout (the router sees
-whole sequences), so a capacity run equals one process exactly as a dropless one does.
+ceil(T x k / E x factor) of the micro-batch's T tokens; the rest of its (token, choice) pairs are
+dropped. Which ones stay (--moe-token-drop-policy): probs keeps the highest routing probs (ties: the
+earlier pair), position keeps the earliest pairs (rows in [s, b] order, s-major, over the whole
+sequence; the k choices of a token in order).
+The rule reads the whole micro-batch's routing. Where the ranks of a group each route part of it
+(context parallelism, MoE parallel folding: the router's token group, token_share.py), they
+all-gather the [T_local, k] probs, choices and row places, and each applies the rule to the whole
+micro-batch and keeps its own rows, so capacity and drops are one process's in every layout.
 """
 import math
 
 import torch
+
+from ... import comm
 
 
 def capacity(num_tokens, topk, num_experts, factor):
     return math.ceil(num_tokens * topk / num_experts * factor)
 
 
-def drop_over_capacity(probs, indices, num_experts, factor, policy="probs"):
-    """probs, indices [T, k] -> the same with dropped pairs marked: index num_experts (no expert) and
-    prob 0 (no gradient through it). No communication."""
-    T, k = indices.shape
-    cap = capacity(T, k, num_experts, factor)
+def keep_over_capacity(probs, indices, num_experts, cap, policy="probs", rows=None):
+    """probs, indices [N, k] (N tokens), rows [N]: each token's row in the micro-batch (None: 0..N-1)
+    -> keep [N, k] bool: at most `cap` pairs per expert, chosen by `policy`. No communication."""
+    N, k = indices.shape
     expert = indices.reshape(-1)
+    # pairs in micro-batch order (the identity when rows is None)
+    base = None
+    if rows is not None:
+        base = torch.argsort((rows[:, None] * k + torch.arange(k, device=rows.device)).reshape(-1))
     if policy == "probs":  # highest prob first, the earlier pair on ties
-        priority = torch.argsort(-probs.detach().reshape(-1), stable=True)
+        p = -probs.detach().reshape(-1)
+        priority = torch.argsort(p, stable=True) if base is None else base[torch.argsort(p[base], stable=True)]
     else:
-        priority = torch.arange(expert.numel(), device=expert.device)
+        priority = torch.arange(expert.numel(), device=expert.device) if base is None else base
     order = priority[torch.argsort(expert[priority], stable=True)]  # by expert, then by priority
     per_expert = torch.bincount(expert, minlength=num_experts)
     starts = torch.cumsum(per_expert, 0) - per_expert
     rank_in_expert = torch.arange(order.numel(), device=order.device) - starts[expert[order]]
     keep = torch.zeros_like(expert, dtype=torch.bool)
     keep[order] = rank_in_expert < cap
-    keep = keep.view(T, k)
+    return keep.view(N, k)
+
+
+def drop_over_capacity(probs, indices, num_experts, factor, policy="probs", group=None, rows=None):
+    """probs, indices [T, k] -> the same with dropped pairs marked: index num_experts (no expert) and
+    prob 0 (no gradient through it). group (None: this rank holds the whole micro-batch): the ranks
+    routing the micro-batch's other tokens, rows [T] the places of this rank's tokens in it (s x b + b
+    over the whole sequence); the routing is all-gathered over `group` (probs, choices, rows: detached)."""
+    T, k = indices.shape
+    size = comm.world(group) if group is not None else 1
+    cap = capacity(T * size, k, num_experts, factor)
+    if size == 1:
+        keep = keep_over_capacity(probs, indices, num_experts, cap, policy, rows)
+    else:
+        every = [comm.all_gather_dim0(t, group) for t in (probs.detach(), indices, rows)]
+        keep = keep_over_capacity(*every[:2], num_experts, cap, policy, every[2])
+        keep = keep.view(size, T, k)[comm.rank(group)]
     return probs * keep, torch.where(keep, indices, torch.full_like(indices, num_experts))
 
 

@@ -47,8 +47,8 @@ class MoEConfig:
     expert_model_parallel_size: int = opt(1, "Degree of expert parallelism (carved out of data parallelism).")
     expert_tensor_parallel_size: Optional[int] = opt(
         None, "Tensor parallelism of the experts (default --tensor-model-parallel-size: experts split like the "
-        "dense MLP). Smaller: MoE parallel folding, the TP x CP x DP ranks re-split as expert-TP x EP x expert-DP, "
-        "each TP rank routing its own tokens (EP may span TP ranks).")
+        "dense MLP). Other than TP: MoE parallel folding, the TP x CP x DP ranks re-split as expert-TP x EP x "
+        "expert-DP, each TP rank routing its own tokens (EP may span TP ranks, expert TP may span DP ranks).")
 
     @property
     def expert_ffn_hidden_size(self) -> int:
@@ -81,14 +81,10 @@ def check_moe(cfg) -> None:
         raise ConfigError(f"MoE layers with {f('context_parallel_size')} {cfg.context_parallel_size} need "
                           f"{f('seq_length')} ({cfg.seq_length}) to be a multiple of 2 x CP x TP ({multiple}): "
                           "the router would count the padding tokens; change it")
-    if cfg.context_parallel_size > 1 and cfg.moe_expert_capacity_factor is not None:
-        # each CP rank holds part of every sequence: its capacity and drops would not be one process's
-        raise ConfigError(f"{f('moe_expert_capacity_factor')} needs {f('context_parallel_size')} 1 (capacity is "
-                          "counted per rank's tokens, which CP splits); drop one of them (dropless MoE runs with CP)")
     etp = cfg.expert_tensor_parallel_size
-    if etp is not None and not 1 <= etp <= cfg.tensor_model_parallel_size:
-        raise ConfigError(f"{f('expert_tensor_parallel_size')} {etp}: give 1 to {f('tensor_model_parallel_size')} "
-                          f"({cfg.tensor_model_parallel_size}, the default); larger is not built")
+    if etp is not None and etp < 1:
+        raise ConfigError(f"{f('expert_tensor_parallel_size')} ({etp}) must be positive (leave it out: "
+                          f"{f('tensor_model_parallel_size')})")
     if etp is not None and etp != cfg.tensor_model_parallel_size:
         check_folding(cfg, f)
     if cfg.add_bias_linear and (cfg.tensor_model_parallel_size if etp is None else etp) > 1:
@@ -108,11 +104,10 @@ def check_folding(cfg, f) -> None:
     """ConfigError for what MoE parallel folding (expert TP != TP, each TP rank routing its own 1/TP of
     the tokens) does not build."""
     etp, tp = cfg.expert_tensor_parallel_size, cfg.tensor_model_parallel_size
-    if cfg.moe_expert_capacity_factor is not None:  # capacity and drops would be counted per TP rank's tokens
-        raise ConfigError(f"{f('moe_expert_capacity_factor')} needs {f('expert_tensor_parallel_size')} equal to "
-                          f"{f('tensor_model_parallel_size')} ({tp}): folded, capacity would be counted per TP rank's "
-                          "share of the tokens; drop one of them")
     if cfg.seq_length % (tp * cfg.context_parallel_size):
         raise ConfigError(f"{f('expert_tensor_parallel_size')} {etp} needs {f('seq_length')} ({cfg.seq_length}) to "
                           f"be a multiple of TP x CP ({tp * cfg.context_parallel_size}): each TP rank routes its "
                           "share of the sequence; change it")
+    if cfg.expert_ffn_hidden_size % etp:  # above TP the dense sizes' checks do not cover it
+        raise ConfigError(f"{f('expert_tensor_parallel_size')} {etp} must divide the experts' hidden size "
+                          f"({cfg.expert_ffn_hidden_size}, {f('moe_ffn_hidden_size')}); change one of them")

@@ -8,12 +8,13 @@ from ...tensor_parallel import mappings
 from ...tensor_parallel.param_meta import set_sequence_parallel
 from ..mlp import MLP
 from . import aux_losses
-from .capacity import capacity, pad_to_capacity, unpad
+from .capacity import pad_to_capacity, unpad
 from .experts import LocalExperts
 from .folding import ExpertTPGather, all_tokens, own_tokens
 from .router import TopKRouter
 from .shared_experts import SharedExpertMLP
 from .token_dispatcher import build_dispatcher
+from .token_share import TokenShare, token_share
 
 
 class MoELayer(nn.Module):
@@ -27,10 +28,12 @@ class MoELayer(nn.Module):
     Folded (config.expert_tensor_parallel_size != TP, parallel_state's folded grid): each TP rank routes
     its own tokens (folding.py), `cp_group` is then the TP x CP group, the experts are split over
     `etp_group` and the groups are the folded grid's.
+    share: this rank's part of the micro-batch (token_share.py; default: all of it, EP micro-batches
+    reaching the experts), for the capacity rule and the padded expert input.
     """
 
     def __init__(self, config, tp_group, layer_number, ep_group=None, ep_rank=0, device=None, cp_group=None,
-                 etp_group=None):
+                 etp_group=None, share=None):
         super().__init__()
         self.config, self.tp_group = config, tp_group
         self.tp_size = comm.world(tp_group)
@@ -40,7 +43,7 @@ class MoELayer(nn.Module):
         self.expert_tp = tp_group if config.expert_tensor_parallel_size != 1 and self.tp_size > 1 else None
         ep = comm.world(ep_group) if ep_group is not None else 1
         count = config.num_experts // ep
-        self.ep = ep
+        self.ep, self.share = ep, share or TokenShare(sources=ep)
         self.router = TopKRouter(config, layer_number, device, cp_group)
         expert_tp_size = comm.world(etp_group) if self.folded else self.tp_size if self.expert_tp else 1
         self.experts = LocalExperts(config, ep_rank * count, count, expert_tp_size, device)
@@ -61,23 +64,32 @@ class MoELayer(nn.Module):
         x = mappings.gather_from_sequence_parallel_region(hidden, self.tp_group, False) if sp else hidden
         s, b, h = x.shape
         tokens = x.reshape(s * b, h)
-        probs, indices, aux = self.router(tokens, s)
+        probs, indices, aux = self._route(tokens, s, b)
         etp = self.expert_tp
         expert_in = mappings.copy_to_tensor_model_parallel_region(tokens, etp) if etp is not None else tokens
         routed, counts = self.dispatcher.dispatch(expert_in, probs, indices)
-        if self.config.moe_pad_expert_input_to_capacity:
-            size = self.ep * capacity(s * b, indices.shape[1], self.config.num_experts,
-                                      self.config.moe_expert_capacity_factor)
-            expert_out = unpad(self.experts(pad_to_capacity(routed, counts, size), [size] * len(counts)), counts,
-                               size)
-        else:
-            expert_out = self.experts(routed, counts)
+        expert_out = self._experts(routed, counts, s * b)
         if etp is not None:  # summed over TP before the probs weigh them: the router's gradient needs whole outputs
             expert_out = mappings.reduce_from_tensor_model_parallel_region(expert_out, etp)
         out = self.dispatcher.combine(expert_out).view(s, b, h)
         if sp:
             out = mappings.scatter_to_sequence_parallel_region(out, self.tp_group)
         return self._finish(out, hidden, aux)
+
+    def _route(self, tokens, s, b):
+        """The router on [s x b, h]; with a capacity factor it is told its rows' places in the micro-batch."""
+        rows = None
+        if self.config.moe_expert_capacity_factor is not None and self.share.parts > 1:
+            rows = self.share.rows(s, b, tokens.device)
+        return self.router(tokens, s, rows)
+
+    def _experts(self, routed, counts, local_tokens):
+        """The local experts on their rows, padded to capacity with --moe-pad-expert-input-to-capacity."""
+        c = self.config
+        if not c.moe_pad_expert_input_to_capacity:
+            return self.experts(routed, counts)
+        size = self.share.padded_rows(local_tokens, c.moe_router_topk, c.num_experts, c.moe_expert_capacity_factor)
+        return unpad(self.experts(pad_to_capacity(routed, counts, size), [size] * len(counts)), counts, size)
 
     def _finish(self, out, hidden, aux):
         if self.shared_experts is not None:
@@ -88,11 +100,11 @@ class MoELayer(nn.Module):
         x = own_tokens(hidden, self.tp_group, sp)
         s, b, h = x.shape
         tokens = x.reshape(s * b, h)
-        probs, indices, aux = self.router(tokens, s)
+        probs, indices, aux = self._route(tokens, s, b)
         routed, counts = self.dispatcher.dispatch(tokens, probs, indices)
         if self.etp is not None:
             routed, counts = self.etp.gather(routed, counts)
-        expert_out = self.experts(routed, counts)
+        expert_out = self._experts(routed, counts, s * b)
         if self.etp is not None:  # summed over expert TP before the probs weigh them, as above
             expert_out = self.etp.scatter(expert_out)
         out = all_tokens(self.dispatcher.combine(expert_out).view(s, b, h), self.tp_group, sp)
@@ -124,4 +136,8 @@ def build_mlp(config, tp_group, layer_number, device=None):
         else:
             from ...parallel_state import get_process_groups
             etp_group, cp_group = get_process_groups().etp, get_process_groups().tp_cp
-    return MoELayer(config, tp_group, layer_number, ep_group, ep_rank, device, cp_group, etp_group)
+    share = None
+    if str(device) != "meta" and (ep > 1 or cp_group is not None):  # another rank routes part of the tokens
+        from ...parallel_state import get_process_groups
+        share = token_share(get_process_groups(), etp_group is not None)
+    return MoELayer(config, tp_group, layer_number, ep_group, ep_rank, device, cp_group, etp_group, share)

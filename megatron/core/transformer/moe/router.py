@@ -59,10 +59,11 @@ class TopKRouter(nn.Module):
         self.register_buffer("expert_bias", torch.zeros(E, device=device) if enabled else None)
         self.register_buffer("bias_tokens", torch.zeros(E, device=device) if enabled else None)
 
-    def forward(self, x, seq_len):
+    def forward(self, x, seq_len, rows=None):
         """x [T, h] with T = seq_len x b (row si*b + bi). -> (probs, indices, aux) where aux is the
         sum of the losses to attach to the layer's output (None when there are none). With a capacity
-        factor, dropped pairs have index E and prob 0 (capacity.py)."""
+        factor, dropped pairs have index E and prob 0 (capacity.py); rows [T] (with cp_group): the
+        tokens' rows in the micro-batch, whose routing is all-gathered over cp_group for the drops."""
         c = self.config
         logits = (weight_grad.linear if weight_grad.split_enabled() else F.linear)(x, self.weight)  # zero-bubble: W
         probs, indices, scores = topk_routing(logits, c.moe_router_topk, c.moe_router_score_function,
@@ -71,7 +72,8 @@ class TopKRouter(nn.Module):
         counts = torch.bincount(chosen.reshape(-1), minlength=c.num_experts)
         if c.moe_expert_capacity_factor is not None:
             probs, indices = drop_over_capacity(probs, indices, c.num_experts, c.moe_expert_capacity_factor,
-                                                c.moe_token_drop_policy)
+                                                c.moe_token_drop_policy, self.cp_group if rows is not None else None,
+                                                rows)
         losses = []
         if torch.is_grad_enabled():  # training (recompute: only the pass that builds the graph)
             aux_losses.record_tokens(self.layer_number, counts)

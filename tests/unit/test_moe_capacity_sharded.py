@@ -1,0 +1,72 @@
+"""The capacity rule over a micro-batch that several ranks route in parts (context parallelism, MoE
+parallel folding): the parts' keep masks are the whole micro-batch's, each token's row in it is where
+the CP chunks and TP slices put it, and the padded expert input counts the micro-batches that reach it."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from megatron.core.parallel_state import expert_grid_rank_lists, expert_rank_lists
+from megatron.core.transformer.context_parallel import slice_sequence
+from megatron.core.transformer.moe.capacity import capacity, keep_over_capacity
+from megatron.core.transformer.moe.token_share import TokenShare, token_share
+
+
+@pytest.mark.parametrize("policy", ["probs", "position"])
+def test_the_rule_on_shuffled_parts_is_the_whole_micro_batchs(policy):
+    gen = torch.Generator().manual_seed(0)
+    T, k, E = 48, 2, 4
+    probs = torch.rand(T, k, generator=gen)
+    probs[5, 1] = probs[9, 0]  # a tie: the earlier pair wins in both orders
+    indices = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(T)])
+    cap = capacity(T, k, E, 0.5)
+    whole = keep_over_capacity(probs, indices, E, cap, policy)
+    dropped = int((~whole).sum())
+    assert dropped >= T * k // 2, dropped  # factor 0.5: at least half the pairs cannot fit
+    perm = torch.randperm(T, generator=gen)  # the parts gathered in rank order: rows in another order
+    parts = keep_over_capacity(probs[perm], indices[perm], E, cap, policy, rows=perm)
+    assert torch.equal(parts, whole[perm])
+    assert torch.equal(keep_over_capacity(probs, indices, E, cap, policy, rows=torch.arange(T)), whole)
+
+
+@pytest.mark.parametrize("cp,tp", [(2, 1), (1, 2), (2, 2), (4, 2)])
+def test_rows_are_where_cp_chunks_and_tp_slices_put_the_tokens(cp, tp):
+    S, b = 32, 3
+    place = (torch.arange(S)[:, None] * b + torch.arange(b)).view(S, b)  # [s, b]: each token's row
+    seen = []
+    for c in range(cp):
+        mine = slice_sequence(place, 0, c, cp)  # the CP rank's chunks, then the TP rank's slice (folding.py)
+        for t in range(tp):
+            share = TokenShare(c, cp, t, tp)
+            rows = share.rows(S // (cp * tp), b)
+            assert torch.equal(rows, mine.chunk(tp, 0)[t].reshape(-1)), (c, t)
+            seen.append(rows)
+    assert torch.equal(torch.cat(seen).sort().values, torch.arange(S * b))
+
+
+def _sources(ranks, micro_batch):
+    return len({micro_batch(r) for r in ranks})
+
+
+@pytest.mark.parametrize("tp,cp,dp,etp,ep", [(2, 1, 1, 1, 2), (2, 2, 1, 1, 2), (2, 1, 2, 1, 4), (1, 1, 2, 2, 1),
+                                             (2, 1, 2, 4, 1), (2, 1, 3, 1, 3), (4, 1, 1, 2, 2)])
+def test_sources_count_the_micro_batches_reaching_an_expert_folded(tp, cp, dp, etp, ep):
+    lists = expert_grid_rank_lists(tp, cp, dp, 1, etp, ep)
+    feeding = {r: sorted({x for g in lists["ep"] if r in g for y in g for e in lists["etp"] if y in e for x in e})
+               for r in range(tp * cp * dp)}
+    for r, ranks in feeding.items():
+        i = r  # one stage: the folded index is the global rank
+        g = SimpleNamespace(tp_size=tp, cp_size=cp, etp_size=etp, ep_size=ep, edp_rank=i // (etp * ep),
+                            tp_rank=r % tp, cp_rank=(r // tp) % cp)
+        assert token_share(g, True).sources == _sources(ranks, lambda x: x // (tp * cp)), r
+
+
+@pytest.mark.parametrize("cp,dp,ep", [(1, 4, 2), (2, 1, 2), (2, 2, 4), (2, 3, 3), (4, 1, 2)])
+def test_sources_count_the_micro_batches_reaching_an_expert(cp, dp, ep):
+    ep_lists, _ = expert_rank_lists(1, dp * cp, 1, ep)  # TP 1: global rank = cp + CP x dp
+    for r in range(cp * dp):
+        g = SimpleNamespace(cp_size=cp, ep_size=ep, cp_rank=r % cp, dp_rank=r // cp)
+        group = next(x for x in ep_lists if r in x)
+        share = token_share(g, False)
+        assert share.sources == _sources(group, lambda x: x // cp) and share.parts == cp, r
+    assert TokenShare(sources=2).padded_rows(128, 2, 4, 0.5) == 2 * capacity(128, 2, 4, 0.5)
