@@ -93,7 +93,7 @@ class ColumnParallelLinear(nn.Module):
             y = F.linear(copy_to_tensor_model_parallel_region(x, self.group), self.weight, bias)
         if self.gather_output:
             y = gather_from_tensor_model_parallel_region(y, self.group)
-        return y, (self.bias if self.skip_bias_add else None)
+        return y, (weight_grad.skipped_bias(self.bias) if self.skip_bias_add else None)  # zero-bubble: in W
 
 
 class RowParallelLinear(nn.Module):
@@ -134,7 +134,7 @@ class RowParallelLinear(nn.Module):
         else:
             y = reduce_from_tensor_model_parallel_region(y, self.group)
         if self.skip_bias_add:
-            return y, self.bias
+            return y, weight_grad.skipped_bias(self.bias)
         if self.bias is not None and weight_grad.split_enabled():
             return weight_grad.add_bias(y, self.bias), None
         return (y + self.bias if self.bias is not None else y), None

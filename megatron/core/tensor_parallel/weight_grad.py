@@ -3,7 +3,8 @@ W (weight gradients) later.
 
 While `splitting()` is on (the executor turns it on for a schedule with W actions), the
 layers route their parameter ops through the autograd functions below: linear (column and
-row parallel, the sequence-parallel one too), the norms' affine and the embedding lookup.
+row parallel, the sequence-parallel one too), the norms' affine and the embedding lookup;
+any other op with a parameter (a bias a fusion adds) takes it through deferred().
 Their backward computes the input gradient; inside `deferring()` (one B action) the
 weight-gradient work is kept instead of done, and `apply()` (the W action) runs it.
 The functions see the parameters detached: autograd runs a parameter's AccumulateGrad (and
@@ -213,3 +214,30 @@ class _Embedding(torch.autograd.Function):
 def embedding(ids, table):
     """F.embedding(ids [...], table [n, h]) -> [..., h], the table's gradient deferrable."""
     return _Embedding.apply(ids, table.detach(), _anchor(ids), (table,))
+
+
+class _Deferred(torch.autograd.Function):
+    """p (a copy) for any op: that op's backward computes p's gradient, W accumulates it."""
+
+    @staticmethod
+    def forward(ctx, p, anchor, params):
+        ctx.params = params
+        return p.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        now_or_later(ctx.params, lambda: (grad,))
+        return None, None, None
+
+
+def deferred(p):
+    """p [any shape] for an op that is none of the functions above (a bias a fused activation
+    adds): the op's backward still computes the gradient in B, as the ordinary backward does
+    (for a bias, one sum), but it reaches p (.grad, its hooks) in W."""
+    return _Deferred.apply(p.detach(), _anchor(p.detach()), (p,))
+
+
+def skipped_bias(bias):
+    """A skip_bias_add linear's bias [out] (or None), handed to the caller that adds it: deferred
+    while splitting, so its gradient waits for W like the weight's."""
+    return deferred(bias) if _split and bias is not None else bias
