@@ -4,7 +4,7 @@ W (weight gradients) later.
 While `splitting()` is on (the executor turns it on for a schedule with W actions), the
 layers route their parameter ops through the autograd functions below: linear (column and
 row parallel, the sequence-parallel one too), the norms' affine and the embedding lookup;
-any other op with a parameter (a bias a fusion adds) takes it through deferred().
+any other op with a parameter takes it through deferred().
 Their backward computes the input gradient; inside `deferring()` (one B action) the
 weight-gradient work is kept instead of done, and `apply()` (the W action) runs it.
 The functions see the parameters detached: autograd runs a parameter's AccumulateGrad (and
@@ -130,10 +130,13 @@ class _Linear(torch.autograd.Function):
         return grad_x, None, None, None, None, None
 
 
-def linear(x, weight, bias=None, gather_group=None):
+def linear(x, weight, bias=None, gather_group=None, added_later=None):
     """F.linear(x [..., in], weight [out, in], bias [out]) -> [..., out] with a deferrable
-    weight gradient. gather_group: all-gather x along dim 0 over that TP group first."""
-    return _Linear.apply(x, weight.detach(), _detach(bias), gather_group, _anchor(x), (weight, bias))
+    weight gradient. gather_group: all-gather x along dim 0 over that TP group first.
+    added_later: a skip_bias_add bias [out] that the caller adds to the output unchanged (a fused
+    bias-activation): not added here, its gradient (the output gradient's sum) computed in W."""
+    params = (weight, bias if added_later is None else added_later)
+    return _Linear.apply(x, weight.detach(), _detach(bias), gather_group, _anchor(x), params)
 
 
 class _Affine(torch.autograd.Function):
@@ -231,13 +234,17 @@ class _Deferred(torch.autograd.Function):
 
 
 def deferred(p):
-    """p [any shape] for an op that is none of the functions above (a bias a fused activation
-    adds): the op's backward still computes the gradient in B, as the ordinary backward does
-    (for a bias, one sum), but it reaches p (.grad, its hooks) in W."""
+    """p [any shape] for an op that is none of the functions above: the op's backward computes the
+    gradient in B, as the ordinary backward does, but it reaches p (.grad, its hooks) in W."""
     return _Deferred.apply(p.detach(), _anchor(p.detach()), (p,))
 
 
 def skipped_bias(bias):
-    """A skip_bias_add linear's bias [out] (or None), handed to the caller that adds it: deferred
-    while splitting, so its gradient waits for W like the weight's."""
+    """A skip_bias_add row-parallel linear's bias [out] (or None) for the caller that adds it."""
     return deferred(bias) if _split and bias is not None else bias
+
+
+def detached_while_splitting(bias):
+    """A skip_bias_add column-parallel linear's bias [out] (or None) for the caller: detached
+    while splitting, as linear(..., added_later=bias) computes its gradient in W."""
+    return _detach(bias) if _split else bias
