@@ -86,14 +86,15 @@ class ColumnParallelLinear(nn.Module):
         if weight_grad.split_enabled():  # zero-bubble schedules: weight gradients in a later W action
             sp = self.sequence_parallel and self.tp > 1
             x = x if sp else copy_to_tensor_model_parallel_region(x, self.group)
-            y = weight_grad.linear(x, self.weight, bias, self.group if sp else None)
+            y = weight_grad.linear(x, self.weight, bias, self.group if sp else None,
+                                   added_later=self.bias if self.skip_bias_add else None)
         elif self.sequence_parallel and self.tp > 1:
             y = _SequenceParallelLinear.apply(x, self.weight, bias, self.group)
         else:
             y = F.linear(copy_to_tensor_model_parallel_region(x, self.group), self.weight, bias)
         if self.gather_output:
             y = gather_from_tensor_model_parallel_region(y, self.group)
-        return y, (self.bias if self.skip_bias_add else None)
+        return y, (weight_grad.detached_while_splitting(self.bias) if self.skip_bias_add else None)
 
 
 class RowParallelLinear(nn.Module):
@@ -134,7 +135,7 @@ class RowParallelLinear(nn.Module):
         else:
             y = reduce_from_tensor_model_parallel_region(y, self.group)
         if self.skip_bias_add:
-            return y, self.bias
+            return y, weight_grad.skipped_bias(self.bias)
         if self.bias is not None and weight_grad.split_enabled():
             return weight_grad.add_bias(y, self.bias), None
         return (y + self.bias if self.bias is not None else y), None

@@ -3,7 +3,8 @@ W (weight gradients) later.
 
 While `splitting()` is on (the executor turns it on for a schedule with W actions), the
 layers route their parameter ops through the autograd functions below: linear (column and
-row parallel, the sequence-parallel one too), the norms' affine and the embedding lookup.
+row parallel, the sequence-parallel one too), the norms' affine and the embedding lookup;
+any other op with a parameter takes it through deferred().
 Their backward computes the input gradient; inside `deferring()` (one B action) the
 weight-gradient work is kept instead of done, and `apply()` (the W action) runs it.
 The functions see the parameters detached: autograd runs a parameter's AccumulateGrad (and
@@ -129,10 +130,13 @@ class _Linear(torch.autograd.Function):
         return grad_x, None, None, None, None, None
 
 
-def linear(x, weight, bias=None, gather_group=None):
+def linear(x, weight, bias=None, gather_group=None, added_later=None):
     """F.linear(x [..., in], weight [out, in], bias [out]) -> [..., out] with a deferrable
-    weight gradient. gather_group: all-gather x along dim 0 over that TP group first."""
-    return _Linear.apply(x, weight.detach(), _detach(bias), gather_group, _anchor(x), (weight, bias))
+    weight gradient. gather_group: all-gather x along dim 0 over that TP group first.
+    added_later: a skip_bias_add bias [out] that the caller adds to the output unchanged (a fused
+    bias-activation): not added here, its gradient (the output gradient's sum) computed in W."""
+    params = (weight, bias if added_later is None else added_later)
+    return _Linear.apply(x, weight.detach(), _detach(bias), gather_group, _anchor(x), params)
 
 
 class _Affine(torch.autograd.Function):
@@ -213,3 +217,34 @@ class _Embedding(torch.autograd.Function):
 def embedding(ids, table):
     """F.embedding(ids [...], table [n, h]) -> [..., h], the table's gradient deferrable."""
     return _Embedding.apply(ids, table.detach(), _anchor(ids), (table,))
+
+
+class _Deferred(torch.autograd.Function):
+    """p (a copy) for any op: that op's backward computes p's gradient, W accumulates it."""
+
+    @staticmethod
+    def forward(ctx, p, anchor, params):
+        ctx.params = params
+        return p.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        now_or_later(ctx.params, lambda: (grad,))
+        return None, None, None
+
+
+def deferred(p):
+    """p [any shape] for an op that is none of the functions above: the op's backward computes the
+    gradient in B, as the ordinary backward does, but it reaches p (.grad, its hooks) in W."""
+    return _Deferred.apply(p.detach(), _anchor(p.detach()), (p,))
+
+
+def skipped_bias(bias):
+    """A skip_bias_add row-parallel linear's bias [out] (or None) for the caller that adds it."""
+    return deferred(bias) if _split and bias is not None else bias
+
+
+def detached_while_splitting(bias):
+    """A skip_bias_add column-parallel linear's bias [out] (or None) for the caller: detached
+    while splitting, as linear(..., added_later=bias) computes its gradient in W."""
+    return _detach(bias) if _split else bias

@@ -86,8 +86,13 @@ class LanguageModule(nn.Module):
         x = self.word_embeddings(input_ids.t())
         added = extra
         if config.position_embedding_type == "learned_absolute":
-            added = self.position_embeddings[position_offset: position_offset + input_ids.shape[1]].unsqueeze(1) \
-                if position_ids is None else self.position_embeddings[position_ids.t()]
+            if weight_grad.split_enabled():  # zero-bubble schedules: the table's gradient in a later W action
+                ids = position_ids.t() if position_ids is not None else torch.arange(
+                    position_offset, position_offset + input_ids.shape[1], device=input_ids.device).unsqueeze(1)
+                added = weight_grad.embedding(ids, self.position_embeddings)  # [s, 1 or b, h]
+            else:
+                added = self.position_embeddings[position_offset: position_offset + input_ids.shape[1]].unsqueeze(1) \
+                    if position_ids is None else self.position_embeddings[position_ids.t()]
             if extra is not None:
                 added = added + extra
         if added is None:
