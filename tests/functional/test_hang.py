@@ -1,5 +1,6 @@
 """A frozen rank (SIGSTOP) must not leave the others waiting silently: each live rank exits, within
 the distributed timeout, with one line naming the wait, its rank and the peer (core/watchdog.py)."""
+import contextlib
 import os
 import re
 import signal
@@ -51,5 +52,10 @@ def test_a_stopped_rank_ends_the_others_with_one_line(tmp_path, layout, pattern)
         assert err.read_text().count("error: rank") == 1, err.read_text()[-3000:]
         assert f"{os.sep}megatron{os.sep}" not in err.read_text()  # no traceback of ours
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the stopped rank and torchrun
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun and what stayed in its process group
         proc.wait(timeout=60)
+        # torchrun starts each rank in a session of its own: the stopped rank survives killpg and
+        # would stay stopped, orphaned, after the test
+        for pid in re.findall(r"debug: process (\d+) stops itself", err.read_text()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
