@@ -8,6 +8,7 @@ import torch.distributed as dist
 from ..core import fusions
 from ..core.pipeline_parallel import ReducedLosses, default_schedule, loss_means, stage_layers
 from ..core.transformer import context_parallel
+from ..core.transformer.moe.describe import describe as moe_describe
 from .flops import peak_tflops_per_gpu
 
 
@@ -169,6 +170,8 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
         lines.append(pipeline_summary(model_cfg, groups.pp_size, train_cfg.pipeline_schedule))
     if groups.cp_size > 1:
         lines.append(context_parallel_summary(model_cfg, train_cfg, groups))
+    if model_cfg.num_experts:
+        lines.append(moe_describe(model_cfg, groups.tp_size, groups.cp_size))
     lines.append("> parameters per rank (tp, dp, pp: count):")
     lines += [f"    rank {r:3d} (tp {t}, dp {d}, pp {p}): {n:,} | bytes: params {m[0]:,} grads {m[1]:,}"
               f" optimizer {m[2]:,} (total {sum(m) / 2**20:.1f} MiB)" for r, (t, d, p, n, m) in enumerate(counts)]
