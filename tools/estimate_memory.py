@@ -92,7 +92,8 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
     """{'params', 'grads', 'optimizer', 'activations', 'working', 'layers', 'in_flight', 'gathered'} for
     a rank of pipeline stage pp_rank (DP rank 0, TP rank 0: other TP ranks hold the same). params,
     grads and optimizer: bytes held across the step (with --data-parallel-sharding-strategy
-    optim_grads the gradient shard, optim_grads_params the parameter shard too); gathered: ZeRO-3's
+    optim_grads the gradient shard, optim_grads_params the parameter shard too); expert_dp (MoE with
+    its own expert buffers only): (expert-DP size, the experts' part of params, of grads); gathered: ZeRO-3's
     largest working set of full parameters (a chunk's root unit and one layer, two with
     --overlap-param-gather), 0 otherwise; working: the recomputed chunk's activations."""
     tp, pp = model_cfg.tensor_model_parallel_size, model_cfg.pipeline_model_parallel_size
@@ -113,6 +114,7 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
     unit_bytes = {}  # ZeRO-3: (chunk, unit) -> padded bytes over its buffers (a MoE layer: dense + experts)
     for (dtype, expert), ps in by_dtype.items():
         shards = (tp * dp_cp // (etp * ep) if folded else dp_cp // ep) if expert else dp_cp
+        held = out["params"], out["grads"]
         if chunk_units is not None:  # one bucket per unit, as DistributedDataParallel
             per_unit = zero3.layout_units(chunk_units, ps)
             numels = [p.numel() for u in per_unit for p in u]
@@ -131,6 +133,9 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
             out["params"] += sum(numels) * elt
             owned = sum(numels)
         out["optimizer"] += owned * (8 + (4 if dtype != torch.float32 else 0))
+        if expert:  # (expert-DP size, params, grads): the planner moves these bytes over expert-DP
+            _, p_bytes, g_bytes = out.get("expert_dp", (shards, 0, 0))
+            out["expert_dp"] = (shards, p_bytes + out["params"] - held[0], g_bytes + out["grads"] - held[1])
         if chunk_units is not None and shards > 1:  # over one rank the shard is the whole, never gathered
             for key, n in _unit_sizes(chunk_units, ps, buckets).items():
                 unit_bytes[key] = unit_bytes.get(key, 0) + n * elt

@@ -1,7 +1,7 @@
 """The planner's bytes per collective equal what a real gloo run sends, over one training step of
 the same tiny layout: TP2 x DP2 plain, with SP + the distributed optimizer and with ZeRO-3 (its
-parameters gathered twice per microbatch), and TP2 x PP2 with
-SP and the interleaved schedule:
+parameters gathered twice per microbatch), ZeRO-1 and ZeRO-3 at EP2 x DP4 (experts over expert-DP 2),
+and TP2 x PP2 with SP and the interleaved schedule:
 - DP: megatron/training/planner/cost.dp_traffic against debug.count_traffic (comm.py's tags);
 - TP: planner/traffic.iteration_tp_traffic against a counter wrapped here around the torch
   collectives every TP call goes through (all_reduce, and comm.py's all-gather / reduce-scatter),
@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from megatron.core import comm, debug
+from megatron.core import comm, debug, parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel.random import model_parallel_seed
@@ -79,6 +79,33 @@ def test_bytes_per_collective_equal_the_counted_traffic():
             for kind in tp_counted:
                 assert tp_counted[kind] == pytest.approx(tp_predicted[kind], rel=1e-12), (extra, tp_counted,
                                                                                         tp_predicted)
+
+
+def _run_moe(groups):
+    """ZeRO-1 and ZeRO-3 at EP2 x DP4: dense buffers over d = 4 ranks, experts over expert-DP e = 2."""
+    groups = parallel_state.initialize_model_parallel(1, 1, expert_model_parallel_size=2)
+    out = []
+    for strategy in ("optim", "optim_grads_params"):
+        flags = TINY + ["--tensor-model-parallel-size", "1", "--global-batch-size", "16", "--num-experts", "4",
+                        "--moe-ffn-hidden-size", "24", "--expert-model-parallel-size", "2",
+                        "--moe-token-dispatcher-type", "alltoall", "--use-distributed-optimizer",
+                        "--data-parallel-sharding-strategy", strategy]
+        c, t = configs(flags, 4)
+        model_parallel_seed(5, groups.tp_rank, groups.pp_rank, "cpu")
+        model, ddp, opt, sched = setup_model_and_optimizer(
+            c, t, groups, torch.device("cpu"), lambda c_, g, d, **kw: GPTModel(c_, g, device=d, **kw))
+        with debug.count_traffic() as sent:
+            train_step(model, ddp, opt, sched, _batches(groups), _step, groups, 1)
+        mem = estimator().estimate(c, t, 4)
+        out.append((strategy, dict(sent), dp_traffic(mem, groups.dp_size, True, strategy, 2), mem["expert_dp"][0]))
+    return out
+
+
+def test_expert_dp_bytes_equal_the_counted_traffic():
+    for per_rank in spawn(4, _run_moe):
+        for strategy, sent, predicted, e in per_rank:
+            assert e == 2
+            assert sent == predicted, (strategy, sent, predicted)
 
 
 def _run_pipeline(groups):

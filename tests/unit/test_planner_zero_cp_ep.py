@@ -1,4 +1,6 @@
 """The planner's ZeRO-3, context-parallel and expert-parallel bytes against their closed forms."""
+import dataclasses
+
 import pytest
 
 from megatron.training.planner.cost import dp_traffic
@@ -59,3 +61,59 @@ def test_expert_parallel_bytes_equal_formula():
     assert sum(expert_parallel_bytes(c, b)) == 4 * 64 * 2 * pairs
     micro = 16 // (b * dp)
     assert iteration_expert_parallel_bytes(c, t, dp, 2) == micro * 2 * 4 * 64 * 2 * pairs
+
+MOE = ["--num-experts", "4", "--moe-ffn-hidden-size", "32", "--moe-router-topk", "2", "--moe-token-dispatcher-type",
+       "alltoall"]
+
+
+def _dense_and_expert_elements(c):
+    """(P, E): a rank's dense and (its EP rank's) expert parameter elements, from the model itself."""
+    from megatron.core.tensor_parallel.param_meta import is_expert_parallel
+    params, _ = estimator().stage_params(c, 0)
+    E = sum(p.numel() for p in params if is_expert_parallel(p))
+    return sum(p.numel() for p in params) - E, E
+
+
+@pytest.mark.parametrize("strategy", ["optim_grads", "optim_grads_params"])
+@pytest.mark.parametrize("ep,cp", [(2, 1), (2, 2), (4, 1)], ids=["ep2-e2", "cp2ep2-e2", "ep4-e1"])
+def test_expert_dp_bytes_equal_formula(strategy, ep, cp):
+    """MoE under ZeRO-2/3 (docs/zero.md, tests/distributed/test_zero_moe_sharding.py): the dense
+    buffers are sharded over d = DP x CP, the experts over e = d / EP. One microbatch per step moves, in
+    elements per rank, ZeRO-3: 3 (P (d-1)/d + E (e-1)/e) (two parameter gathers, one gradient
+    reduce-scatter); ZeRO-2: 2 (P (d-1)/d + E (e-1)/e) (one reduce-scatter, one gather after the
+    step); e = 1 moves nothing for the experts. Held per rank: P/d + E/e of every sharded state."""
+    d = 4
+    e = d // ep
+    flags = BASE + MOE + ["--global-batch-size", str(d // cp), "--micro-batch-size", "1", "--attention-dropout", "0",
+                          "--expert-model-parallel-size", str(ep), "--context-parallel-size", str(cp),
+                          "--use-distributed-optimizer", "--data-parallel-sharding-strategy", strategy]
+    c, t = configs(flags, d)
+    P, E = _dense_and_expert_elements(c)
+    assert P % d == 0 and E % d == 0 and E > 0  # no padding: the buffers are exactly P and E elements
+    mem = estimator().estimate(c, t, d)
+    assert mem["grads"] == 4 * (P // d + E // e)  # fp32 gradient shards
+    assert mem["params"] == 2 * ((P // d + E // e) if strategy == "optim_grads_params" else P + E)
+    traffic = dp_traffic(mem, d, True, strategy, 1)
+    moved = P * (d - 1) / d + E * (e - 1) / e
+    assert traffic["dp-grads"] == 4 * moved  # fp32 reduce-scatter
+    assert traffic["dp-params"] == 2 * (2 if strategy == "optim_grads_params" else 1) * moved  # bf16 gathers
+    elements = traffic["dp-params"] / 2 + traffic["dp-grads"] / 4
+    assert elements == (3 if strategy == "optim_grads_params" else 2) * moved
+
+
+def test_layout_search_offers_zero23_with_expert_parallel():
+    """The planner's ZeRO dimension offers ZeRO-2 and ZeRO-3 at EP > 1 (ZeRO-1 too with --search full),
+    and such a layout is predicted end to end."""
+    from megatron.training.planner import make_cluster, predict
+    from megatron.training.planner.layouts import Space, enumerate_layouts
+    space = Space(8, 8, 4, 4, 4, 16, False, 64, num_experts=4)
+    fixed = {"tp": 1, "pp": 1, "mb": 1, "recompute": None, "dist_opt": True}
+    offered = {(lay["ep"], lay["zero"]) for lay in enumerate_layouts(space, fixed)}
+    assert {(2, "optim_grads"), (4, "optim_grads_params")} <= offered and (2, "optim") not in offered
+    full = {lay["zero"] for lay in enumerate_layouts(dataclasses.replace(space, full=True), fixed) if lay["ep"] == 4}
+    assert full == {"optim", "optim_grads", "optim_grads_params"}
+    flags = BASE + MOE + ["--global-batch-size", "16", "--micro-batch-size", "1", "--expert-model-parallel-size", "2",
+                          "--use-distributed-optimizer", "--data-parallel-sharding-strategy"]
+    cluster = make_cluster("H100-SXM", 8)
+    z3, z1 = (predict(flags + [zero], cluster) for zero in ("optim_grads_params", "optim"))
+    assert z3.memory_bytes < z1.memory_bytes and z3.step.dp_exposed > z1.step.dp_exposed > 0

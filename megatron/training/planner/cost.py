@@ -190,11 +190,26 @@ def dp_collectives(mem, distributed_optimizer, strategy="optim", shards=1, micro
     return {"dp-grads": ("reduce_scatter", grads, 1), "dp-params": ("all_gather", mem["params"] * shards, gathers)}
 
 
+def dp_groups(mem, dp) -> list:
+    """[(ranks, bytes)] of the buffers' DP groups: the dense ones over dp ranks (DP x CP), a MoE's
+    expert buffers (estimate()'s expert_dp) over expert-DP e = DP x CP / EP; bytes a dict with the
+    group's 'params' and 'grads' held per rank, as estimate() counts them."""
+    if "expert_dp" not in mem:
+        return [(dp, mem)]
+    e, params, grads = mem["expert_dp"]
+    return [(dp, {"params": mem["params"] - params, "grads": mem["grads"] - grads}),
+            (e, {"params": params, "grads": grads})]
+
+
 def dp_traffic(mem, dp, distributed_optimizer, strategy="optim", micro=1, full_recompute=False) -> dict:
-    """{tag: bytes one rank sends in an iteration} of dp_collectives() over dp ranks (DP x CP), to
-    compare with debug.count_traffic()."""
-    collectives = dp_collectives(mem, distributed_optimizer, strategy, dp, micro, full_recompute)
-    return {tag: calls * ring_bytes(kind, nbytes, dp) for tag, (kind, nbytes, calls) in collectives.items()}
+    """{tag: bytes one rank sends in an iteration} of dp_collectives() over each of dp_groups() (the
+    dense buffers over dp ranks, the experts over expert-DP), to compare with debug.count_traffic()."""
+    out = {}
+    for n, part in dp_groups(mem, dp):
+        for tag, (kind, nbytes, calls) in dp_collectives(part, distributed_optimizer, strategy, n, micro,
+                                                         full_recompute).items():
+            out[tag] = out.get(tag, 0.0) + calls * ring_bytes(kind, nbytes, n)
+    return out
 
 
 def _dp_exposed(cluster, t, mem, dp, tp, micro, fwd, bwd_rec, full_recompute):
@@ -204,10 +219,12 @@ def _dp_exposed(cluster, t, mem, dp, tp, micro, fwd, bwd_rec, full_recompute):
     unit's gather is prefetched behind the previous unit's compute, so per pass the first of
     layers + 1 units (the root) shows, or what exceeds the pass's compute."""
     strategy = t.data_parallel_sharding_strategy or "optim"
-    shown = 0.0
-    for tag, (kind, nbytes, calls) in dp_collectives(mem, t.use_distributed_optimizer, strategy, dp, micro,
-                                                      full_recompute).items():
-        took = collective_time(cluster, kind, nbytes, dp, tp)
+    shown, tags = 0.0, {}
+    for n, part in dp_groups(mem, dp):  # expert-DP ranks are tp x EP apart; their time adds to the dense one's
+        for tag, (kind, nbytes, calls) in dp_collectives(part, t.use_distributed_optimizer, strategy, n, micro,
+                                                          full_recompute).items():
+            tags[tag] = (tags.get(tag, (0.0,))[0] + collective_time(cluster, kind, nbytes, n, tp * dp // n), calls)
+    for tag, (took, calls) in tags.items():
         if tag == "dp-grads":
             window, overlap, parts = mem["layers"] * bwd_rec, t.overlap_grad_reduce, 8
         else:
@@ -233,9 +250,9 @@ def step_time(c, t, cluster: Cluster, tp, pp, dp, mems, sp_grad_bytes=0) -> Step
     for mem in mems:  # DP x CP ranks, tp apart (rank order tp-cp-dp-pp)
         exposed = max(exposed, _dp_exposed(cluster, t, mem, dp * cp, tp, micro, fwd, bwd + rec,
                                            c.recompute_granularity == "full"))
-        owned = mem["params"] / elt / (dp * cp if t.use_distributed_optimizer else 1)
-        if t.data_parallel_sharding_strategy == "optim_grads_params":
-            owned = mem["params"] / elt  # already the shard
+        zero3 = t.data_parallel_sharding_strategy == "optim_grads_params"  # params already the shard
+        owned = sum(part["params"] / elt / (n if t.use_distributed_optimizer and not zero3 else 1)
+                    for n, part in dp_groups(mem, dp * cp))
         # Adam on fp32 main params: main, m, v read and written, the fp32 grad read, the param written
         optimizer = max(optimizer, memory_time(cluster, owned * (3 * 2 * 4 + 4 + elt)))
     emb = collective_time(cluster, "all_reduce", sp_grad_bytes, tp, 1)

@@ -100,11 +100,10 @@ def _dist_opt(space, lay):
 
 def _zero(space, lay):
     """ZeRO stage over the distributed optimizer: optim (1), optim_grads (2), optim_grads_params (3).
-    ZeRO-2 moves the bytes ZeRO-1 moves and holds less, so ZeRO-1 is tried only with --search full."""
+    ZeRO-2 moves the bytes ZeRO-1 moves and holds less, so ZeRO-1 is tried only with --search full.
+    With EP the expert buffers are sharded over expert-DP (cost.dp_groups), the dense ones over DP x CP."""
     if not lay["dist_opt"]:
         return ["no_shard"]
-    if lay.get("ep", 1) > 1:  # ZeRO-2/3 of expert buffers (over expert-DP) not in the traffic model yet
-        return ["optim"]
     return ["optim", "optim_grads", "optim_grads_params"] if space.full else ["optim_grads", "optim_grads_params"]
 
 
