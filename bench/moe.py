@@ -15,7 +15,6 @@ import argparse
 import datetime
 import os
 import platform
-import socket
 import statistics
 import sys
 import time
@@ -33,6 +32,7 @@ from megatron.core.tensor_parallel.random import model_parallel_seed
 from megatron.core.transformer.moe import token_dispatcher
 from megatron.training.config import TrainingConfig
 from megatron.training.training import setup_model_and_optimizer, train_step
+from tests.harness import free_port
 
 
 def _step(model, batch):
@@ -108,9 +108,7 @@ def _worker(rank, world, a, port, out):
 def _spawn(world, a):
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, world, a, port, out)) for r in range(world)]
     for p in procs:
         p.start()

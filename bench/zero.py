@@ -18,7 +18,6 @@ import argparse
 import datetime
 import os
 import platform
-import socket
 import statistics
 import sys
 import time
@@ -36,6 +35,7 @@ from megatron.core.pipeline_parallel import loss_means
 from megatron.core.tensor_parallel.random import model_parallel_seed
 from megatron.training.config import TrainingConfig
 from megatron.training.training import initialize_parameters, setup_model_and_optimizer, train_step
+from tests.harness import free_port
 
 VARIANTS = ("no_shard", "optim", "optim_grads", "optim_grads_params", "fsdp2")
 
@@ -142,9 +142,7 @@ def _worker(rank, a, variant, port, out):
 def run_variant(a, variant):
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, a, variant, port, out)) for r in range(a.dp)]
     for pr in procs:
         pr.start()
