@@ -11,8 +11,9 @@ Each layout proves something the others do not:
   TP4 x ETP2 x EP2 (4 ranks), alltoall, sequence parallel, replicated optimizer: expert-TP < TP;
       tokens gathered over expert-TP with uneven counts and outputs reduce-scattered; expert
       shards over expert-TP in init and in the grad norm (summed over expert-TP x EP)
-  TP2 x DP2 x ETP1 x EP2 (4 ranks), ZeRO-3 with overlap: the expert buffers sharded and gathered over
-      the folded expert-DP group (ranks 0 and 2 hold different expert-DP halves of EP rank 0's experts)
+  TP2 x DP2 x ETP1 (EP1, 4 ranks), ZeRO-3 with overlap: the expert buffers sharded and gathered over the
+      folded expert-DP group, all 4 ranks, while the dense ones are sharded over DP's 2 (at EP2 the
+      folded expert-DP group would equal DP and could not tell them apart)
   TP2 x PP2 x ETP1 x EP2 (4 ranks), seq_aux_loss + expert bias: saves at iteration 2 and one
       process continues (3-4); the bias's load counts summed over TP; expert grad norm over stages
   one process saves at iteration 2 and TP2 x ETP1 (EP1) continues: a checkpoint loads into the
@@ -50,9 +51,8 @@ LAYOUTS = {  # name: (ranks, layout flags)
     "tp4-etp2-ep2-alltoall-sp": (4, ["--tensor-model-parallel-size", "4", "--expert-tensor-parallel-size", "2",
                                      "--expert-model-parallel-size", "2", "--sequence-parallel",
                                      "--moe-token-dispatcher-type", "alltoall"]),
-    "tp2xdp2-etp1-ep2-alltoall-sp-zero3-overlap": (4, TP2 + FOLD + [
-        "--expert-model-parallel-size", "2", "--sequence-parallel", "--moe-token-dispatcher-type", "alltoall",
-        "--data-parallel-sharding-strategy", "optim_grads_params", "--overlap-grad-reduce"]),
+    "tp2xdp2-etp1-ep1-sp-zero3-overlap": (4, TP2 + FOLD + [
+        "--sequence-parallel", "--data-parallel-sharding-strategy", "optim_grads_params", "--overlap-grad-reduce"]),
 }
 
 
