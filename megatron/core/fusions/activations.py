@@ -7,6 +7,7 @@ candidate: neither exposes these as standalone functions.
 import torch
 import torch.nn.functional as F
 
+from ..backward_needs import needs_grad
 from . import _ext
 from ._common import csrc_ok, csrc_ok_for
 
@@ -40,7 +41,7 @@ class _CsrcBiasAct(torch.autograd.Function):
         ext = _ext.load()
         x, bias = ctx.saved_tensors
         dx = (ext.swiglu_backward if ctx.swiglu else ext.bias_gelu_backward)(grad.contiguous(), x, bias)
-        dbias = dx.reshape(-1, dx.shape[-1]).sum(0) if bias is not None and ctx.needs_input_grad[1] else None
+        dbias = dx.reshape(-1, dx.shape[-1]).sum(0) if bias is not None and needs_grad(ctx, 1) else None
         return dx, dbias, None
 
 
