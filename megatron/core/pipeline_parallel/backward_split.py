@@ -95,7 +95,7 @@ class _Group:
     def __init__(self):
         self.sources, self.leaves, self.key = [], [], -1
 
-    def run(self, keep):
+    def run(self, keep, before):
         roots, grads = [], []
         for node, received in self.sources:
             for i, g in enumerate(received):
@@ -104,6 +104,8 @@ class _Group:
                     grads.append(g)
         if not roots:
             return
+        if before is not None:
+            before([leaf.variable for leaf in self.leaves])
         # each source holds its kept gradient, whatever else reaches it in W (another use of a parameter)
         hooks = [node.register_prehook(lambda _, g=received: g) for node, received in self.sources]
         try:
@@ -119,11 +121,12 @@ class WeightWork:
     def __init__(self, order):
         self.order, self.groups, self.keep = order, [], False
 
-    def run(self):
-        """W: the weight gradients, accumulated once per parameter (its hooks fire then)."""
+    def run(self, before=None):
+        """W: the weight gradients, accumulated once per parameter (its hooks fire then). before: called
+        with each group's parameters first (DistributedDataParallel.before_weight_grads)."""
         groups, self.groups = sorted(self.groups, key=lambda g: -g.key), []
         for g in groups:
-            g.run(self.keep)
+            g.run(self.keep, before)
 
     def held(self):
         """(source nodes, kept gradients): what this work keeps alive (bench/pipeline_memory.py)."""

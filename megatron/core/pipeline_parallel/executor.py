@@ -46,12 +46,13 @@ class _Rank:
     num_tokens: [terms] global counts of the loss terms `names`, in that order."""
 
     def __init__(self, chunks, batches, forward_step, groups, comm, num_tokens, names, forward_only, loss_scale,
-                 v_shape=False):
+                 v_shape=False, before_weight=None):
         self.chunks, self.batches, self.forward_step = chunks, batches, forward_step
         self.loss_scale, self.names = loss_scale, names
         self.comm, self.num_tokens, self.forward_only = comm, num_tokens, forward_only
         self.inputs, self.outputs, self.out_grads, self.in_grads = {}, {}, {}, {}
         self.weight_work, self.split = {}, False  # split: B leaves the weight gradients to W
+        self.before_weight = before_weight
         self.order = {}  # chunk -> {id(parameter): index}: W's order
         self.unwaited_sends = []
         self.total = torch.zeros(num_tokens.shape, device=num_tokens.device)
@@ -96,7 +97,7 @@ class _Rank:
             self.out_grads[(0, mb)] = self.in_grads.pop(key)
 
     def weight(self, v, mb):
-        self.weight_work.pop((v, mb)).run()
+        self.weight_work.pop((v, mb)).run(self.before_weight)
 
     def communicate(self, ops, async_sends=False):
         posted, received = [], []
@@ -132,7 +133,7 @@ class _Rank:
 
 def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P2PCommunicator],
                 num_tokens, names, forward_only=False, trace: Optional[list] = None, stats: Optional[dict] = None,
-                loss_scale=1.0, v_shape=False):
+                loss_scale=1.0, v_shape=False, before_weight=None):
     """Execute `actions` on this rank. Returns sum(loss x mask) over this rank's microbatches
     per loss term of `names` ([terms] fp32; zero unless this rank holds the last virtual stage).
 
@@ -143,9 +144,11 @@ def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P
     peak_kept_output_elems (elements of sent outputs still held); a callable stats["probe"] is
     called after every action with what the rank holds: outputs {(chunk, mb): tensor whose graph
     backward needs} and weight work {(chunk, mb): backward_split.WeightWork} (bench/pipeline_memory.py).
-    v_shape: the actions are zb_v's (chunks in a V, the loss on rank 0's chunk 1).
+    v_shape: the actions are zb_v's (chunks in a V, the loss on rank 0's chunk 1). before_weight: called
+    with parameters before a W action computes their gradients (DistributedDataParallel.before_weight_grads).
     """
-    r = _Rank(chunks, batches, forward_step, groups, comm, num_tokens, names, forward_only, loss_scale, v_shape)
+    r = _Rank(chunks, batches, forward_step, groups, comm, num_tokens, names, forward_only, loss_scale, v_shape,
+              before_weight)
     r.split = any(a.kind == "W" for a in actions)
     peak = peak_elems = 0
     probe = stats.get("probe") if stats is not None else None
@@ -182,7 +185,8 @@ def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P
 
 
 def forward_backward(model, batches, forward_step, groups, loss_terms: LossDeclaration = TOKEN_LOSS,
-                     forward_only=False, schedule=None, trace=None, stats=None, loss_scale=1.0) -> ReducedLosses:
+                     forward_only=False, schedule=None, trace=None, stats=None, loss_scale=1.0,
+                     before_weight=None) -> ReducedLosses:
     """Run one iteration's microbatches through this rank's model chunks with a schedule.
 
     model: a model or a list of chunks (virtual stages, in order); batches: this DP rank's
@@ -196,7 +200,8 @@ def forward_backward(model, batches, forward_step, groups, loss_terms: LossDecla
     multiplied by loss_scale (fp16 loss scaling). Gradients accumulate (DDP buffer or .grad).
     Collectives: one all-reduce of the counts over groups.dp before the schedule, p2p over
     groups.pp during it (ZB-V: gradients over groups.pp_grad), one all-reduce of the sums over
-    groups.dp on the last stage after.
+    groups.dp on the last stage after. before_weight(params): called before a zero-bubble W computes
+    params' gradients (ZeRO-3 gathers them there: DistributedDataParallel.before_weight_grads).
     """
     chunks = as_chunks(model)
     P, V, M = groups.pp_size, len(chunks), len(batches)
@@ -212,7 +217,7 @@ def forward_backward(model, batches, forward_step, groups, loss_terms: LossDecla
         shape = (s // groups.tp_size if cfg.sequence_parallel else s, b, cfg.hidden_size)
         comm = P2PCommunicator(groups, shape, cfg.params_dtype, counts.device, grad_channel=v_shape)
     total = run_actions(actions, chunks, batches, forward_step, groups, comm, counts, names, forward_only, trace,
-                        stats, loss_scale, v_shape)
+                        stats, loss_scale, v_shape, before_weight)
     if groups.pp_rank == (0 if v_shape else P - 1) and groups.dp_size * groups.cp_size > 1:
         with waiting("all-reduce (losses)", groups.dp_cp):
             dist.all_reduce(total, group=groups.dp_cp)
