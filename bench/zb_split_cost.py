@@ -5,8 +5,9 @@ autograd graph), interleaved in one run.
 
     PYTHONPATH=. python bench/zb_split_cost.py --baseline /tmp/old_tree [--moe]
 
-Each tree runs in its own process (its own import of megatron, one thread); rounds alternate the
-trees so machine noise hits both alike. A step: the M forwards, then per microbatch its backward:
+Each tree runs in its own process (its own import of megatron, one thread) and times with the
+process's CPU clock (time.process_time: other jobs on shared cores do not count); rounds alternate the
+trees so what noise is left hits both alike. A step: the M forwards, then per microbatch its backward:
 ordinary, or B then W. The split is this tree's (pipeline_parallel/backward_split.py) or, in a tree
 that has it, the per-layer one (tensor_parallel/weight_grad.py, its forwards inside splitting()).
 Reported per tree: median ms per step, ordinary and split, the split's overhead (split / ordinary - 1),
@@ -73,23 +74,23 @@ def worker(a):
     for step in range(a.steps + 1):  # the first is a warm-up
         for split in (False, True):
             aux_losses.start_iteration(1.0, a.microbatches)
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             with fwd_ctx() if split else torch.enable_grad():
                 inps = [x.clone().requires_grad_() for x, _ in data]
                 outs = [model(ids, hidden_states=inp) for inp in inps]
             tb = tw = 0.0
             for out, inp, (_, gy) in zip(outs, inps, data):
-                t1 = time.perf_counter()
+                t1 = time.process_time()
                 if not split:
                     out.backward(gy)
                     continue
                 work = b_fn(out, gy, inp)
-                t2 = time.perf_counter()
+                t2 = time.process_time()
                 w_fn(work)
-                tb, tw = tb + t2 - t1, tw + time.perf_counter() - t2
+                tb, tw = tb + t2 - t1, tw + time.process_time() - t2
             del outs, inps
             if step:
-                times["split" if split else "ordinary"].append(time.perf_counter() - t0)
+                times["split" if split else "ordinary"].append(time.process_time() - t0)
                 if split:
                     times["b"].append(tb)
                     times["w"].append(tw)
@@ -140,7 +141,7 @@ def main():
         f"{a.microbatches} microbatches per step, fp32, 1 thread; median of {a.rounds} x {a.steps} steps per tree; "
         f"load average {load:.1f} -> {os.getloadavg()[0]:.1f}",
         "- baseline: " + (trees.get("baseline", "none")), "",
-        "| tree | ordinary ms/step | split ms/step | split overhead % | B ms | W ms |",
+        "| tree | ordinary CPU ms/step | split CPU ms/step | split overhead % | B ms | W ms |",
         "|---|---:|---:|---:|---:|---:|", *rows, ""])
     print(text)
     path = os.path.join(ROOT, "bench", "results", f"zb_split_cost_cpu{'_moe' if a.moe else ''}.md")

@@ -28,12 +28,26 @@ Reentrant backward code (activation recompute, tensor_parallel.random.Checkpoint
 nested B whose W joins this one's.
 """
 import contextlib
+import gc
 
 import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 _engine = torch.autograd.Variable._execution_engine
 _saved_names = {}  # node type -> its _raw_saved_* attributes (a cache of dir(); the types are torch's)
+
+
+@contextlib.contextmanager
+def _no_cycle_collection():
+    """The walk allocates many short-lived objects, freed by reference counting; a cycle collection
+    they would trigger scans the whole heap (the model's graph included) for nothing."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _run(roots, grads, inputs, keep):
@@ -125,8 +139,9 @@ class WeightWork:
         """W: the weight gradients, accumulated once per parameter (its hooks fire then). before: called
         with each group's parameters first (DistributedDataParallel.before_weight_grads)."""
         groups, self.groups = sorted(self.groups, key=lambda g: -g.key), []
-        for g in groups:
-            g.run(self.keep, before)
+        with _no_cycle_collection():
+            for g in groups:
+                g.run(self.keep, before)
 
     def held(self):
         """(source nodes, kept gradients): what this work keeps alive (bench/pipeline_memory.py)."""
@@ -230,5 +245,6 @@ def backward_input(output, grad, stage_input, order) -> WeightWork:
     work = WeightWork(order)
     if grad is None:
         grad = torch.ones_like(output) if output.numel() == 1 else None
-    work.split([get_gradient_edge(output)], [grad], [stage_input] if stage_input is not None else [])
+    with _no_cycle_collection():
+        work.split([get_gradient_edge(output)], [grad], [stage_input] if stage_input is not None else [])
     return work
