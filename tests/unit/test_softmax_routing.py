@@ -32,7 +32,7 @@ class RecordingKernels:
         v = x * scale if masked is None else (x * scale).masked_fill(masked.bool(), float("-inf"))
         return torch.nan_to_num(torch.softmax(v, dim=-1), nan=0.0)
 
-    def softmax_backward(self, grad, y, scale):
+    def softmax_backward(self, grad, y, scale, causal=False):
         self.calls.append(("backward", grad, y, scale))
         assert grad.is_contiguous() and grad.shape == y.shape
         return scale * y * (grad - (grad * y).sum(-1, keepdim=True))
