@@ -23,8 +23,9 @@ __global__ void __launch_bounds__(kColumnThreads) bias_gelu_forward_kernel(const
                                                                            const T* __restrict__ bias,
                                                                            T* __restrict__ y, int64_t rows,
                                                                            int cols) {
-  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * kVec;
-  if (c >= cols) return;
+  const int64_t c64 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec;
+  if (c64 >= cols) return;
+  const int c = static_cast<int>(c64);
   float b[kVec];
 #pragma unroll
   for (int i = 0; i < kVec; ++i) b[i] = 0.f;
@@ -56,8 +57,9 @@ template <typename T, int kVec>
 __global__ void __launch_bounds__(kColumnThreads) bias_gelu_backward_kernel(
     const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ bias, T* __restrict__ dx,
     float* __restrict__ part, int64_t rows, int cols) {
-  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * kVec;
-  if (c >= cols) return;
+  const int64_t c64 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec;
+  if (c64 >= cols) return;
+  const int c = static_cast<int>(c64);
   float b[kVec], acc[kVec];
 #pragma unroll
   for (int i = 0; i < kVec; ++i) b[i] = acc[i] = 0.f;
@@ -137,6 +139,7 @@ cudaError_t bias_gelu_forward(const void* x, const void* bias, void* y, int64_t 
   if (rows < 0 || cols <= 0) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   MEGATRON_DISPATCH(dtype, T, { return forward_impl<T>(x, bias, y, rows, cols, stream); });
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t bias_gelu_backward(const void* dy, const void* x, const void* bias, void* dx, void* dbias,
@@ -147,6 +150,7 @@ cudaError_t bias_gelu_backward(const void* dy, const void* x, const void* bias, 
   MEGATRON_DISPATCH(dtype, T, {
     return backward_impl<T>(dy, x, bias, dx, dbias, workspace, workspace_floats, rows, cols, stream);
   });
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace megatron_fused

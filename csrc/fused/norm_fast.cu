@@ -245,7 +245,10 @@ cudaError_t plan_into(NormFastPlan* out, int64_t rows, int cols, bool backward, 
 
 NormFastPlan norm_fast_plan(int64_t rows, int cols, bool backward, bool rms, int dtype, int wdtype) {
   NormFastPlan plan{};
-  auto fill = [&]() -> cudaError_t { NORM_DISPATCH(dtype, wdtype, plan_into, &plan, rows, cols, backward, rms); };
+  auto fill = [&]() -> cudaError_t {
+    NORM_DISPATCH(dtype, wdtype, plan_into, &plan, rows, cols, backward, rms);
+    return cudaErrorInvalidValue;
+  };
   fill();
   return plan;
 }
@@ -254,6 +257,7 @@ cudaError_t norm_forward_fast(const void* x, const void* weight, const void* bia
                               int64_t rows, int cols, float eps, bool rms, int dtype, int wdtype,
                               cudaStream_t stream) {
   NORM_DISPATCH(dtype, wdtype, forward_impl, x, weight, bias, y, mean, rstd, rows, cols, eps, rms, stream);
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t norm_backward_fast(const void* dy, const void* x, const float* mean, const float* rstd,
@@ -261,6 +265,7 @@ cudaError_t norm_backward_fast(const void* dy, const void* x, const float* mean,
                                int64_t rows, int cols, bool rms, int dtype, int wdtype, cudaStream_t stream) {
   NORM_DISPATCH(dtype, wdtype, backward_impl, dy, x, mean, rstd, weight, dx, dweight, dbias, workspace, rows, cols,
                 rms, stream);
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace megatron_fused

@@ -23,16 +23,16 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const T* __restrict__ x,
   const int half = dim / 2;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.y;
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < rows; row += step) {
-    const int64_t hi = row % h, t = row / h;
+    const int64_t head = row % h, t = row / h;
     const int64_t bi = t % b, si = t / b;
-    const T* xr = x + si * stride_s + bi * stride_b + hi * stride_h;
+    const T* xr = x + si * stride_s + bi * stride_b + head * stride_h;
     const T* cr = cosv + si * dim;
     const T* sr = sinv + si * dim;
     T* yr = y + row * dim;
     for (int j = threadIdx.x * kVec; j < half; j += blockDim.x * kVec) {
-      Vec<T, kVec> lo, hi_, c_lo, c_hi, s_lo, s_hi;
+      Vec<T, kVec> lo, hi, c_lo, c_hi, s_lo, s_hi;
       lo.load(xr + j);
-      hi_.load(xr + half + j);
+      hi.load(xr + half + j);
       c_lo.load(cr + j);
       c_hi.load(cr + half + j);
       s_lo.load(sr + j);
@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kThreads) rope_kernel(const T* __restrict__ x,
       Vec<T, kVec> out_lo, out_hi;
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
-        const float a = lo.get(i), z = hi_.get(i);
+        const float a = lo.get(i), z = hi.get(i);
         if (backward) {
           out_lo.set(i, a * c_lo.get(i) + z * s_hi.get(i));
           out_hi.set(i, z * c_hi.get(i) - a * s_lo.get(i));
@@ -85,6 +85,7 @@ cudaError_t rope_apply(const void* x, int64_t stride_s, int64_t stride_b, int64_
   MEGATRON_DISPATCH(dtype, T, {
     return launch<T>(x, stride_s, stride_b, stride_h, cos, sin, y, s, b, h, dim, backward, stream);
   });
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace megatron_fused

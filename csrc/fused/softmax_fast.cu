@@ -180,6 +180,7 @@ cudaError_t softmax_forward_fast(const void* x, void* y, const uint8_t* mask, in
     if (mask_kind == 1) return forward_impl<T, 1>(x, y, mask, rows, cols, sq, heads, mask_batches, scale, stream);
     return forward_impl<T, 2>(x, y, mask, rows, cols, sq, heads, mask_batches, scale, stream);
   });
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t softmax_backward_fast(const void* dy, const void* y, void* dx, int64_t rows, int cols, int causal_sq,
@@ -190,6 +191,7 @@ cudaError_t softmax_backward_fast(const void* dy, const void* y, void* dx, int64
                                                                static_cast<T*>(dx), rows, cols, causal_sq, scale);
     return cudaGetLastError();
   });
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace megatron_fused

@@ -16,8 +16,9 @@ template <typename T, int kVec>
 __global__ void __launch_bounds__(kColumnThreads) swiglu_forward_kernel(const T* __restrict__ x,
                                                                         const T* __restrict__ bias,
                                                                         T* __restrict__ y, int64_t rows, int f) {
-  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * kVec;
-  if (c >= f) return;
+  const int64_t c64 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec;
+  if (c64 >= f) return;
+  const int c = static_cast<int>(c64);
   float bg[kVec], bu[kVec];
 #pragma unroll
   for (int i = 0; i < kVec; ++i) bg[i] = bu[i] = 0.f;
@@ -55,8 +56,9 @@ template <typename T, int kVec>
 __global__ void __launch_bounds__(kColumnThreads) swiglu_backward_kernel(
     const T* __restrict__ dy, const T* __restrict__ x, const T* __restrict__ bias, T* __restrict__ dx,
     float* __restrict__ part, int64_t rows, int f) {
-  const int c = (blockIdx.x * blockDim.x + threadIdx.x) * kVec;
-  if (c >= f) return;
+  const int64_t c64 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kVec;
+  if (c64 >= f) return;
+  const int c = static_cast<int>(c64);
   float bg[kVec], bu[kVec], acc_g[kVec], acc_u[kVec];
 #pragma unroll
   for (int i = 0; i < kVec; ++i) bg[i] = bu[i] = acc_g[i] = acc_u[i] = 0.f;
@@ -140,6 +142,7 @@ cudaError_t swiglu_forward(const void* x, const void* bias, void* y, int64_t row
   if (rows < 0 || f <= 0 || f > (1 << 30)) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   MEGATRON_DISPATCH(dtype, T, { return forward_impl<T>(x, bias, y, rows, f, stream); });
+  return cudaErrorInvalidValue;
 }
 
 cudaError_t swiglu_backward(const void* dy, const void* x, const void* bias, void* dx, void* dbias, float* workspace,
@@ -149,6 +152,7 @@ cudaError_t swiglu_backward(const void* dy, const void* x, const void* bias, voi
   MEGATRON_DISPATCH(dtype, T, {
     return backward_impl<T>(dy, x, bias, dx, dbias, workspace, workspace_floats, rows, f, stream);
   });
+  return cudaErrorInvalidValue;
 }
 
 int64_t bias_activation_workspace(int64_t rows, int cols, bool swiglu, int dtype) {
