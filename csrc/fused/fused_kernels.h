@@ -2,7 +2,7 @@
 //
 // Why no torch here: the .cu files then compile in seconds with nvcc alone (torch's headers
 // cost a minute per translation unit), and they do not need the CUDA-build-only headers that
-// CPU wheels of torch lack. bindings.cpp is the one file that talks to torch.
+// CPU wheels of torch lack. The binding files (*.cpp) are the ones that talk to torch.
 //
 // Every launcher returns the launch's cudaError_t. dtype codes: see DType. Math is fp32
 // whatever the storage type; norms keep fp32 statistics.

@@ -1,7 +1,7 @@
 """The masked-softmax front hands padding masks to our kernel, in the form its binding takes.
 
 On CPU, `_ext.load` returns a stand-in that records every call and checks its arguments as
-csrc/fused/bindings.cpp does (contiguous x [b, heads, sq, sk]; a contiguous bool mask
+csrc/fused/bind_softmax.cpp does (contiguous x [b, heads, sq, sk]; a contiguous bool mask
 [b or 1, 1, sq, sk] on x's device), then computes the masked softmax in float64. The fronts'
 "is this a CUDA tensor of a kernel dtype" check is widened to float64 CPU tensors, as in
 tests/unit/test_fusions.py.
