@@ -45,7 +45,13 @@ def describe(config, device):
     if backend == "unfused":
         attn += ", softmax " + choices[0][1] + ", masked softmax " + choices[1][1]
         choices = choices[2:]
-    return [("attention", attn)] + [(op, impl) for op, impl, _ in choices]
+    ops = [("attention", attn)] + [(op, impl) for op, impl, _ in choices]
+    if config.context_parallel_size > 1 and config.cp_comm_type == "p2p":
+        from ..transformer.ring_kernels import choose_kernel, usable_kernels
+        device = torch.device(device)
+        ops.append(("ring-attention-blocks",
+                    choose_kernel(device.type, config.params_dtype, config.kv_channels, usable_kernels(device))))
+    return ops
 
 
 def kernels_status():
