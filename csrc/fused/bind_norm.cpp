@@ -61,11 +61,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward(const at::Tensor& d
                                                              const at::Tensor& mean, const at::Tensor& rstd,
                                                              const at::Tensor& weight, bool rms, bool has_bias) {
   const char* op = "norm_backward";
-  const int dtype = check_float_tensor(x, op, "input", 1);
-  check_contiguous(x, op, "input");
-  check_like(x, dy, op, "grad");
-  check_shape(dy, x.sizes(), op, "grad");
-  check_contiguous(dy, op, "grad");
+  const int dtype = check_with_grad(x, dy, op, "input", 1);
   const int wdtype = check_weight(x, dtype, weight, op, "weight");
   MF_CHECK(!(rms && has_bias), op, "RMSNorm has no bias");
   const int cols = to_int(x.size(-1), op, "the hidden size");

@@ -44,11 +44,7 @@ at::Tensor softmax_forward(const at::Tensor& x, const std::optional<at::Tensor>&
 
 at::Tensor softmax_backward(const at::Tensor& dy, const at::Tensor& y, double scale, bool causal) {
   const char* op = "softmax_backward";
-  const int dtype = check_float_tensor(y, op, "softmax output", 2);
-  check_contiguous(y, op, "softmax output");
-  check_like(y, dy, op, "grad");
-  check_shape(dy, y.sizes(), op, "grad");
-  check_contiguous(dy, op, "grad");
+  const int dtype = check_with_grad(y, dy, op, "softmax output", 2);
   check_finite(scale, op, "scale");
   at::Tensor dx = at::empty_like(y);
   if (y.numel() == 0) return dx;

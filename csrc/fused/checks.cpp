@@ -31,6 +31,15 @@ void check_contiguous(const at::Tensor& t, const char* op, const char* name) {
            t.sizes());
 }
 
+int check_with_grad(const at::Tensor& t, const at::Tensor& dy, const char* op, const char* name, int64_t min_dims) {
+  const int dtype = check_float_tensor(t, op, name, min_dims);
+  check_contiguous(t, op, name);
+  check_like(t, dy, op, "grad");
+  check_shape(dy, t.sizes(), op, "grad");
+  check_contiguous(dy, op, "grad");
+  return dtype;
+}
+
 void check_same_device(const at::Tensor& ref, const at::Tensor& t, const char* op, const char* name) {
   MF_CHECK(t.defined(), op, name, " is missing (an undefined tensor)");
   MF_CHECK(t.device() == ref.device(), op, name, " must be on ", ref.device(), ", got ", t.device());

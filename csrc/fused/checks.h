@@ -28,6 +28,9 @@ c10::DeviceType kernel_device_type();
 // least min_dims dims, a last dim of 1 .. INT_MAX elements. Returns its dtype code.
 int check_float_tensor(const at::Tensor& t, const char* op, const char* name, int64_t min_dims);
 void check_contiguous(const at::Tensor& t, const char* op, const char* name);
+// A backward's saved tensor t (check_float_tensor, contiguous) and its gradient dy: like t,
+// t's shape, contiguous. Returns the dtype code.
+int check_with_grad(const at::Tensor& t, const at::Tensor& dy, const char* op, const char* name, int64_t min_dims);
 // defined, on ref's device (type and index), of ref's dtype
 void check_like(const at::Tensor& ref, const at::Tensor& t, const char* op, const char* name);
 void check_same_device(const at::Tensor& ref, const at::Tensor& t, const char* op, const char* name);

@@ -12,6 +12,26 @@ constexpr int kUnroll = 2;  // rows in flight per thread
 
 __device__ __forceinline__ float sigmoid(float v) { return 1.f / (1.f + __expf(-v)); }
 
+// The gate and up vectors of column c in row r of x [rows, 2 f].
+template <typename T, int kVec>
+__device__ __forceinline__ void load_halves(const T* __restrict__ x, int64_t r, int f, int c, Vec<T, kVec>& g,
+                                            Vec<T, kVec>& u) {
+  const T* xr = x + r * 2 * f;
+  g.load(xr + c);
+  u.load(xr + f + c);
+}
+
+// This thread's gate and up bias (zeros without a bias), loaded once.
+template <typename T, int kVec>
+__device__ __forceinline__ void load_bias_halves(const T* __restrict__ bias, int f, int c, float* bg, float* bu) {
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) bg[i] = bu[i] = 0.f;
+  if (bias != nullptr) {
+    load_floats<T, kVec>(bias + c, bg);
+    load_floats<T, kVec>(bias + f + c, bu);
+  }
+}
+
 template <typename T, int kVec>
 __global__ void __launch_bounds__(kColumnThreads) swiglu_forward_kernel(const T* __restrict__ x,
                                                                         const T* __restrict__ bias,
@@ -20,22 +40,13 @@ __global__ void __launch_bounds__(kColumnThreads) swiglu_forward_kernel(const T*
   if (c64 >= f) return;
   const int c = static_cast<int>(c64);
   float bg[kVec], bu[kVec];
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) bg[i] = bu[i] = 0.f;
-  if (bias != nullptr) {
-    load_floats<T, kVec>(bias + c, bg);
-    load_floats<T, kVec>(bias + f + c, bu);
-  }
+  load_bias_halves<T, kVec>(bias, f, c, bg, bu);
   const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
   for (int64_t r = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; r < rows; r += kUnroll * step) {
     Vec<T, kVec> g[kUnroll], u[kUnroll];
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
-      if (r + k * step < rows) {
-        const T* xr = x + (r + k * step) * 2 * f;
-        g[k].load(xr + c);
-        u[k].load(xr + f + c);
-      }
+      if (r + k * step < rows) load_halves<T, kVec>(x, r + k * step, f, c, g[k], u[k]);
     }
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
@@ -60,22 +71,17 @@ __global__ void __launch_bounds__(kColumnThreads) swiglu_backward_kernel(
   if (c64 >= f) return;
   const int c = static_cast<int>(c64);
   float bg[kVec], bu[kVec], acc_g[kVec], acc_u[kVec];
+  load_bias_halves<T, kVec>(bias, f, c, bg, bu);
 #pragma unroll
-  for (int i = 0; i < kVec; ++i) bg[i] = bu[i] = acc_g[i] = acc_u[i] = 0.f;
-  if (bias != nullptr) {
-    load_floats<T, kVec>(bias + c, bg);
-    load_floats<T, kVec>(bias + f + c, bu);
-  }
+  for (int i = 0; i < kVec; ++i) acc_g[i] = acc_u[i] = 0.f;
   const int64_t step = static_cast<int64_t>(gridDim.y) * blockDim.y;
   for (int64_t r = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; r < rows; r += kUnroll * step) {
     Vec<T, kVec> d[kUnroll], g[kUnroll], u[kUnroll];
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
       if (r + k * step < rows) {
-        const T* xr = x + (r + k * step) * 2 * f;
         d[k].load(dy + (r + k * step) * f + c);
-        g[k].load(xr + c);
-        u[k].load(xr + f + c);
+        load_halves<T, kVec>(x, r + k * step, f, c, g[k], u[k]);
       }
     }
 #pragma unroll
