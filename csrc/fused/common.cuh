@@ -113,13 +113,23 @@ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Multiprocessors of the current device, asked once per device (no runtime query after the
+// first call: nothing that could disturb a CUDA graph capture).
 inline int sm_count() {
+  static std::atomic<int> cache[64];
   int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) {
+  if (cudaGetDevice(&device) != cudaSuccess) {
     cudaGetLastError();  // clear it: the launch after this reports its own errors
     return 132;          // an H100 / H200
   }
+  std::atomic<int>& slot = cache[device & 63];
+  sms = slot.load(std::memory_order_relaxed);
+  if (sms > 0) return sms;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) {
+    cudaGetLastError();
+    return 132;
+  }
+  slot.store(sms, std::memory_order_relaxed);
   return sms;
 }
 

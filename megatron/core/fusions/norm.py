@@ -50,7 +50,8 @@ class _CsrcNorm(torch.autograd.Function):
 
 def _csrc_fits(x, weight, bias):
     return (csrc_ok_for(x, weight, bias) and weight.is_contiguous()
-            and weight.dtype in (x.dtype, torch.float32) and (bias is None or bias.dtype == weight.dtype))
+            and weight.dtype in (x.dtype, torch.float32)
+            and (bias is None or (bias.dtype == weight.dtype and bias.is_contiguous())))
 
 
 def layer_norm(x, weight, bias, eps, impl="torch"):

@@ -40,7 +40,7 @@ def _last_dim_dense(t):
 def apply_rope(x, cos, sin, impl="torch"):
     """x [s, b, heads, d]; cos, sin [s, 1, 1, r] -> rotated x (rotate-half convention; r < d, partial
     rotary, runs torch: the kernel rotates whole heads)."""
-    if (impl == "csrc" and csrc_ok_for(x, cos, sin) and cos.dtype == sin.dtype == x.dtype
+    if (impl == "csrc" and x.dim() == 4 and csrc_ok_for(x, cos, sin) and cos.dtype == sin.dtype == x.dtype
             and cos.is_contiguous() and sin.is_contiguous()
             and cos.numel() == sin.numel() == x.shape[0] * x.shape[-1]):
         return _CsrcRope.apply(x, cos, sin)
