@@ -12,7 +12,7 @@ import dataclasses
 from ...core.pipeline_parallel.schedules import build_schedule
 from ...core.pipeline_parallel.simulator import simulate
 from ...core.pipeline_parallel.split import layer_split
-from .hardware import Cluster, collective_time, gemm_time, memory_time, p2p_time, ring_bytes
+from .hardware import Cluster, all_to_all_time, collective_time, gemm_time, memory_time, p2p_time, ring_bytes
 from .moe_cost import expert_parallel_time, moe_fraction, moe_mlp_costs
 from .traffic import (
     context_parallel_bytes,
@@ -20,6 +20,7 @@ from .traffic import (
     head_collectives,
     layer_collectives,
     p2p_message_bytes,
+    ulysses_sent_bytes,
 )
 
 _UNFUSED = ("local", "unfused")
@@ -60,7 +61,10 @@ def layer_costs(c, b, cluster: Cluster, tp):
         moe_gemms, moe_stream = moe_mlp_costs(c, m, cluster, tp)
         mlp, mlp_stream = (1 - moe) * mlp + moe * moe_gemms, (1 - moe) * mlp_stream + moe * moe_stream
     gemms = gemm_time(cluster, m, (q + 2 * kv) // tp, h) + gemm_time(cluster, m, h, q // tp) + mlp
-    core = gemm_time(cluster, s // cp, s, d, b * a // tp) + gemm_time(cluster, s // cp, d, s, b * a // tp)
+    if c.cp_comm_type == "a2a" and cp > 1:  # Ulysses: the whole sequence on a / (tp C) heads per rank
+        core = gemm_time(cluster, s, s, d, b * a // (tp * cp)) + gemm_time(cluster, s, d, s, b * a // (tp * cp))
+    else:  # this rank's s / C queries against all s keys
+        core = gemm_time(cluster, s // cp, s, d, b * a // tp) + gemm_time(cluster, s // cp, d, s, b * a // tp)
     rep, att = m * h / (tp if sp else 1), a * s // cp * s * b / tp
     # streamed bytes: 2 norms (read + write), 2 bias-dropout-adds (2 reads, 1 write, 1-byte mask),
     # the activation (read + write, SwiGLU reads two), Q/K/V layout copies; unfused attention adds
@@ -90,10 +94,14 @@ def context_parallel_time(c, b, cluster: Cluster, tp, core):
     """(forward s, backward s) of one layer's CP attention traffic not hidden by compute. p2p: the ring
     sends K/V to the neighbour (tp ranks apart; over the network when the CP group spans nodes) while
     the current block computes, so only what exceeds the attention core (forward: core, backward:
-    2 core) shows. all_gather: a collective before the attention, not overlapped."""
+    2 core) shows. all_gather: a collective before the attention, not overlapped. a2a: four
+    all-to-alls (q, k, v, the output; their gradients backward) around the attention, not overlapped."""
     if c.context_parallel_size == 1:
         return 0.0, 0.0
     C = c.context_parallel_size
+    if c.cp_comm_type == "a2a":
+        took = sum(all_to_all_time(cluster, sent, C, tp) for sent in ulysses_sent_bytes(c, b, tp))
+        return took, took
     fwd_bytes, bwd_bytes = context_parallel_bytes(c, b, tp)
     if c.cp_comm_type == "all_gather":
         full = fwd_bytes * C / (C - 1)
