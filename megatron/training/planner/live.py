@@ -27,7 +27,7 @@ def prediction_line(model_cfg, train_cfg, world_size, gpu, gpus_per_node) -> str
     """'> planner: ...' for resolved configs on world_size GPUs of calibration key `gpu`."""
     p = predict_resolved(model_cfg, train_cfg, world_size, make_cluster(gpu, world_size, gpus_per_node))
     return (f"> planner (docs/planner.md; {world_size} x {gpu}, {gpus_per_node} per node): predicted "
-            f"{p.step.total:.3f} s per iteration (bubble {100 * p.step.bubble:.1f}%), "
+            f"{p.step.total:.3f} s per iteration ({p.step.schedule} bubble {100 * p.step.bubble:.1f}%), "
             f"{p.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {100 * p.mfu:.1f}%, "
             f"{p.memory_bytes / 1e9:.1f} GB on the most loaded GPU")
 
