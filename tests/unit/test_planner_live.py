@@ -1,9 +1,10 @@
 """The planner's start-up line on a GPU (planner/live.py), here with a faked H100: every layout the
 CLI parity suite runs gets its prediction (GPT, BERT, TP, SP, PP, VPP, DP, distributed optimizer,
-ZeRO-2/3, CP p2p / all_gather / a2a, EP, folded EP, expert TP, zero-bubble schedules, MoE), and
-whatever goes wrong inside the prediction gives one '> planner: no prediction (...)' line, never an
-exception: the prediction is information and must not stop a run (issue 26: a2a CP killed rank 0).
-The layouts are read from the parity tests themselves, so a layout added there is covered here."""
+ZeRO-2/3, CP p2p / all_gather / a2a, EP, folded EP, expert TP, zero-bubble schedules, MoE with and
+without expert biases), and whatever goes wrong inside the prediction gives one '> planner: no
+prediction (...)' line, never an exception: the prediction is information and must not stop a run
+(issue 26: a2a CP killed rank 0). The layouts are read from the parity tests themselves, so a layout
+added there is covered here."""
 import types
 
 import pytest
@@ -17,6 +18,7 @@ from megatron.training.resolve import resolve, validate
 from tests.functional import (
     test_bert_parity,
     test_context_parallel,
+    test_moe_bias_parity,
     test_moe_etp_above_tp,
     test_moe_folding,
     test_moe_parity,
@@ -57,6 +59,8 @@ def _parity_layouts():
     etp = test_moe_etp_above_tp
     out["moe-etp2"] = ("gpt", 2, moe.FLAGS + moe.MOE + etp.ETP2)
     out["moe-tp2-etp4"] = ("gpt", 4, moe.FLAGS + moe.MOE + etp.ETP4)
+    bias = test_moe_bias_parity
+    out.update({f"moe-bias-{n}": ("gpt", w, moe.FLAGS + bias.BIASED + m + f) for n, (w, f, m) in bias.LAYOUTS.items()})
     mzb = test_moe_zero_bubble_parity
     out.update({f"moe-zb-{n}": ("gpt", w, moe.FLAGS + moe.MOE + mzb.MODEL + f) for n, (w, f) in mzb.LAYOUTS.items()})
     return out
