@@ -70,7 +70,9 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
     ddp.start_step(len(batches))
     moe_hooks.start_step(model, len(batches), groups, optimizer.loss_scale)
     forward_backward_func = forward_backward_func or get_forward_backward_func()
-    losses = forward_backward_func(model, batches, forward_step, groups, loss_terms, loss_scale=optimizer.loss_scale)
+    gather = {"before_weight": ddp.before_weight_grads} if ddp.shards_params else {}  # ZeRO-3 under a W
+    losses = forward_backward_func(model, batches, forward_step, groups, loss_terms, loss_scale=optimizer.loss_scale,
+                                   **gather)
     finalize_model_grads(model, groups, ddp)
     lr = scheduler.lr
     updated, grad_norm = optimizer.step()
