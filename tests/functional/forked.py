@@ -64,6 +64,8 @@ def main():
     for name in PRELOAD:
         __import__(name)
     cases = json.load(sys.stdin)
+    if any(script.endswith("convert.py") for script, _ in cases):
+        __import__("transformers")  # seconds to import: once, not per conversion case
     json.dump([run(script, args) for script, args in cases], sys.stdout)
 
 

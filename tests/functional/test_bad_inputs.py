@@ -17,6 +17,7 @@ import pytest
 
 from megatron.core.datasets import IndexedDatasetBuilder
 
+from .bad_input_files import write_byte_data_and_sentencepiece, write_garbage_index, write_hf_moe
 from .cli import PINNED, REPO, run_cli
 
 GPT, BERT = "pretrain_gpt.py", "pretrain_bert.py"
@@ -182,6 +183,24 @@ CASES = {
     "plan top -1": (PLAN, TINY_MODEL + ["--top", "-1"], "--top"),
     "finetune into its own load dir": (GPT, MOCK + ["--finetune", "--load", "{d}/folder", "--save", "{d}/folder/"],
                                        "give another --save"),
+    "moe index files garbage": (GPT, MOE + ["--load", "{d}/moeidx"], "moeidx/iter_0000001/index/"),
+    "convert mixtral missing expert": (CONVERT, ["--loader", "hf", "--saver", "megatron", "--load-dir",
+                                                 "{d}/mixtral-drop", "--save-dir", "{d}/out/c"], "experts.1.w2.weight"),
+    "convert mixtral config names more experts": (CONVERT, ["--loader", "hf", "--saver", "megatron", "--load-dir",
+                                                            "{d}/mixtral-more", "--save-dir", "{d}/out/c"],
+                                                  "experts.2.w1.weight"),
+    "convert qwen2-moe missing expert": (CONVERT, ["--loader", "hf", "--saver", "megatron", "--load-dir",
+                                                   "{d}/qwen-drop", "--save-dir", "{d}/out/c"], "experts.0.up_proj"),
+    "convert qwen2-moe config names more experts": (CONVERT, ["--loader", "hf", "--saver", "megatron", "--load-dir",
+                                                              "{d}/qwen-more", "--save-dir", "{d}/out/c"],
+                                                    "experts.2.gate_proj.weight"),
+    "convert damaged bytes to nan": (CONVERT, ["--loader", "hf", "--saver", "megatron", "--load-dir",
+                                               "{d}/mixtral-nan", "--save-dir", "{d}/out/c"], "holds NaN or inf"),
+    "sentencepiece 2000 on byte data": (GPT, TOKDATA[:-2] + ["--data-path", "{d}/bytes_text_document",
+                                        "--tokenizer-type", "SentencePieceTokenizer", "--tokenizer-model",
+                                        "{d}/sp2000/spm.model"], "bytes_text_document: the data was tokenized with"),
+    "merge data of two tokenizers": (MERGE, ["--input", "{d}/bytes_text_document", "{d}/sp_text_document",
+                                             "--output-prefix", "{d}/out/m"], "--input"),
 }
 
 
@@ -210,6 +229,15 @@ def files(tmp_path_factory):
     (d / "folder").mkdir()
     (d / "badckpt").mkdir()
     (d / "badckpt" / "latest_checkpointed_iteration.txt").write_text("7\n")
+    write_garbage_index(str(d / "moeidx"), MOE)
+    for name, kind, config_experts, drop in (
+            ("mixtral-drop", "mixtral", 2, "model.layers.0.block_sparse_moe.experts.1.w2.weight"),
+            ("mixtral-more", "mixtral", 4, None),
+            ("qwen-drop", "qwen2_moe", 2, "model.layers.0.mlp.experts.0.up_proj.weight"),
+            ("qwen-more", "qwen2_moe", 3, None)):
+        write_hf_moe(str(d / name), kind, config_experts, drop)
+    write_hf_moe(str(d / "mixtral-nan"), "mixtral", damage=True)
+    write_byte_data_and_sentencepiece(str(d))
     return d
 
 
