@@ -9,6 +9,7 @@ import ast
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 
@@ -316,3 +317,18 @@ def test_the_estimators_docstring_example_runs():
     command = re.search(r"python tools/estimate_memory\.py (.*?)\n\n", doc, re.S).group(1)
     proc = run_cli(command.replace("\\\n", " ").split(), script=ESTIMATE)
     assert "stage 0 (24 layers)" in proc.stdout and "total" in proc.stdout
+
+
+def test_a_model_larger_than_the_memory_limit_is_one_line_saying_what_and_how_much():
+    """--hidden-size 100000 under a 4 GiB address-space limit (RLIMIT_AS, set in the child): the first
+    layer's 120 GB allocation fails; the line names what was being built and its parameters' memory."""
+    limit = 4 << 30
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    args = PINNED + MOCK + ["--hidden-size", "100000"]
+    proc = subprocess.run([sys.executable, GPT] + args, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    h = 100000  # one layer 12 h^2 + 13 h, embeddings (128 padded ids, 16 positions), final LayerNorm 2 h
+    n = 12 * h * h + 13 * h + 128 * h + 16 * h + 2 * h
+    assert_one_error_line(proc, f"out of memory building the model on rank 0: its {n:,} parameters need "
+                                f"{n * 4 / 2 ** 30:,.1f} GiB as float32")
+    assert "--hidden-size" in proc.stderr
