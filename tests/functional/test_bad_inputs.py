@@ -3,7 +3,9 @@ iteration with exactly one `error:` line on stderr naming the flag or file, and 
 
 Cases of tests/functional/test_errors.py are not repeated here. "{d}" in an argument is the folder of
 the shared files (the `files` fixture): a small byte-level dataset, one whose out-of-vocabulary id
-first appears late, junk and empty files, a folder, a broken checkpoint.
+first appears late, junk and empty files, a folder, a broken checkpoint, and those of bad_input_files.py.
+The one-process cases run from one Python start (forked.py: a child per case, as `python script args`
+would run it), seconds for all instead of 2-3 s each; the torchrun cases launch torchrun.
 """
 import ast
 import json
@@ -33,7 +35,7 @@ DATA = BYTE + ["--data-path", "{d}/good"]
 TOKDATA = MOCK[3:] + ["--data-path", "{d}/good"]  # the tokenizer type and files follow
 GPT2 = ["--tokenizer-type", "GPT2BPETokenizer"]
 MOE = MOCK + ["--num-experts", "2", "--disable-bias-linear"]
-TINY_MODEL = MOCK[1:3] + MOCK[5:9]  # --vocab-size, --hidden-size, --num-attention-heads: what the tools need
+TINY_MODEL = ["--vocab-size", "64", "--hidden-size", "32", "--num-attention-heads", "2"]  # for the planning tools
 
 # id: (script, arguments, text the error line holds: the flag or the file)
 CASES = {
