@@ -94,9 +94,6 @@ def check_moe(cfg) -> None:
                           f"{f('tensor_model_parallel_size')})")
     if etp is not None and etp != cfg.tensor_model_parallel_size:
         check_folding(cfg, f)
-    if cfg.add_bias_linear and (cfg.tensor_model_parallel_size if etp is None else etp) > 1:
-        raise ConfigError(f"MoE experts with {f('tensor_model_parallel_size')} > 1 have no biases: give "
-                          f"{f('add_bias_linear')}")
     if cfg.moe_pad_expert_input_to_capacity and cfg.moe_expert_capacity_factor is None:
         raise ConfigError(f"{f('moe_pad_expert_input_to_capacity')} needs {f('moe_expert_capacity_factor')}")
     if cfg.moe_shared_expert_gate and not cfg.moe_shared_expert_intermediate_size:
