@@ -5,6 +5,7 @@ Cases of tests/functional/test_errors.py are not repeated here. "{d}" in an argu
 the shared files (the `files` fixture): a small byte-level dataset, one whose out-of-vocabulary id
 first appears late, junk and empty files, a folder, a broken checkpoint.
 """
+import importlib.util
 import json
 
 import numpy as np
@@ -86,6 +87,9 @@ CASES = {
     "tensorboard under a file": (GPT, MOCK + ["--tensorboard-dir", "{d}/in.jsonl/tb"], "--tensorboard-dir"),
     "trace is a folder": (GPT, MOCK + ["--pipeline-trace", "{d}/folder"], "--pipeline-trace"),
     "trace under a file": (GPT, MOCK + ["--pipeline-trace", "{d}/in.jsonl/trace.json"], "--pipeline-trace"),
+    "pytorch profiler without tensorboard": (GPT, MOCK + ["--profile", "--use-pytorch-profiler"], "--tensorboard-dir"),
+    "wandb files under a file": (GPT, MOCK + ["--wandb-project", "p", "--wandb-save-dir", "{d}/in.jsonl/w"],
+                                 "--wandb-save-dir" if importlib.util.find_spec("wandb") else "pip install"),
     "load missing": (GPT, MOCK + ["--load", "{d}/nothere"], "--load"),
     "load empty folder": (GPT, MOCK + ["--load", "{d}/folder"], "--load"),
     "load tracker without checkpoint": (GPT, MOCK + ["--load", "{d}/badckpt"], "iter_0000007"),
