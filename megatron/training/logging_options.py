@@ -109,4 +109,5 @@ def configure_logging(level=None):
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
         logger.propagate = False
+    logger.handlers[0].setStream(sys.stdout)  # today's stdout (a caller may have replaced it since)
     return logger

@@ -171,3 +171,23 @@ def test_each_flag_adds_its_scalars(monkeypatch, capsys):
     assert tags["iteration-time"] == tags["throughput"] == tags["mfu"] == [2]
     assert tags["mem-host-rss-bytes"] == tags["world-size"] == tags["lm loss"] == [2]  # every 2nd iteration
     assert tags["lm loss validation ppl"] == [2] and "loss-scale" not in tags
+
+
+def test_the_timers_report_is_logged_at_info(monkeypatch, capsys):
+    from megatron.training import log
+    monkeypatch.setattr(log, "is_logging_rank", lambda: True)
+    monkeypatch.delenv("MEGATRON_LOGGING_LEVEL", raising=False)
+    root = logging.getLogger().level
+    try:
+        for level, shown in ((None, True), (30, False)):
+            timers = Timers(1)
+            logger = log.TrainingLogger(1, options=_cfgs([]), timers=timers)
+            logging_options.configure_logging(level)
+            with timers("optimizer", 1):
+                pass
+            logger.add_iteration({"lm loss": (torch.tensor(2.0), torch.tensor(1.0))}, torch.tensor(1.0), True)
+            logger.log(1, 8, 1e-3, 8, flops_per_iter=1e12, world_size=1)
+            out = capsys.readouterr().out
+            assert ("(min, max) time across ranks (ms):\n    optimizer ...." in out) == shown, level
+    finally:
+        logging.getLogger().setLevel(root)
