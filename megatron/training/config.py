@@ -11,11 +11,12 @@ from ..core.config import ConfigError, opt
 from ..core.distributed.strategy import SHARDING_STRATEGIES
 from . import config_checks
 from .bert_options import BertOptions as BertOptions  # re-exported: pretrain_bert.py imports it from here
+from .logging_options import LoggingOptions
 from .tokenizer import TOKENIZER_TYPES
 
 
 @dataclass
-class TrainingConfig:
+class TrainingConfig(LoggingOptions):  # the logging, timing, W&B and profiler flags: logging_options.py
     micro_batch_size: int = opt(8, "Samples per microbatch per data-parallel rank.")
     global_batch_size: Optional[int] = opt(
         None, "Samples per iteration over all data-parallel ranks (default micro batch x DP); "

@@ -16,6 +16,7 @@ from ..core.fusions import check_config as check_fusions
 from ..core.parallel_state import validate_expert_parallel_size, validate_parallel_sizes
 from ..core.pipeline_parallel.schedule_flag import schedule_for_flag, use_v_layout
 from .checkpoint_args import apply_checkpoint_args, check_ckpt_format
+from .logging_options import check_logging
 from .tokenizer import build_tokenizer
 
 
@@ -53,6 +54,7 @@ def validate(model_cfg, train_cfg, world_size):
         raise ConfigError("--reset-attention-mask needs --context-parallel-size 1 (no attention mask crosses "
                           "context-parallel ranks); drop one of them")
     check_ckpt_format(train_cfg)
+    check_logging(train_cfg, world_size)
     schedule_for_flag(train_cfg.pipeline_schedule, pp, vpp or 1)
     num_micro = train_cfg.global_batch_size // (train_cfg.micro_batch_size * dp)
     if vpp and not model_cfg.pipeline_v_layout and num_micro % pp:

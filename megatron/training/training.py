@@ -15,17 +15,20 @@ from ..core.pipeline_parallel import TOKEN_LOSS, default_schedule, get_forward_b
 from ..core.pipeline_parallel.schedule_flag import schedule_for_flag
 from ..core.pipeline_parallel.split import chunk_roles
 from ..core.tensor_parallel.initialization import initialize_parameters
+from ..core.timers import phase
 from ..core.transformer.context_parallel import cp_slice
 from ..core.transformer.moe import step_hooks as moe_hooks
 from .checkpointing import Checkpointer
 from .data import end_of_training_sets, microbatches, validation_window
-from .flops import num_floating_point_operations, peak_tflops_per_gpu
-from .log import TrainingLogger, print_rank_0, print_rank_last, startup_summary
+from .flops import num_floating_point_operations
+from .log import print_rank_0, print_rank_last, startup_summary
 from .memory_errors import building
 from .metrics_log import MetricsLog
 from .model_spec import ModelSpec
 from .numerics import check_finite
+from .observability import open_observability
 from .planner.live import predicted_step_line
+from .step_stats import step_stats
 
 _START_TIME = time.time()  # --exit-duration-in-mins counts from here (the trainer's import, near start-up)
 
@@ -55,13 +58,14 @@ def build_model(model_provider, model_cfg, groups, device):
 
 
 def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, iteration,
-               forward_backward_func=None, loss_terms=TOKEN_LOSS, model_cfg=None):
+               forward_backward_func=None, loss_terms=TOKEN_LOSS, model_cfg=None, timers=None):
     """One iteration. Returns (losses, grad_norm tensor or None, lr, updated): losses is
     forward_backward's {term: (sum, count)} over the global batch (pipeline_parallel.loss_means
     divides); lr is the rate this iteration ran at; updated is False when fp16 gradients overflowed
     and the step was skipped (the schedule then does not advance, as Megatron-LM). `iteration` is
     not used: the schedule keeps its own position. No host sync but fp16's. model_cfg: the model's
-    config, for the MoE hooks (step_hooks.finish_step).
+    config, for the MoE hooks (step_hooks.finish_step). timers: core.timers.Timers (level 1:
+    forward-backward, the gradient sums, optimizer and its parts), or None.
 
     The microbatches run through forward_backward_func (default: the schedule for this
     layout, pipeline_parallel.get_forward_backward_func()). The gradient summed over
@@ -72,11 +76,13 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
     moe_hooks.start_step(model, len(batches), groups, optimizer.loss_scale)
     forward_backward_func = forward_backward_func or get_forward_backward_func()
     gather = {"before_weight": ddp.before_weight_grads} if ddp.shards_params else {}  # ZeRO-3 under a W
-    losses = forward_backward_func(model, batches, forward_step, groups, loss_terms, loss_scale=optimizer.loss_scale,
-                                   **gather)
-    finalize_model_grads(model, groups, ddp)
+    with phase(timers, "forward-backward", 1):
+        losses = forward_backward_func(model, batches, forward_step, groups, loss_terms,
+                                       loss_scale=optimizer.loss_scale, **gather)
+    finalize_model_grads(model, groups, ddp, timers)
     lr = scheduler.lr
-    updated, grad_norm = optimizer.step()
+    with phase(timers, "optimizer", 1):
+        updated, grad_norm = optimizer.step(timers)
     if updated:
         scheduler.step()
     losses = moe_hooks.finish_step(model, groups, len(batches), losses, updated, model_cfg)
@@ -180,8 +186,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     ckpt = Checkpointer(model_cfg, train_cfg, model, optimizer, groups, device, scheduler)
     iteration, consumed = ckpt.load()
     train_ds, valid_ds, _ = datasets
-    peak = peak_tflops_per_gpu(device, model_cfg.params_dtype)
-    logger = TrainingLogger(train_cfg.train_iters, train_cfg.tensorboard_dir, peak[1] if peak else None)
+    logger, timers, profiler = open_observability(model_cfg, train_cfg, groups, device, iteration)
     flops = num_floating_point_operations(model_cfg, train_cfg.global_batch_size)
     metrics = MetricsLog(train_cfg.log_metrics_jsonl, groups, iteration > 0, device)
     print_rank_0(f"> training for {train_cfg.train_iters} iterations ({len(train_ds)} samples per epoch)")
@@ -190,26 +195,30 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
         print_rank_0(predicted)
     schedule = schedule_for_flag(train_cfg.pipeline_schedule, groups.pp_size,
                                  model_cfg.virtual_pipeline_model_parallel_size or 1)
-    forward_backward_func = get_forward_backward_func(schedule)
+    forward_backward_func = functools.partial(get_forward_backward_func(schedule), timers=timers)
     model.train()
     # +2: past first-call costs
     trace_iter = min(iteration + 2, train_cfg.train_iters) if train_cfg.pipeline_trace else None
     start = iteration
     for iteration in range(start + 1, (start if train_cfg.skip_train else train_cfg.train_iters) + 1):
         fault_point("train.iteration", iteration, groups.rank)
-        batches = microbatches(train_ds, consumed, train_cfg.global_batch_size, train_cfg.micro_batch_size,
-                               groups.dp_rank, groups.dp_size, device, spec.collate, cp_slice(groups))
+        profiler.before(iteration)
+        with timers("batch-generator", 2):
+            batches = microbatches(train_ds, consumed, train_cfg.global_batch_size, train_cfg.micro_batch_size,
+                                   groups.dp_rank, groups.dp_size, device, spec.collate, cp_slice(groups))
         trace = [] if iteration == trace_iter else None
         fb = forward_backward_func if trace is None else functools.partial(forward_backward_func, trace=trace)
         losses, grad_norm, lr, updated = train_step(model, ddp, optimizer, scheduler, batches, spec.forward_step,
-                                                    groups, iteration, fb, spec.loss_terms, model_cfg)
+                                                    groups, iteration, fb, spec.loss_terms, model_cfg, timers)
+        stats = step_stats(optimizer, train_cfg, updated, timers)
         if trace is not None:
             write_pipeline_trace(train_cfg.pipeline_trace, trace, groups, model_cfg, len(batches), iteration,
                                  schedule)
         consumed += train_cfg.global_batch_size
-        logger.add_iteration(losses, grad_norm, updated)
+        logger.add_iteration(losses, grad_norm, updated, iteration, consumed, lr, train_cfg.global_batch_size,
+                             optimizer.loss_scale, stats, device)
         metrics.iteration(iteration, consumed, losses, grad_norm, lr, updated,
-                          optimizer.loss_scale if train_cfg.fp16 else None)
+                          optimizer.loss_scale if train_cfg.fp16 else None, stats)
         if train_cfg.check_for_nan_in_loss_and_grad:  # before this iteration can be saved
             check_finite(iteration, losses, grad_norm, groups, device)
         if iteration % train_cfg.log_interval == 0 or iteration == train_cfg.train_iters:
@@ -222,9 +231,10 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                 print_rank_last(f" iteration {iteration:8d} |{balance}")
         if train_cfg.eval_iters > 0 and train_cfg.eval_interval and iteration % train_cfg.eval_interval == 0:
             valid = evaluate(model, validation_window(valid_ds, iteration, train_cfg), spec, groups, train_cfg, device)
-            logger.log_validation(iteration, valid)
+            logger.log_validation(iteration, valid, consumed=consumed)
             metrics.validation(iteration, valid)
             logger.reset_timer()  # evaluation time is not training time
+        profiler.after(iteration)
         if ckpt.after_iteration(iteration, consumed):
             break
         if train_cfg.exit_interval and iteration % train_cfg.exit_interval == 0:
@@ -234,11 +244,12 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
             print_rank_0(f"> exiting at iteration {iteration}: --exit-duration-in-mins "
                          f"{train_cfg.exit_duration_in_mins} passed")
             break
+    profiler.close()
     ddp.finish_param_sync()
     ckpt.finish(iteration, consumed)
     for split, ds in end_of_training_sets(datasets, iteration, train_cfg):
         losses = evaluate(model, ds, spec, groups, train_cfg, device)
-        logger.log_validation(iteration, losses, split)
+        logger.log_validation(iteration, losses, split, consumed)
         metrics.validation(iteration, losses, split)
     logger.close()
     metrics.close()

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..timers import NULL_TIMER
 from ..watchdog import waiting
 from .backward_split import backward_input
 from .losses import TOKEN_LOSS, LossDeclaration, ReducedLosses, global_counts, masked_sums
@@ -133,7 +134,7 @@ class _Rank:
 
 def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P2PCommunicator],
                 num_tokens, names, forward_only=False, trace: Optional[list] = None, stats: Optional[dict] = None,
-                loss_scale=1.0, v_shape=False, before_weight=None):
+                loss_scale=1.0, v_shape=False, before_weight=None, timers=None):
     """Execute `actions` on this rank. Returns sum(loss x mask) over this rank's microbatches
     per loss term of `names` ([terms] fp32; zero unless this rank holds the last virtual stage).
 
@@ -146,6 +147,7 @@ def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P
     backward needs} and weight work {(chunk, mb): backward_split.WeightWork} (bench/pipeline_memory.py).
     v_shape: the actions are zb_v's (chunks in a V, the loss on rank 0's chunk 1). before_weight: called
     with parameters before a W action computes their gradients (DistributedDataParallel.before_weight_grads).
+    timers: core.timers.Timers; at level 2 each action is timed under Megatron-LM's name (Action.timer_name).
     """
     r = _Rank(chunks, batches, forward_step, groups, comm, num_tokens, names, forward_only, loss_scale, v_shape,
               before_weight)
@@ -153,16 +155,18 @@ def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P
     peak = peak_elems = 0
     probe = stats.get("probe") if stats is not None else None
     sync = trace is not None and num_tokens.device.type == "cuda"
+    per_action = timers is not None and timers.log_level >= 2
     for a in actions:
         t0 = time.perf_counter() if trace is not None else 0.0
-        if a.kind == "F":
-            r.forward(a.chunk, a.mb)
-        elif a.kind == "B":
-            r.backward(a.chunk, a.mb)
-        elif a.kind == "W":
-            r.weight(a.chunk, a.mb)
-        else:
-            r.communicate(a.ops, a.async_sends)
+        with timers(a.timer_name(), 2) if per_action else NULL_TIMER:
+            if a.kind == "F":
+                r.forward(a.chunk, a.mb)
+            elif a.kind == "B":
+                r.backward(a.chunk, a.mb)
+            elif a.kind == "W":
+                r.weight(a.chunk, a.mb)
+            else:
+                r.communicate(a.ops, a.async_sends)
         if stats is not None:
             peak = max(peak, len(r.outputs.keys() | r.weight_work.keys()))  # held until B, or W
             if a.kind == "comm":  # outputs are sent at the next comm: count what stays after it
@@ -186,7 +190,7 @@ def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P
 
 def forward_backward(model, batches, forward_step, groups, loss_terms: LossDeclaration = TOKEN_LOSS,
                      forward_only=False, schedule=None, trace=None, stats=None, loss_scale=1.0,
-                     before_weight=None) -> ReducedLosses:
+                     before_weight=None, timers=None) -> ReducedLosses:
     """Run one iteration's microbatches through this rank's model chunks with a schedule.
 
     model: a model or a list of chunks (virtual stages, in order); batches: this DP rank's
@@ -201,7 +205,8 @@ def forward_backward(model, batches, forward_step, groups, loss_terms: LossDecla
     Collectives: one all-reduce of the counts over groups.dp before the schedule, p2p over
     groups.pp during it (ZB-V: gradients over groups.pp_grad), one all-reduce of the sums over
     groups.dp on the last stage after. before_weight(params): called before a zero-bubble W computes
-    params' gradients (ZeRO-3 gathers them there: DistributedDataParallel.before_weight_grads).
+    params' gradients (ZeRO-3 gathers them there: DistributedDataParallel.before_weight_grads). timers:
+    core.timers.Timers for level 2's per-action timers, or None.
     """
     chunks = as_chunks(model)
     P, V, M = groups.pp_size, len(chunks), len(batches)
@@ -217,7 +222,7 @@ def forward_backward(model, batches, forward_step, groups, loss_terms: LossDecla
         shape = (s // groups.tp_size if cfg.sequence_parallel else s, b, cfg.hidden_size)
         comm = P2PCommunicator(groups, shape, cfg.params_dtype, counts.device, grad_channel=v_shape)
     total = run_actions(actions, chunks, batches, forward_step, groups, comm, counts, names, forward_only, trace,
-                        stats, loss_scale, v_shape, before_weight)
+                        stats, loss_scale, v_shape, before_weight, timers)
     if groups.pp_rank == (0 if v_shape else P - 1) and groups.dp_size * groups.cp_size > 1:
         with waiting("all-reduce (losses)", groups.dp_cp):
             dist.all_reduce(total, group=groups.dp_cp)
