@@ -9,6 +9,7 @@ from ..core import fusions
 from ..core.pipeline_parallel import ReducedLosses, default_schedule, loss_means, stage_layers
 from ..core.transformer import context_parallel
 from ..core.transformer.moe.describe import describe as moe_describe
+from . import fsdp_options, no_effect
 from .flops import peak_tflops_per_gpu
 
 
@@ -166,6 +167,7 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
         f" | DDP buckets: overlap grad reduce {train_cfg.overlap_grad_reduce}"
         f" | distributed optimizer {train_cfg.use_distributed_optimizer}",
     ]
+    lines += [x for x in (fsdp_options.describe(train_cfg), no_effect.line(model_cfg, train_cfg, device)) if x]
     if groups.pp_size > 1:
         lines.append(pipeline_summary(model_cfg, groups.pp_size, train_cfg.pipeline_schedule))
     if groups.cp_size > 1:

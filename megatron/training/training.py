@@ -17,6 +17,7 @@ from ..core.pipeline_parallel.split import chunk_roles
 from ..core.tensor_parallel.initialization import initialize_parameters
 from ..core.transformer.context_parallel import cp_slice
 from ..core.transformer.moe import step_hooks as moe_hooks
+from . import batch_schedule
 from .checkpointing import Checkpointer
 from .data import end_of_training_sets, microbatches, validation_window
 from .flops import num_floating_point_operations, peak_tflops_per_gpu
@@ -25,6 +26,7 @@ from .metrics_log import MetricsLog
 from .model_spec import ModelSpec
 from .numerics import check_finite
 from .planner.live import predicted_step_line
+from .runtime_switches import ManualGC, empty_unused_memory, set_matmul_precision
 
 _START_TIME = time.time()  # --exit-duration-in-mins counts from here (the trainer's import, near start-up)
 
@@ -54,13 +56,15 @@ def build_model(model_provider, model_cfg, groups, device):
 
 
 def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, iteration,
-               forward_backward_func=None, loss_terms=TOKEN_LOSS, model_cfg=None):
+               forward_backward_func=None, loss_terms=TOKEN_LOSS, model_cfg=None, lr_increment=None,
+               empty_cache_level=0):
     """One iteration. Returns (losses, grad_norm tensor or None, lr, updated): losses is
     forward_backward's {term: (sum, count)} over the global batch (pipeline_parallel.loss_means
     divides); lr is the rate this iteration ran at; updated is False when fp16 gradients overflowed
     and the step was skipped (the schedule then does not advance, as Megatron-LM). `iteration` is
     not used: the schedule keeps its own position. No host sync but fp16's. model_cfg: the model's
-    config, for the MoE hooks (step_hooks.finish_step).
+    config, for the MoE hooks (step_hooks.finish_step). lr_increment: the samples this iteration consumed
+    (the global batch; default the scheduler's step size). empty_cache_level: --empty-unused-memory-level.
 
     The microbatches run through forward_backward_func (default: the schedule for this
     layout, pipeline_parallel.get_forward_backward_func()). The gradient summed over
@@ -71,11 +75,15 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
     moe_hooks.start_step(model, len(batches), groups, optimizer.loss_scale)
     forward_backward_func = forward_backward_func or get_forward_backward_func()
     losses = forward_backward_func(model, batches, forward_step, groups, loss_terms, loss_scale=optimizer.loss_scale)
+    if empty_cache_level:
+        empty_unused_memory(empty_cache_level, 1, optimizer.device)
     finalize_model_grads(model, groups, ddp)
     lr = scheduler.lr
     updated, grad_norm = optimizer.step()
     if updated:
-        scheduler.step()
+        scheduler.step(lr_increment)
+    if empty_cache_level:
+        empty_unused_memory(empty_cache_level, 2, optimizer.device)
     losses = moe_hooks.finish_step(model, groups, len(batches), losses, updated, model_cfg)
     return losses, grad_norm, lr, updated
 
@@ -93,6 +101,7 @@ def evaluate(model, dataset, spec: ModelSpec, groups, train_cfg, device):
         batches = microbatches(dataset, k * global_batch, global_batch, micro, groups.dp_rank, groups.dp_size,
                                device, spec.collate, cp_slice(groups))
         losses = forward_backward_func(model, batches, spec.forward_step, groups, spec.loss_terms, forward_only=True)
+        empty_unused_memory(train_cfg.empty_unused_memory_level, 1, device)
         sums += torch.stack([losses[name][0] for name in names])
         counts += torch.stack([losses[name][1] for name in names])
     model.train()
@@ -124,8 +133,10 @@ def build_scheduler(optimizer, train_cfg):
         wsd = t.lr_wsd_decay_iters * gbs if t.lr_wsd_decay_iters is not None else None
     if t.lr_warmup_fraction is not None:
         warmup = t.lr_warmup_fraction * decay
+    decoupled = None if t.decoupled_lr is None else (t.decoupled_lr, t.min_lr if t.decoupled_min_lr is None
+                                                     else t.decoupled_min_lr)
     return LRScheduler(optimizer, t.lr, t.min_lr, decay, min(warmup, decay), t.lr_decay_style, wsd,
-                       t.lr_wsd_decay_style, t.lr_warmup_init, step_size=gbs)
+                       t.lr_wsd_decay_style, t.lr_warmup_init, step_size=gbs, decoupled=decoupled)
 
 
 def build_grad_scaler(train_cfg):
@@ -170,7 +181,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     train_ds, valid_ds, _ = datasets
     peak = peak_tflops_per_gpu(device, model_cfg.params_dtype)
     logger = TrainingLogger(train_cfg.train_iters, train_cfg.tensorboard_dir, peak[1] if peak else None)
-    flops = num_floating_point_operations(model_cfg, train_cfg.global_batch_size)
+    sizes = batch_schedule.build(train_cfg, model_cfg.seq_length)  # the global batch by consumed samples
     metrics = MetricsLog(train_cfg.log_metrics_jsonl, groups, iteration > 0, device)
     print_rank_0(f"> training for {train_cfg.train_iters} iterations ({len(train_ds)} samples per epoch)")
     predicted = predicted_step_line(model_cfg, train_cfg, groups.world_size, device) if groups.rank == 0 else None
@@ -178,23 +189,28 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
         print_rank_0(predicted)
     schedule = schedule_for_flag(train_cfg.pipeline_schedule, groups.pp_size,
                                  model_cfg.virtual_pipeline_model_parallel_size or 1)
-    forward_backward_func = get_forward_backward_func(schedule)
+    forward_backward_func = get_forward_backward_func(schedule, model_cfg.calculate_per_token_loss)
     model.train()
+    set_matmul_precision(model_cfg, train_cfg)
+    collector = ManualGC(train_cfg)
+    collector.start()
     # +2: past first-call costs
     trace_iter = min(iteration + 2, train_cfg.train_iters) if train_cfg.pipeline_trace else None
     start = iteration
     for iteration in range(start + 1, (start if train_cfg.skip_train else train_cfg.train_iters) + 1):
         fault_point("train.iteration", iteration, groups.rank)
-        batches = microbatches(train_ds, consumed, train_cfg.global_batch_size, train_cfg.micro_batch_size,
+        global_batch = sizes.batch_size(consumed)
+        batches = microbatches(train_ds, consumed, global_batch, train_cfg.micro_batch_size,
                                groups.dp_rank, groups.dp_size, device, spec.collate, cp_slice(groups))
         trace = [] if iteration == trace_iter else None
         fb = forward_backward_func if trace is None else functools.partial(forward_backward_func, trace=trace)
         losses, grad_norm, lr, updated = train_step(model, ddp, optimizer, scheduler, batches, spec.forward_step,
-                                                    groups, iteration, fb, spec.loss_terms, model_cfg)
+                                                    groups, iteration, fb, spec.loss_terms, model_cfg, global_batch,
+                                                    train_cfg.empty_unused_memory_level)
         if trace is not None:
             write_pipeline_trace(train_cfg.pipeline_trace, trace, groups, model_cfg, len(batches), iteration,
                                  schedule)
-        consumed += train_cfg.global_batch_size
+        consumed += global_batch
         logger.add_iteration(losses, grad_norm, updated)
         metrics.iteration(iteration, consumed, losses, grad_norm, lr, updated,
                           optimizer.loss_scale if train_cfg.fp16 else None)
@@ -203,16 +219,19 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
         if iteration % train_cfg.log_interval == 0 or iteration == train_cfg.train_iters:
             if device.type == "cuda":
                 torch.cuda.synchronize()
-            logger.log(iteration, consumed, lr, train_cfg.global_batch_size, flops, groups.world_size,
-                       optimizer.loss_scale if train_cfg.fp16 else None)
+            logger.log(iteration, consumed, lr, global_batch, num_floating_point_operations(model_cfg, global_batch),
+                       groups.world_size, optimizer.loss_scale if train_cfg.fp16 else None)
             balance = moe_hooks.balance_line(model_cfg, groups, device)
             if balance:
                 print_rank_last(f" iteration {iteration:8d} |{balance}")
         if train_cfg.eval_iters > 0 and train_cfg.eval_interval and iteration % train_cfg.eval_interval == 0:
+            collector.before_evaluation()
             valid = evaluate(model, validation_window(valid_ds, iteration, train_cfg), spec, groups, train_cfg, device)
+            collector.after_evaluation()
             logger.log_validation(iteration, valid)
             metrics.validation(iteration, valid)
             logger.reset_timer()  # evaluation time is not training time
+        collector.after_iteration(iteration)
         if ckpt.after_iteration(iteration, consumed):
             break
         if train_cfg.exit_interval and iteration % train_cfg.exit_interval == 0:
@@ -230,3 +249,4 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
         metrics.validation(iteration, losses, split)
     logger.close()
     metrics.close()
+    collector.finish()

@@ -32,6 +32,7 @@ class GPTDatasetConfig:
     cache_dir: Optional[str] = None   # None: build the indices in memory every time
     vocab_size: Optional[int] = None  # when set, a token id >= vocab_size is a DatasetError
     add_extra_token: int = 1          # samples are seq_length + 1 tokens (inputs and shifted labels)
+    mmap_bin_files: bool = True       # False: the .bin files are read with file reads (--no-mmap-bin-files)
 
 
 class GPTDataset:
