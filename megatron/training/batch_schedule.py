@@ -179,3 +179,15 @@ def check(train_cfg, seq_length, dp_size, pipeline_chunks=None):
             raise ConfigError(f"batch size {size} of the batch-size schedule gives {size // per_step} micro "
                               "batches, not a multiple of --pipeline-model-parallel-size "
                               f"({pipeline_chunks[0]}) as the interleaved schedule needs")
+
+
+def describe(train_cfg, seq_length):
+    """' (after the batch-size schedule: ...)' for the start-up batch line, or '' with a constant batch."""
+    schedule = build(train_cfg, seq_length)
+    if isinstance(schedule, StepSchedule):
+        steps = ", ".join(f"{b} from sample {s}" for s, b in schedule.steps)
+        return f" after the step schedule ({steps}; --step-batch-size-schedule)"
+    if isinstance(schedule, Rampup):
+        return (f" after the ramp from {schedule.start} by {schedule.increment} over {schedule.samples} samples "
+                "(--rampup-batch-size)")
+    return ""

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from ..core.errors import ConfigError
 from ..core.transformer.model_options import RECOMPUTE_NOT_BUILT
+from ..core.transformer.moe.layer_pattern import every_n
 
 FEATURES = {  # key -> (what a user reads, who builds it)
     "fp8": ("FP8 training", "issue 28"),
@@ -88,7 +89,8 @@ def _value_rules(model_cfg):
         yield "flex", "--moe-token-dispatcher-type flex"
     if c.rope_type == "yarn":
         yield "yarn", "--rope-type yarn"
-    if isinstance(c.moe_layer_freq, (list, tuple)):
+    pattern = c.moe_layer_freq
+    if isinstance(pattern, (list, tuple)) and len(pattern) == c.num_layers and every_n(pattern, c.num_layers) is None:
         yield "moe_pattern", "--moe-layer-freq <pattern>"
     for module in c.recompute_modules or ():
         if module == "mla_up_proj":

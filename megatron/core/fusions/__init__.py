@@ -22,6 +22,8 @@ def describe(config, device):
     dtype = config.params_dtype
     backend = attention.select(config.attention_backend, device, dtype)
     attn = attention.NAMES[backend]
+    if config.attention_backend == "fused" and backend == "sdpa":
+        attn += " (--attention-backend fused: no Transformer Engine, and no cuDNN without CUDA)"
     if backend == "unfused":
         attn += ", softmax " + softmax.select(config.masked_softmax_fusion, device, dtype, causal=True)
     fused_activation = config.bias_swiglu_fusion if config.swiglu else config.bias_gelu_fusion

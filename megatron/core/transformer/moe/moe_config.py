@@ -143,6 +143,10 @@ def check_balance_and_pattern(cfg, f) -> None:
     if cfg.moe_token_dispatcher_type == "flex":
         raise ConfigError(f"{f('moe_token_dispatcher_type')} flex (DeepEP / HybridEP) is not built here; use alltoall")
     if isinstance(cfg.moe_layer_freq, (list, tuple)):
+        n = len(cfg.moe_layer_freq)
+        if n != cfg.num_layers:
+            raise ConfigError(f"{f('moe_layer_freq')} gives {n} layers but {f('num_layers')} is {cfg.num_layers}; "
+                              "give one 0 or 1 per layer")
         raise ConfigError(f"{f('moe_layer_freq')} pattern {cfg.moe_layer_freq}: only every N layers is built "
                           "(dense-first and other patterns are not, yet: issue 30)")
 
