@@ -206,6 +206,9 @@ def table(known=None):
 if __name__ == "__main__":
     print("| recipe | flag uses | accepted | accepted, no effect | refused | refused for |")
     print("|---|---|---|---|---|---|")
+    total = [0, 0, 0, 0]
     for name, n, ok, nope, bad, reasons in table():
         why = "; ".join(f"{k} ({len(v)})" for k, v in reasons.items())
         print(f"| {name} | {n} | {ok} | {nope} | {bad} | {why} |")
+        total = [t + x for t, x in zip(total, (n, ok, nope, bad))]
+    print("| total | " + " | ".join(map(str, total)) + " | |")
