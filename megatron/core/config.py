@@ -97,6 +97,12 @@ class TransformerConfig(ModelParallelConfig, MoEConfig, ModelOptions):
                             flag="--no-norm-fusion")
     apply_rope_fusion: bool = opt(True, "Use torch for the rotary embedding instead of a fused kernel.",
                                   flag="--no-rope-fusion")
+    fused_kernels: str = opt(
+        "auto", "This project's (not in Megatron-LM): where no --no-*-fusion flag is given, auto runs our csrc "
+        "kernel for an op only where a GPU measurement on file shows it faster than eager torch and "
+        "torch.compile on this GPU model (megatron/core/fusions/kernel_table.json, or the table "
+        "$MEGATRON_KERNEL_TABLE names), torch otherwise; csrc runs our kernels wherever they can run. The "
+        "start-up log says which each op runs and why.", choices=["auto", "csrc"])
     # activation recompute (Korthikanti et al. 2022)
     recompute_granularity: Optional[str] = opt(
         None, "Recompute activations in the backward pass instead of keeping them: full (whole layers, only "
@@ -116,7 +122,8 @@ class TransformerConfig(ModelParallelConfig, MoEConfig, ModelOptions):
     SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "num_layers", "hidden_size",
              "num_attention_heads", "seq_length", "ffn_hidden_size", "kv_channels", "num_query_groups",
              "max_position_embeddings", "make_vocab_size_divisible_by", "vocab_size",
-             "virtual_pipeline_model_parallel_size", "num_layers_per_virtual_pipeline_stage")
+             "virtual_pipeline_model_parallel_size", "num_layers_per_virtual_pipeline_stage",
+             "context_parallel_size", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size")
 
     def __post_init__(self):
         if self.num_query_groups is None or not self.group_query_attention:

@@ -2,7 +2,7 @@
 and meanings. A base of TrainingConfig (config.py), so the CLI is generated from these fields.
 
 What implements them: batch_schedule.py (--step-batch-size-schedule, --rampup-batch-size),
-training.build_scheduler (--decoupled-lr), memory_hygiene.py (--manual-gc, --empty-unused-memory-level),
+optimizer_setup.build_scheduler (--decoupled-lr), runtime_switches.py (--manual-gc, --empty-unused-memory-level),
 data.py (--no-mmap-bin-files), checkpointing.py (--dist-ckpt-strictness). Those that change nothing here
 are listed with the reason at start-up (no_effect.py).
 """

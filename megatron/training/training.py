@@ -9,8 +9,7 @@ from torch import nn
 
 from ..core.debug import fault_point
 from ..core.distributed import DistributedDataParallel, finalize_model_grads
-from ..core.optimizer import LRScheduler, get_megatron_optimizer
-from ..core.optimizer.grad_scaler import ConstantGradScaler, DynamicGradScaler
+from ..core.optimizer import get_megatron_optimizer
 from ..core.pipeline_parallel import TOKEN_LOSS, default_schedule, get_forward_backward_func
 from ..core.pipeline_parallel.schedule_flag import schedule_for_flag
 from ..core.pipeline_parallel.split import chunk_roles
@@ -22,9 +21,11 @@ from .checkpointing import Checkpointer
 from .data import end_of_training_sets, microbatches, validation_window
 from .flops import num_floating_point_operations, peak_tflops_per_gpu
 from .log import TrainingLogger, print_rank_0, print_rank_last, startup_summary
+from .memory_errors import building
 from .metrics_log import MetricsLog
 from .model_spec import ModelSpec
 from .numerics import check_finite
+from .optimizer_setup import build_grad_scaler, build_scheduler  # build_scheduler: imported from here by tests
 from .planner.live import predicted_step_line
 from .runtime_switches import ManualGC, empty_unused_memory, set_matmul_precision
 
@@ -74,7 +75,9 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
     ddp.start_step(len(batches))
     moe_hooks.start_step(model, len(batches), groups, optimizer.loss_scale)
     forward_backward_func = forward_backward_func or get_forward_backward_func()
-    losses = forward_backward_func(model, batches, forward_step, groups, loss_terms, loss_scale=optimizer.loss_scale)
+    gather = {"before_weight": ddp.before_weight_grads} if ddp.shards_params else {}  # ZeRO-3 under a W
+    losses = forward_backward_func(model, batches, forward_step, groups, loss_terms, loss_scale=optimizer.loss_scale,
+                                   **gather)
     if empty_cache_level:
         empty_unused_memory(empty_cache_level, 1, optimizer.device)
     finalize_model_grads(model, groups, ddp)
@@ -121,47 +124,28 @@ def write_pipeline_trace(path, trace, groups, model_cfg, num_micro, iteration, s
         print(f"> wrote the pipeline schedule timeline of iteration {iteration} to {path}", flush=True)
 
 
-def build_scheduler(optimizer, train_cfg):
-    """The LR schedule in samples, as Megatron-LM's get_optimizer_param_scheduler: iteration flags
-    times the global batch, or the sample flags as given; the warm-up fraction is not rounded. A
-    warm-up longer than the decay is cut to it (Megatron-LM refuses it)."""
-    t, gbs = train_cfg, train_cfg.global_batch_size
-    if t.train_samples is not None:
-        decay, warmup, wsd = t.lr_decay_samples or t.train_samples, t.lr_warmup_samples, t.lr_wsd_decay_samples
-    else:
-        decay, warmup = (t.lr_decay_iters or t.train_iters) * gbs, t.lr_warmup_iters * gbs
-        wsd = t.lr_wsd_decay_iters * gbs if t.lr_wsd_decay_iters is not None else None
-    if t.lr_warmup_fraction is not None:
-        warmup = t.lr_warmup_fraction * decay
-    decoupled = None if t.decoupled_lr is None else (t.decoupled_lr, t.min_lr if t.decoupled_min_lr is None
-                                                     else t.decoupled_min_lr)
-    return LRScheduler(optimizer, t.lr, t.min_lr, decay, min(warmup, decay), t.lr_decay_style, wsd,
-                       t.lr_wsd_decay_style, t.lr_warmup_init, step_size=gbs, decoupled=decoupled)
-
-
-def build_grad_scaler(train_cfg):
-    """None for fp32/bf16; a constant or dynamic loss scaler for fp16."""
-    if not train_cfg.fp16:
-        return None
-    if train_cfg.loss_scale is not None:
-        return ConstantGradScaler(train_cfg.loss_scale)
-    return DynamicGradScaler(train_cfg.initial_loss_scale, train_cfg.min_loss_scale,
-                             growth_interval=train_cfg.loss_scale_window, hysteresis=train_cfg.hysteresis)
-
-
 def setup_model_and_optimizer(model_cfg, train_cfg, groups, device, model_provider):
-    """Model chunks (initialised layout-free), their DDP buffers, the optimizer and LR schedule."""
-    model = build_model(model_provider, model_cfg, groups, device)
-    initialize_parameters(model, train_cfg.seed, groups.tp_rank, groups.tp_size, (groups.etp_rank, groups.etp_size))
-    ddp = DistributedDataParallel(model, groups.dp_cp, train_cfg.ddp_bucket_size, train_cfg.overlap_grad_reduce,
-                                  train_cfg.use_distributed_optimizer, train_cfg.overlap_param_gather,
-                                  train_cfg.grad_reduce_in_bf16,
-                                  sharding_strategy=train_cfg.data_parallel_sharding_strategy,
-                                  expert_dp_group=groups.edp if groups.ep_size > 1 or groups.expert_folded else None)
-    optimizer = get_megatron_optimizer(ddp, groups, train_cfg.lr, train_cfg.weight_decay,
-                                       (train_cfg.adam_beta1, train_cfg.adam_beta2), train_cfg.adam_eps,
-                                       train_cfg.clip_grad, build_grad_scaler(train_cfg),
-                                       train_cfg.optimizer_offload_fraction if train_cfg.optimizer_cpu_offload else 0.0)
+    """Model chunks (initialised layout-free), their DDP buffers, the optimizer and LR schedule. Running out
+    of memory building them is one line saying what and how much (memory_errors.py)."""
+    def count():  # this rank's parameters, from the same chunks built on the meta device
+        return sum(p.numel() for p in build_model(model_provider, model_cfg, groups, torch.device("meta")).parameters())
+
+    with building("the model", count, model_cfg.params_dtype, groups.rank):
+        model = build_model(model_provider, model_cfg, groups, device)
+        initialize_parameters(model, train_cfg.seed, groups.tp_rank, groups.tp_size,
+                              (groups.etp_rank, groups.etp_size))
+    with building("the gradient buffers and optimizer state", count, model_cfg.params_dtype, groups.rank):
+        ddp = DistributedDataParallel(model, groups.dp_cp, train_cfg.ddp_bucket_size, train_cfg.overlap_grad_reduce,
+                                      train_cfg.use_distributed_optimizer, train_cfg.overlap_param_gather,
+                                      train_cfg.grad_reduce_in_bf16,
+                                      sharding_strategy=train_cfg.data_parallel_sharding_strategy,
+                                      expert_dp_group=(groups.edp if groups.ep_size > 1 or groups.expert_folded
+                                                       else None))
+        optimizer = get_megatron_optimizer(ddp, groups, train_cfg.lr, train_cfg.weight_decay,
+                                           (train_cfg.adam_beta1, train_cfg.adam_beta2), train_cfg.adam_eps,
+                                           train_cfg.clip_grad, build_grad_scaler(train_cfg),
+                                           train_cfg.optimizer_offload_fraction if train_cfg.optimizer_cpu_offload
+                                           else 0.0)
     return model, ddp, optimizer, build_scheduler(optimizer, train_cfg)
 
 

@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from ..fusions import norm as norm_front
-from ..tensor_parallel import weight_grad
 from ..tensor_parallel.param_meta import set_init, set_sequence_parallel
 
 
@@ -23,13 +22,13 @@ def _scale(module):
 
 
 class LayerNorm(nn.Module):
-    """[..., h] -> same. fusion=False forces the torch implementation."""
+    """[..., h] -> same. fusion=False forces the torch implementation, force="csrc" our kernel."""
 
     def __init__(self, hidden_size, eps=1e-5, sequence_parallel=False, params_dtype=torch.float32, device=None,
-                 fusion=True, zero_centered=False):
+                 fusion=True, force="auto", zero_centered=False):
         super().__init__()
         self.eps, self.zero_centered = eps, zero_centered
-        self.impl = norm_front.select(fusion, device or "cpu", params_dtype)
+        self.impl = norm_front.select(fusion, device or "cpu", params_dtype, rms=False, force=force)
         self.weight = nn.Parameter(torch.empty(hidden_size, dtype=params_dtype, device=device))
         self.bias = nn.Parameter(torch.empty(hidden_size, dtype=params_dtype, device=device))
         set_init(self.weight, "zeros" if zero_centered else "ones")
@@ -38,8 +37,6 @@ class LayerNorm(nn.Module):
         set_sequence_parallel(self.bias, sequence_parallel)
 
     def forward(self, x):
-        if weight_grad.split_enabled():  # zero-bubble schedules: weight gradients in a later W action
-            return weight_grad.layer_norm(x, _scale(self), self.bias, self.eps)
         return norm_front.layer_norm(x, _scale(self), self.bias, self.eps, self.impl)
 
 
@@ -47,21 +44,20 @@ class RMSNorm(nn.Module):
     """[..., h] -> same: x / sqrt(mean(x^2) + eps) * weight, statistics in fp32."""
 
     def __init__(self, hidden_size, eps=1e-5, sequence_parallel=False, params_dtype=torch.float32, device=None,
-                 fusion=True, zero_centered=False):
+                 fusion=True, force="auto", zero_centered=False):
         super().__init__()
         self.eps, self.zero_centered = eps, zero_centered
-        self.impl = norm_front.select(fusion, device or "cpu", params_dtype)
+        self.impl = norm_front.select(fusion, device or "cpu", params_dtype, rms=True, force=force)
         self.weight = nn.Parameter(torch.empty(hidden_size, dtype=params_dtype, device=device))
         set_init(self.weight, "zeros" if zero_centered else "ones")
         set_sequence_parallel(self.weight, sequence_parallel)
 
     def forward(self, x):
-        if weight_grad.split_enabled():
-            return weight_grad.rms_norm(x, _scale(self), self.eps)
         return norm_front.rms_norm(x, _scale(self), self.eps, self.impl)
 
 
 def build_norm(config, device=None):
     cls = {"LayerNorm": LayerNorm, "RMSNorm": RMSNorm}[config.normalization]
     return cls(config.hidden_size, config.norm_epsilon, config.sequence_parallel, config.params_dtype, device,
-               fusion=config.norm_fusion, zero_centered=config.layernorm_zero_centered_gamma)
+               fusion=config.norm_fusion, force=config.fused_kernels,
+               zero_centered=config.layernorm_zero_centered_gamma)

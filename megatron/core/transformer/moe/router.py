@@ -4,7 +4,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from ...tensor_parallel import weight_grad
 from ...tensor_parallel.param_meta import param_meta, set_init
 from . import aux_losses
 from .capacity import drop_over_capacity
@@ -71,7 +70,7 @@ class TopKRouter(nn.Module):
         c = self.config
         dtype = ROUTER_DTYPES.get(c.moe_router_dtype)  # --moe-router-dtype: the whole routing in that dtype
         x, weight = (x, self.weight) if dtype is None else (x.to(dtype), self.weight.to(dtype))
-        logits = (weight_grad.linear if weight_grad.split_enabled() else F.linear)(x, weight)  # zero-bubble: W
+        logits = F.linear(x, weight)
         probs, indices, scores = topk_routing(logits, c.moe_router_topk, c.moe_router_score_function,
                                               c.moe_router_pre_softmax, self.expert_bias)
         chosen = indices  # the balance losses and counts see the choice before any drop
