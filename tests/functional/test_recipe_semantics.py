@@ -56,3 +56,21 @@ def test_per_token_loss_changes_the_gradient_where_microbatches_count_unequally(
     # iteration 1's loss is reported per token either way; its gradient is not the same
     assert default["train"][1]["losses"] == per_token["train"][1]["losses"]
     assert default["train"][1]["grad_norm"] != per_token["train"][1]["grad_norm"]
+
+
+MODEL_FLAGS = BASE + ["--global-batch-size", "8", "--train-iters", "4", "--num-layers", "4", "--normalization",
+                      "RMSNorm", "--apply-layernorm-1p", "--num-experts", "4", "--moe-router-topk", "2",
+                      "--moe-layer-freq", "([1]+[0])*2", "--moe-router-dtype", "fp64", "--moe-aux-loss-coeff", "1e-2",
+                      "--recompute-granularity", "selective", "--recompute-modules", "core_attn", "mlp", "moe",
+                      "--decoupled-lr", "3e-3", "--lr-warmup-iters", "1"]
+
+
+@pytest.mark.parametrize("layout", [["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zb-h1"],
+                                    ["--expert-model-parallel-size", "2"]], ids=["pp2-zb-h1", "dp2-ep2"])
+def test_recipe_model_flags_are_the_same_in_every_layout(layout):
+    """--apply-layernorm-1p (1 + w on the zero-bubble graph split), --moe-router-dtype, --recompute-modules
+    mlp moe and --decoupled-lr, each equal to one process."""
+    if "ref" not in _one_process:
+        _one_process["ref"] = run_metrics(MODEL_FLAGS)[1]
+    assert_metrics_parity(_one_process["ref"], run_metrics(MODEL_FLAGS + layout, nproc=2)[1],
+                          terms=("lm loss", "load_balancing_loss"))
