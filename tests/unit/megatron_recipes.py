@@ -17,7 +17,7 @@ class Recipe(NamedTuple):
     source: str  # the script in Megatron-LM
     world_size: int
     argv: tuple
-    vocab_size: int  # what the recipe's tokenizer holds (the test builds no tokenizer)
+    vocab_size: int  # what the recipe's tokenizer files hold (a NullTokenizer the test builds for real)
 
 
 def _args(text):
