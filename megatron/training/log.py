@@ -10,6 +10,7 @@ from ..core import fusions
 from ..core.pipeline_parallel import ReducedLosses, default_schedule, loss_means, stage_layers
 from ..core.transformer import context_parallel
 from ..core.transformer.moe.describe import describe as moe_describe
+from . import batch_schedule, fsdp_options, no_effect
 from .flops import peak_tflops_per_gpu
 from .logging_options import LoggingOptions
 from .scalar_writers import ScalarWriters, memory_scalars
@@ -213,11 +214,12 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
         f"> MFU: {peak[0] if peak else 'n/a (' + _no_peak_reason(device) + ')'}",
         f"> batch: micro {train_cfg.micro_batch_size} x DP {groups.dp_size} x accumulation "
         f"{train_cfg.global_batch_size // (train_cfg.micro_batch_size * groups.dp_size)}"
-        f" = global {train_cfg.global_batch_size}",
+        f" = global {train_cfg.global_batch_size}" + batch_schedule.describe(train_cfg, model_cfg.seq_length),
         f"> precision: {'bf16' if train_cfg.bf16 else 'fp16' if train_cfg.fp16 else 'fp32'}"
         f" | DDP buckets: overlap grad reduce {train_cfg.overlap_grad_reduce}"
         f" | distributed optimizer {train_cfg.use_distributed_optimizer}",
     ]
+    lines += [x for x in (fsdp_options.describe(train_cfg), no_effect.line(model_cfg, train_cfg, device)) if x]
     if groups.pp_size > 1:
         lines.append(pipeline_summary(model_cfg, groups.pp_size, train_cfg.pipeline_schedule))
     if groups.cp_size > 1:
@@ -248,4 +250,6 @@ def context_parallel_summary(model_cfg, train_cfg, groups):
 def _recompute(model_cfg):
     if model_cfg.recompute_granularity == "full":
         return f"full, {model_cfg.recompute_method}, {model_cfg.recompute_num_layers} layer(s)"
+    if model_cfg.recompute_granularity == "selective":
+        return f"selective ({', '.join(model_cfg.recompute_modules or ['core_attn'])})"
     return model_cfg.recompute_granularity or "none"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..tensor_parallel.param_meta import counted_once, has_weight_decay, is_expert_parallel
+from ..tensor_parallel.param_meta import counted_once, has_weight_decay, is_embedding_or_output, is_expert_parallel
 from ..timers import phase
 from .clip_grads import clip_by_norm_, model_sum, squares, zeros
 from .cpu_offload import host_copy, offloaded
@@ -87,14 +87,21 @@ class MegatronOptimizer:
 
     @staticmethod
     def _adamw(pieces, weight_decay, lr, betas, eps):
-        """Fused AdamW over `pieces`' main values (decay and no-decay groups); None when there are none."""
+        """Fused AdamW over `pieces`' main values (decay and no-decay groups, and the same two for the
+        word embedding and output layer when there are any: the LR schedule's --decoupled-lr applies to
+        groups marked embedding_or_output); None when there are no pieces."""
         if not pieces:
             return None
-        decay = [pc.main for pc in pieces if has_weight_decay(pc.param)]
-        no_decay = [pc.main for pc in pieces if not has_weight_decay(pc.param)]
-        return torch.optim.AdamW(
-            [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=lr, betas=betas, eps=eps, fused=True)
+        groups = []
+        for eo in (False, True):
+            mine = [pc for pc in pieces if is_embedding_or_output(pc.param) == eo]
+            if eo and not mine:
+                break
+            groups += [{"params": [pc.main for pc in mine if has_weight_decay(pc.param)], "weight_decay": weight_decay,
+                        "embedding_or_output": eo},
+                       {"params": [pc.main for pc in mine if not has_weight_decay(pc.param)], "weight_decay": 0.0,
+                        "embedding_or_output": eo}]
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True)
 
     def _ranges(self):
         """(param, lo, hi) flat ranges this rank updates, in buffer order: every parameter whole."""
