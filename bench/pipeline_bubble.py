@@ -139,8 +139,6 @@ def _one_run(groups, P, M, V, name, stage_s, kind):
 
 
 def _body(groups, configs, stage_s, kind, repeats):
-    from megatron.core.parallel_state import add_pipeline_grad_group
-    add_pipeline_grad_group(groups)  # zb_v's gradient channel
     for cfg in configs:  # warm up connections and first-call paths
         _one_run(groups, groups.pp_size, *cfg, 0.001, "sleep")
     gc.collect()
@@ -179,7 +177,8 @@ def main():
         chunks = {"interleaved_1f1b": a.vpp, "zb_v": 2}
         configs = [(M, chunks.get(name, 1), name) for name in a.schedules
                    for M in a.microbatches if name != "interleaved_1f1b" or M % P == 0]
-        runs = spawn(P, _body, configs, stage_s, a.work, a.repeats, pp=P, timeout=1800)[0]
+        runs = spawn(P, _body, configs, stage_s, a.work, a.repeats, pp=P, v_shape=True,  # zb_v's gradient channel
+                     timeout=1800)[0]
         for (M, V, name), reps in runs.items():
             measured = []
             for traces in reps:

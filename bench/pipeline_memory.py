@@ -55,12 +55,10 @@ def held_storages(outputs, weight_work, skip) -> dict:
 def _body(groups, M):
     from megatron.core.config import TransformerConfig
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.parallel_state import add_pipeline_grad_group
     from megatron.core.pipeline_parallel import forward_backward
     from megatron.core.pipeline_parallel.schedule_flag import use_v_layout
     from megatron.core.tensor_parallel.initialization import initialize_parameters
     from megatron.training.training import build_model
-    add_pipeline_grad_group(groups)  # zb_v's gradient channel
 
     def provider(cfg, groups, device, pre_process=True, post_process=True, vp_stage=None):
         return GPTModel(cfg, groups, pre_process=pre_process, post_process=post_process, vp_stage=vp_stage)
@@ -100,7 +98,7 @@ def main():
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "pipeline_memory.md"))
     a = ap.parse_args()
-    ranks = spawn(a.pp, _body, a.microbatches, pp=a.pp, timeout=1800)
+    ranks = spawn(a.pp, _body, a.microbatches, pp=a.pp, v_shape=True, timeout=1800)  # v_shape: zb_v's gradient channel
     rows = []
     for name, V in SCHEDULES:
         mib = " / ".join(f"{ranks[r][name][0] / 2**20:.2f}" for r in range(a.pp))

@@ -35,7 +35,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world_size, port, tp, pp, timeout, fn, args, results):
+def _worker(rank, world_size, port, tp, pp, timeout, fn, args, results, sizes):
     parallel_state = None
 
     def cleanup():
@@ -51,7 +51,7 @@ def _worker(rank, world_size, port, tp, pp, timeout, fn, args, results):
         os.environ["MASTER_PORT"] = str(port)
         dist.init_process_group("gloo", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
-        groups = parallel_state.initialize_model_parallel(tp, pp)
+        groups = parallel_state.initialize_model_parallel(tp, pp, pipeline_grad_group=sizes.get("v_shape", False))
         value = fn(groups, *args)
         cleanup()
     except BaseException:  # everything goes back to the parent
@@ -64,15 +64,16 @@ def _worker(rank, world_size, port, tp, pp, timeout, fn, args, results):
     results.put((rank, True, value))
 
 
-def spawn(world_size, fn, *args, tp=1, pp=1, timeout=DEFAULT_TIMEOUT):
-    """Run fn(groups, *args) on world_size processes; return the per-rank return values.
+def spawn(world_size, fn, *args, tp=1, pp=1, timeout=DEFAULT_TIMEOUT, **sizes):
+    """Run fn(groups, *args) on world_size processes; return the per-rank return values. sizes: the
+    other ParallelLayout fields (v_shape=True: ZB-V's gradient group).
 
     Raises AssertionError naming the failing rank(s) with their tracebacks if any rank
     raises, exits without reporting (crash), or the run exceeds `timeout` seconds.
     """
     for attempt in range(3):
         try:
-            return _spawn_once(world_size, fn, args, tp, pp, timeout)
+            return _spawn_once(world_size, fn, args, tp, pp, timeout, sizes)
         except AssertionError as e:
             # set-up, not the code under test, failed: the free port was taken before rank 0
             # bound it, or gloo's mesh connect was dropped on an overloaded machine; go again
@@ -81,12 +82,12 @@ def spawn(world_size, fn, *args, tp=1, pp=1, timeout=DEFAULT_TIMEOUT):
                 raise
 
 
-def _spawn_once(world_size, fn, args, tp, pp, timeout):
+def _spawn_once(world_size, fn, args, tp, pp, timeout, sizes):
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_worker, daemon=True,
-                         args=(r, world_size, port, tp, pp, timeout, fn, args, results))
+                         args=(r, world_size, port, tp, pp, timeout, fn, args, results, sizes))
              for r in range(world_size)]
     for p in procs:
         p.start()

@@ -27,7 +27,7 @@ from megatron.core.distributed.sharded_buffer import unit_layout
 from megatron.core.distributed.strategy import shards_grads, shards_params
 from megatron.core.errors import MegatronUserError
 from megatron.core.models.gpt import GPTModel
-from megatron.core.parallel_state import validate_parallel_sizes
+from megatron.core.parallel_layout import ParallelLayout
 from megatron.core.tensor_parallel.param_meta import is_expert_parallel
 from megatron.core.transformer import context_parallel
 from megatron.core.transformer.moe.activation_memory import moe_extra_bytes_per_layer
@@ -97,8 +97,7 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
     largest working set of full parameters (a chunk's root unit and one layer, two with
     --overlap-param-gather), 0 otherwise; working: the recomputed chunk's activations."""
     tp, pp = model_cfg.tensor_model_parallel_size, model_cfg.pipeline_model_parallel_size
-    dp = validate_parallel_sizes(world_size, tp, pp, model_cfg.virtual_pipeline_model_parallel_size,
-                                 model_cfg.context_parallel_size)
+    dp = ParallelLayout.from_config(model_cfg, world_size, model_cfg.pipeline_v_layout).dp
     t.validate(dp)
     params, layers = stage_params(model_cfg, pp_rank)
     by_dtype = {}

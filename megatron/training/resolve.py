@@ -13,7 +13,7 @@ Sizes are checked positive before anything divides by them. Nothing here needs a
 """
 from ..core.config import ConfigError
 from ..core.fusions import check_config as check_fusions
-from ..core.parallel_state import validate_expert_parallel_size, validate_parallel_sizes
+from ..core.parallel_layout import ParallelLayout, data_parallel_size
 from ..core.pipeline_parallel.schedule_flag import schedule_for_flag, use_v_layout
 from .checkpoint_args import apply_checkpoint_args, check_ckpt_format
 from .tokenizer import build_tokenizer
@@ -32,8 +32,8 @@ def resolve(model_cfg, train_cfg, world_size, make_tokenizer=build_tokenizer):
     model_cfg.params_dtype = train_cfg.params_dtype
     use_v_layout(model_cfg, train_cfg.pipeline_schedule)
     # a world that TP x PP does not divide is reported by validate(), after the model's own checks
-    train_cfg.resolve(max(1, world_size // (model_cfg.tensor_model_parallel_size * model_cfg.context_parallel_size *
-                                            model_cfg.pipeline_model_parallel_size)))
+    train_cfg.resolve(data_parallel_size(world_size, model_cfg.tensor_model_parallel_size,
+                                         model_cfg.context_parallel_size, model_cfg.pipeline_model_parallel_size))
     return tokenizer
 
 
@@ -43,11 +43,7 @@ def validate(model_cfg, train_cfg, world_size):
     model_cfg.validate()
     check_fusions(model_cfg)
     pp, vpp = model_cfg.pipeline_model_parallel_size, model_cfg.virtual_pipeline_model_parallel_size
-    dp = validate_parallel_sizes(world_size, model_cfg.tensor_model_parallel_size, pp, vpp,
-                                 model_cfg.context_parallel_size)
-    validate_expert_parallel_size(dp * model_cfg.context_parallel_size, model_cfg.expert_model_parallel_size,
-                                  model_cfg.tensor_model_parallel_size,
-                                  model_cfg.expert_tensor_parallel_size if model_cfg.num_experts else None)
+    dp = ParallelLayout.from_config(model_cfg, world_size, model_cfg.pipeline_v_layout).dp
     train_cfg.validate(dp)
     if model_cfg.context_parallel_size > 1 and train_cfg.reset_attention_mask:
         raise ConfigError("--reset-attention-mask needs --context-parallel-size 1 (no attention mask crosses "

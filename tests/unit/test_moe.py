@@ -207,11 +207,12 @@ def test_flops_count_active_experts_only():
 
 
 def test_expert_groups_carved_out_of_data_parallel_ranks():
-    from megatron.core.parallel_state import ParallelConfigError, expert_rank_lists, validate_expert_parallel_size
-    ep, edp = expert_rank_lists(tp=2, dp=4, pp=1, ep=2)  # the module docstring's example
-    assert sorted(ep) == [[0, 2], [1, 3], [4, 6], [5, 7]]
-    assert sorted(edp) == [[0, 4], [1, 5], [2, 6], [3, 7]]
-    ep, edp = expert_rank_lists(tp=1, dp=2, pp=2, ep=2)
-    assert ep == [[0, 1], [2, 3]] and edp == [[0], [1], [2], [3]]
+    from megatron.core.parallel_layout import ParallelLayout
+    from megatron.core.parallel_state import ParallelConfigError
+    layout = ParallelLayout(8, tp=2, ep=2)  # parallel_layout's example
+    assert sorted(layout.rank_lists("ep")) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert sorted(layout.rank_lists("edp")) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    layout = ParallelLayout(4, pp=2, ep=2)
+    assert layout.rank_lists("ep") == [[0, 1], [2, 3]] and layout.rank_lists("edp") == [[0], [1], [2], [3]]
     with pytest.raises(ParallelConfigError, match="--expert-model-parallel-size"):
-        validate_expert_parallel_size(6, 4)
+        ParallelLayout(6, ep=4)
