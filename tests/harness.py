@@ -2,7 +2,7 @@
 
     from tests.harness import spawn
 
-    def body(groups, x):          # groups: megatron.core.parallel_state.ProcessGroups
+    def body(groups, x):          # groups: megatron.core.process_groups.ProcessGroups
         ...                       # runs on every rank; may return a picklable value
     results = spawn(4, body, 3.0, tp=2, pp=2)   # -> [value of rank 0, value of rank 1, ...]
 
@@ -36,22 +36,18 @@ def free_port() -> int:
 
 
 def _worker(rank, world_size, port, tp, pp, timeout, fn, args, results, sizes):
-    parallel_state = None
-
     def cleanup():
-        if parallel_state is not None:
-            parallel_state.destroy_model_parallel()
         if dist.is_initialized():
             dist.destroy_process_group()  # the default group and every sub-group
 
     try:
-        from megatron.core import parallel_state  # here, so an import error is this rank's traceback
+        from megatron.core.parallel_layout import ParallelLayout  # here: an import error is this rank's traceback
         torch.set_num_threads(1)
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(port)
         dist.init_process_group("gloo", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
-        groups = parallel_state.initialize_model_parallel(tp, pp, pipeline_grad_group=sizes.get("v_shape", False))
+        groups = ParallelLayout(world_size, tp=tp, pp=pp, **sizes).build_groups()
         value = fn(groups, *args)
         cleanup()
     except BaseException:  # everything goes back to the parent

@@ -9,17 +9,14 @@ layout as training) and activations (Korthikanti et al. 2022).
 Takes pretrain_gpt.py's flags plus --world-size.
 """
 import argparse
-import dataclasses
 import os
 import sys
-import types
 
 import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from megatron.core.comm import PlanGroup
 from megatron.core.distributed import zero3
 from megatron.core.distributed.ddp import DEFAULT_BUCKET_SIZE
 from megatron.core.distributed.param_and_grad_buffer import bucket_layout
@@ -59,28 +56,27 @@ def activation_bytes_per_layer(c, micro_batch, tp, sp):
 _built = {}  # (config, stage) -> its meta parameters: a planner asks for the same stage many times
 
 
-def stage_params(model_cfg, pp_rank):
+def stage_params(model_cfg, pp_rank, world_size):
     """(trainable parameters (meta tensors) of pipeline stage pp_rank, its layers)."""
-    params, _, layers = _stage(model_cfg, pp_rank)
+    params, _, layers = _stage(model_cfg, pp_rank, world_size)
     return params, layers
 
 
-def stage_chunks(model_cfg, pp_rank):
+def stage_chunks(model_cfg, pp_rank, world_size):
     """The model chunks (meta tensors) of pipeline stage pp_rank, in build order."""
-    return _stage(model_cfg, pp_rank)[1]
+    return _stage(model_cfg, pp_rank, world_size)[1]
 
 
-def _stage(model_cfg, pp_rank):
-    """(trainable parameters, chunks, layers) of pipeline stage pp_rank, built once per config."""
-    key = (repr(model_cfg), pp_rank)
+def _stage(model_cfg, pp_rank, world_size):
+    """(trainable parameters, chunks, layers) of the first rank of pipeline stage pp_rank (TP, CP, DP, EP
+    rank 0), built once per config from its stand-in groups (ParallelLayout.plan_groups)."""
+    key = (repr(model_cfg), pp_rank, world_size)
     if key not in _built:
-        tp, pp = model_cfg.tensor_model_parallel_size, model_cfg.pipeline_model_parallel_size
-        groups = types.SimpleNamespace(tp=PlanGroup(tp, 0), pp_size=pp, pp_rank=pp_rank,
-                                       is_first_stage=pp_rank == 0, is_last_stage=pp_rank == pp - 1)
+        layout = ParallelLayout.from_config(model_cfg, world_size, model_cfg.pipeline_v_layout)
+        groups = layout.plan_groups(layout.group_of("pp", 0)[pp_rank])
         V = model_cfg.virtual_pipeline_model_parallel_size or 1
         # the same chunks, in the same order, as training.build_model
-        shard_cfg = dataclasses.replace(model_cfg, context_parallel_size=1)  # CP ranks hold the same parameters
-        chunks = [GPTModel(shard_cfg, groups, pre_process=groups.is_first_stage and v == 0,
+        chunks = [GPTModel(model_cfg, groups, pre_process=groups.is_first_stage and v == 0,
                            post_process=groups.is_last_stage and v == V - 1, device="meta", vp_stage=v)
                   for v in range(V)]
         _built[key] = ([p for c in chunks for p in c.parameters() if p.requires_grad], chunks,
@@ -99,7 +95,7 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
     tp, pp = model_cfg.tensor_model_parallel_size, model_cfg.pipeline_model_parallel_size
     dp = ParallelLayout.from_config(model_cfg, world_size, model_cfg.pipeline_v_layout).dp
     t.validate(dp)
-    params, layers = stage_params(model_cfg, pp_rank)
+    params, layers = stage_params(model_cfg, pp_rank, world_size)
     by_dtype = {}
     ep, etp = model_cfg.expert_model_parallel_size, model_cfg.expert_tensor_parallel_size
     folded = model_cfg.num_experts is not None and etp not in (None, tp)  # expert-DP = TP x DP x CP / (ETP x EP)
@@ -109,7 +105,8 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
     bucket_size = t.ddp_bucket_size or max(DEFAULT_BUCKET_SIZE, 1_000_000 * dp_cp)
     out = {"params": 0, "grads": 0, "optimizer": 0, "gathered": 0}
     strategy = t.data_parallel_sharding_strategy
-    chunk_units = zero3.units(nn.ModuleList(stage_chunks(model_cfg, pp_rank))) if shards_params(strategy) else None
+    chunks = stage_chunks(model_cfg, pp_rank, world_size)
+    chunk_units = zero3.units(nn.ModuleList(chunks)) if shards_params(strategy) else None
     unit_bytes = {}  # ZeRO-3: (chunk, unit) -> padded bytes over its buffers (a MoE layer: dense + experts)
     for (dtype, expert), ps in by_dtype.items():
         shards = (tp * dp_cp // (etp * ep) if folded else dp_cp // ep) if expert else dp_cp

@@ -23,26 +23,10 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1,
     """ParallelLayout(world, sizes...).build_groups() over the default (world) group; every rank must
     call it. pipeline_grad_group: ZB-V's second pipeline group (ParallelLayout.v_shape). Raises
     ParallelConfigError, before creating any group, when the sizes do not fit the world size."""
-    global _GROUPS
     layout = ParallelLayout(dist.get_world_size(), tensor_model_parallel_size, context_parallel_size,
                             pipeline_model_parallel_size, virtual_pipeline_model_parallel_size,
                             expert_model_parallel_size, expert_tensor_parallel_size, pipeline_grad_group)
-    _GROUPS = layout.build_groups()
-    return _GROUPS
-
-
-_GROUPS: ProcessGroups | None = None  # being removed: the layer builders get their groups passed in
-
-
-def get_process_groups() -> ProcessGroups:
-    if _GROUPS is None:
-        raise RuntimeError("initialize_model_parallel() has not been called")
-    return _GROUPS
-
-
-def destroy_model_parallel() -> None:
-    global _GROUPS
-    _GROUPS = None
+    return layout.build_groups()
 
 
 def default_backend() -> str:

@@ -63,7 +63,7 @@ def _run(groups):
             train_step(model, ddp, opt, sched, _batches(groups), _step, groups, 1)
         est = estimator()
         mem = est.estimate(c, t, 4, groups.pp_rank)
-        params, layers = est.stage_params(c, groups.pp_rank)
+        params, layers = est.stage_params(c, groups.pp_rank, 4)
         micro = t.global_batch_size // (t.micro_batch_size * groups.dp_size)
         dp = dp_traffic(mem, groups.dp_size, t.use_distributed_optimizer, t.data_parallel_sharding_strategy, micro)
         out.append((extra, dict(sent), dp,
@@ -125,7 +125,7 @@ def _run_pipeline(groups):
         c, t, groups, torch.device("cpu"), lambda c_, g, d, **kw: GPTModel(c_, g, device=d, **kw))
     tp_counted.clear()
     train_step(model, ddp, opt, sched, _batches(groups, n=4), _forward_step, groups, 1, get_forward_backward_func())
-    params, layers = estimator().stage_params(c, groups.pp_rank)
+    params, layers = estimator().stage_params(c, groups.pp_rank, 4)
     first, last = groups.pp_rank == 0, groups.pp_rank == groups.pp_size - 1
     return (p2p_sent[0], iteration_p2p_sent(c, t, groups.tp_size, groups.dp_size, groups.pp_rank),
             dict(tp_counted), iteration_tp_traffic(c, t, groups.tp_size, groups.dp_size, params, layers, first, last))

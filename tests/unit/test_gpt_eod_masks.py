@@ -1,14 +1,12 @@
 """--eod-mask-loss, --reset-position-ids, --reset-attention-mask: the masks and positions of a
 sample with two end-of-document tokens, by hand, and a model that sees each document alone."""
-import types
-
 import pytest
 import torch
 
-from megatron.core.comm import PlanGroup
 from megatron.core.config import TransformerConfig
 from megatron.core.datasets.gpt_masks import EodOptions, ltor_masks
 from megatron.core.models.gpt import GPTModel
+from megatron.core.parallel_layout import ParallelLayout
 
 EOD = 0
 TOKENS = torch.tensor([[5, 9, EOD, 7, EOD, 3], [1, 2, 3, 4, 5, 6]])
@@ -46,7 +44,7 @@ def test_model_sees_each_document_alone(pos):
     cfg = TransformerConfig(num_layers=2, hidden_size=16, num_attention_heads=2, seq_length=8, vocab_size=50,
                             hidden_dropout=0.0, attention_dropout=0.0, position_embedding_type=pos)
     cfg.validate()
-    groups = types.SimpleNamespace(tp=PlanGroup(1, 0), tp_size=1, tp_rank=0, pp_size=1, pp_rank=0)
+    groups = ParallelLayout(1).plan_groups(0)
     torch.manual_seed(0)
     model = GPTModel(cfg, groups).eval()
     with torch.no_grad():

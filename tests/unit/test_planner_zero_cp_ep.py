@@ -66,10 +66,10 @@ MOE = ["--num-experts", "4", "--moe-ffn-hidden-size", "32", "--moe-router-topk",
        "alltoall"]
 
 
-def _dense_and_expert_elements(c):
+def _dense_and_expert_elements(c, world):
     """(P, E): a rank's dense and (its EP rank's) expert parameter elements, from the model itself."""
     from megatron.core.tensor_parallel.param_meta import is_expert_parallel
-    params, _ = estimator().stage_params(c, 0)
+    params, _ = estimator().stage_params(c, 0, world)
     E = sum(p.numel() for p in params if is_expert_parallel(p))
     return sum(p.numel() for p in params) - E, E
 
@@ -88,7 +88,7 @@ def test_expert_dp_bytes_equal_formula(strategy, ep, cp):
                           "--expert-model-parallel-size", str(ep), "--context-parallel-size", str(cp),
                           "--use-distributed-optimizer", "--data-parallel-sharding-strategy", strategy]
     c, t = configs(flags, d)
-    P, E = _dense_and_expert_elements(c)
+    P, E = _dense_and_expert_elements(c, d)
     assert P % d == 0 and E % d == 0 and E > 0  # no padding: the buffers are exactly P and E elements
     mem = estimator().estimate(c, t, d)
     assert mem["grads"] == 4 * (P // d + E // e)  # fp32 gradient shards

@@ -9,7 +9,6 @@ embeddings (slice and position_ids), skip_bias_add biases a fusion adds (dense M
 the csrc kernel needs CUDA, so on CPU the activation front's torch fallback adds them, the same graph
 around the linear; the column linear's W computes their gradient, a row linear's goes through
 weight_grad.deferred), the shared-expert gate, BERT's token types, pooler, binary head and LM head."""
-import types
 
 import pytest
 import torch
@@ -18,6 +17,7 @@ from megatron.core.comm import PlanGroup
 from megatron.core.config import TransformerConfig
 from megatron.core.models.bert import BertModel
 from megatron.core.models.gpt import GPTModel
+from megatron.core.parallel_layout import ParallelLayout
 from megatron.core.tensor_parallel import weight_grad
 from megatron.core.tensor_parallel.initialization import initialize_parameters
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
@@ -60,7 +60,7 @@ def _build(name):
     positions = kw.pop("positions", False)
     cfg = TransformerConfig(**{**BASE, **kw})
     cfg.validate()
-    groups = types.SimpleNamespace(tp=PlanGroup(1, 0), tp_size=1, tp_rank=0, pp_size=1, pp_rank=0)
+    groups = ParallelLayout(1).plan_groups(0)
     model = (GPTModel if kind == "gpt" else BertModel)(cfg, groups)
     with torch.no_grad():
         initialize_parameters(model, 7, 0, 1)

@@ -71,7 +71,7 @@ def predict_resolved(c, t, world_size, cluster: Cluster, label="", flags=()) -> 
     dp = world_size // (tp * pp * c.context_parallel_size)
     mems = [est.estimate(c, t, world_size, r) for r in range(pp)]
     memory = max(est.total_bytes(m) for m in mems)
-    sp_bytes = max(sequence_parallel_grad_bytes(est.stage_params(c, r)[0], tp) for r in range(pp))
+    sp_bytes = max(sequence_parallel_grad_bytes(est.stage_params(c, r, world_size)[0], tp) for r in range(pp))
     step = step_time(c, t, cluster, tp, pp, dp, mems, sp_bytes)
     gbs, secs = t.global_batch_size, step.total
     model = num_floating_point_operations(c, gbs) / secs / world_size

@@ -56,7 +56,7 @@ class LanguageModule(nn.Module):
             self.position_embeddings = nn.Parameter(torch.empty(
                 config.max_position_embeddings, config.hidden_size, dtype=config.params_dtype, device=device))
             set_init(self.position_embeddings, "normal", config.init_method_std)
-        self.decoder = TransformerBlock(config, tp, num_layers, layer_offset, post_process, device)
+        self.decoder = TransformerBlock(config, groups, num_layers, layer_offset, post_process, device)
         if post_process and not self.share_embeddings:
             self.output_layer = ColumnParallelLinear(
                 config.hidden_size, config.padded_vocab_size, group=tp, bias=False,

@@ -4,6 +4,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ... import comm
 from ...tensor_parallel import weight_grad
 from ...tensor_parallel.param_meta import param_meta, set_init
 from . import aux_losses
@@ -51,7 +52,7 @@ class TopKRouter(nn.Module):
     def __init__(self, config, layer_number, device=None, cp_group=None):
         super().__init__()
         self.config, self.layer_number, self.cp_group = config, layer_number, cp_group
-        self.cp_size = dist.get_world_size(cp_group) if cp_group is not None else 1
+        self.cp_size = comm.world(cp_group) if cp_group is not None else 1
         E = config.num_experts
         self.weight = nn.Parameter(torch.empty(E, config.hidden_size, dtype=config.params_dtype, device=device))
         set_init(self.weight, "normal", config.init_method_std)
