@@ -54,13 +54,14 @@ def build_model(model_provider, model_cfg, groups, device):
 
 
 def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, iteration,
-               forward_backward_func=None, loss_terms=TOKEN_LOSS, model_cfg=None):
+               forward_backward_func=None, loss_terms=TOKEN_LOSS, model_cfg=None, router_losses=None):
     """One iteration. Returns (losses, grad_norm tensor or None, lr, updated): losses is
     forward_backward's {term: (sum, count)} over the global batch (pipeline_parallel.loss_means
     divides); lr is the rate this iteration ran at; updated is False when fp16 gradients overflowed
     and the step was skipped (the schedule then does not advance, as Megatron-LM). `iteration` is
     not used: the schedule keeps its own position. No host sync but fp16's. model_cfg: the model's
-    config, for the MoE hooks (step_hooks.finish_step).
+    config, for the MoE hooks (step_hooks.finish_step); router_losses: what the model's MoE layers
+    record into (step_hooks.bind; default: bound here, for this step).
 
     The microbatches run through forward_backward_func (default: the schedule for this
     layout, pipeline_parallel.get_forward_backward_func()). The gradient summed over
@@ -68,7 +69,8 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
     of loss_terms added), whatever the layout.
     """
     ddp.start_step(len(batches))
-    moe_hooks.start_step(model, len(batches), groups, optimizer.loss_scale)
+    router_losses = router_losses if router_losses is not None else moe_hooks.bind(model)
+    moe_hooks.start_step(router_losses, len(batches), groups, optimizer.loss_scale)
     forward_backward_func = forward_backward_func or get_forward_backward_func()
     losses = forward_backward_func(model, batches, forward_step, groups, loss_terms, loss_scale=optimizer.loss_scale)
     finalize_model_grads(model, groups, ddp)
@@ -76,7 +78,7 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
     updated, grad_norm = optimizer.step()
     if updated:
         scheduler.step()
-    losses = moe_hooks.finish_step(model, groups, len(batches), losses, updated, model_cfg)
+    losses = moe_hooks.finish_step(model, groups, len(batches), losses, updated, model_cfg, router_losses)
     return losses, grad_norm, lr, updated
 
 
@@ -179,6 +181,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     schedule = schedule_for_flag(train_cfg.pipeline_schedule, groups.pp_size,
                                  model_cfg.virtual_pipeline_model_parallel_size or 1)
     forward_backward_func = get_forward_backward_func(schedule)
+    router_losses = moe_hooks.bind(model)  # what the MoE layers record into, step after step
     model.train()
     # +2: past first-call costs
     trace_iter = min(iteration + 2, train_cfg.train_iters) if train_cfg.pipeline_trace else None
@@ -190,7 +193,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
         trace = [] if iteration == trace_iter else None
         fb = forward_backward_func if trace is None else functools.partial(forward_backward_func, trace=trace)
         losses, grad_norm, lr, updated = train_step(model, ddp, optimizer, scheduler, batches, spec.forward_step,
-                                                    groups, iteration, fb, spec.loss_terms, model_cfg)
+                                                    groups, iteration, fb, spec.loss_terms, model_cfg, router_losses)
         if trace is not None:
             write_pipeline_trace(train_cfg.pipeline_trace, trace, groups, model_cfg, len(batches), iteration,
                                  schedule)
@@ -205,7 +208,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                 torch.cuda.synchronize()
             logger.log(iteration, consumed, lr, train_cfg.global_batch_size, flops, groups.world_size,
                        optimizer.loss_scale if train_cfg.fp16 else None)
-            balance = moe_hooks.balance_line(model_cfg, groups, device)
+            balance = moe_hooks.balance_line(model_cfg, groups, device, router_losses)
             if balance:
                 print_rank_last(f" iteration {iteration:8d} |{balance}")
         if train_cfg.eval_iters > 0 and train_cfg.eval_interval and iteration % train_cfg.eval_interval == 0:

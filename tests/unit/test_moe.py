@@ -10,7 +10,7 @@ from megatron.core.comm import PlanGroup
 from megatron.core.config import ConfigError, TransformerConfig
 from megatron.core.tensor_parallel.initialization import initialize_parameters
 from megatron.core.tensor_parallel.param_meta import is_expert_parallel, set_init_key
-from megatron.core.transformer.moe import aux_losses
+from megatron.core.transformer.moe import aux_losses, step_hooks
 from megatron.core.transformer.moe.grouped_gemm import grouped_mm
 from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.moe.router import topk_routing
@@ -101,15 +101,19 @@ def test_router_loss_gradient_enters_backward():
     config = cfg(moe_aux_loss_coeff=0.1, moe_z_loss_coeff=0.01)
     m = layer(config)
     x = torch.randn(4, 2, 16)
-    aux_losses.start_iteration(1.0, 1)
+    losses = step_hooks.bind(m)
+    assert m.router.losses is losses
+    losses.start_iteration(1.0, 1)
     m(x).sum().backward()
     with_aux = m.router.weight.grad.clone()
+    report = aux_losses.iteration_report(["load_balancing_loss", "z_loss"], _OneRank, 1, 1, "cpu", losses)
+    assert set(report) == {"load_balancing_loss", "z_loss"} and float(report["z_loss"][0]) > 0
     m.zero_grad()
-    aux_losses.start_iteration(0.0, 1)  # scale 0: the router losses add nothing
+    losses.start_iteration(0.0, 1)  # scale 0: the router losses add nothing
     m(x).sum().backward()
     assert not torch.allclose(with_aux, m.router.weight.grad)
-    report = aux_losses.iteration_report(["load_balancing_loss", "z_loss"], _OneRank, 1, 1, "cpu")
-    assert set(report) == {"load_balancing_loss", "z_loss"} and float(report["z_loss"][0]) > 0
+    assert aux_losses.iteration_report(["z_loss"], _OneRank, 1, 1, "cpu", losses)["z_loss"][0] > 0
+    assert not hasattr(aux_losses, "_STATE")  # the loop's RouterLosses, no module state
 
 
 class _OneRank:

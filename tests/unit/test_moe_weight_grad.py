@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from megatron.core.tensor_parallel import weight_grad
-from megatron.core.transformer.moe import aux_losses, grouped_gemm
+from megatron.core.transformer.moe import grouped_gemm, step_hooks
 from megatron.core.transformer.moe.grouped_gemm import grouped_linear, grouped_mm
 from tests.unit.test_moe import cfg, layer
 
@@ -60,7 +60,7 @@ def test_expert_weight_grads_wait_for_w_and_equal_the_ordinary_backward(name, mo
         for n, p in m.named_parameters():
             if "bias" in n:
                 p.normal_()
-    aux_losses.start_iteration(1.0, 2)
+    step_hooks.bind(m).start_iteration(1.0, 2)
     g = torch.Generator().manual_seed(5)
     xs = [torch.randn(5, 3, 16, generator=g) for _ in range(2)]
     grads = [torch.randn(5, 3, 16, generator=g) for _ in range(2)]

@@ -22,7 +22,7 @@ from megatron.core.tensor_parallel import weight_grad
 from megatron.core.tensor_parallel.initialization import initialize_parameters
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer.mlp import MLP
-from megatron.core.transformer.moe import aux_losses
+from megatron.core.transformer.moe import step_hooks
 
 B, S, V = 2, 8, 50
 BASE = dict(num_layers=2, hidden_size=16, num_attention_heads=2, seq_length=S, vocab_size=V, hidden_dropout=0.0,
@@ -92,7 +92,9 @@ def _run(model, batches, split):
     calls = {}
     handles = [p.register_post_accumulate_grad_hook(lambda p, n=n: calls.__setitem__(n, calls.get(n, 0) + 1))
                for n, p in model.named_parameters()]
-    aux_losses.start_iteration(1.0, len(batches))
+    losses = step_hooks.bind(model)  # None without MoE layers
+    if losses is not None:
+        losses.start_iteration(1.0, len(batches))
     for i, step in enumerate(batches):
         with weight_grad.splitting(split):
             loss = step(model)

@@ -94,7 +94,7 @@ class MoELayer(nn.Module):
     def _finish(self, out, hidden, aux):
         if self.shared_experts is not None:
             out = out + self.shared_experts(hidden)
-        return aux_losses.attach(out, aux) if aux is not None else out
+        return aux_losses.attach(out, aux, self.router.backward_scale) if aux is not None else out
 
     def _folded_forward(self, hidden, sp):
         x = own_tokens(hidden, self.tp_group, sp)
