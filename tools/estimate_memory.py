@@ -18,10 +18,10 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron.core.distributed import zero3
-from megatron.core.distributed.ddp import DEFAULT_BUCKET_SIZE
+from megatron.core.distributed.ddp_config import DEFAULT_BUCKET_SIZE
 from megatron.core.distributed.param_and_grad_buffer import bucket_layout
 from megatron.core.distributed.sharded_buffer import unit_layout
-from megatron.core.distributed.strategy import shards_grads, shards_params
+from megatron.core.distributed.strategy import shards_grads, shards_optimizer, shards_params
 from megatron.core.errors import MegatronUserError
 from megatron.core.models.gpt import GPTModel
 from megatron.core.parallel_layout import ParallelLayout
@@ -104,7 +104,7 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
     dp_cp = dp * model_cfg.context_parallel_size  # DDP and the distributed optimizer work over DP x CP
     bucket_size = t.ddp_bucket_size or max(DEFAULT_BUCKET_SIZE, 1_000_000 * dp_cp)
     out = {"params": 0, "grads": 0, "optimizer": 0, "gathered": 0}
-    strategy = t.data_parallel_sharding_strategy
+    strategy = t.ddp_config().data_parallel_sharding_strategy
     chunks = stage_chunks(model_cfg, pp_rank, world_size)
     chunk_units = zero3.units(nn.ModuleList(chunks)) if shards_params(strategy) else None
     unit_bytes = {}  # ZeRO-3: (chunk, unit) -> padded bytes over its buffers (a MoE layer: dense + experts)
@@ -117,11 +117,11 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
             offsets, buckets, total = unit_layout([[p.numel() for p in u] for u in per_unit], shards)
         else:
             numels = [p.numel() for p in reversed(ps)]
-            offsets, buckets, total = bucket_layout(numels, bucket_size, shards, t.use_distributed_optimizer)
+            offsets, buckets, total = bucket_layout(numels, bucket_size, shards, shards_optimizer(strategy))
         elt = torch.empty((), dtype=dtype).element_size()
         grad_elt = 2 if (t.grad_reduce_in_bf16 and dtype == torch.bfloat16) else 4
         out["grads"] += total * grad_elt // (shards if shards_grads(strategy) else 1)
-        if t.use_distributed_optimizer:
+        if shards_optimizer(strategy):
             out["params"] += total * elt // (shards if chunk_units is not None else 1)
             # padding in a shard holds no parameter: no main copy, no Adam state for it
             owned = _owned_real(offsets, numels, buckets, shards)

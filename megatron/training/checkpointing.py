@@ -65,7 +65,7 @@ def _config_dict(cfg):
 
 def _layout(groups, train_cfg):
     return {"tp": groups.tp_size, "pp": groups.pp_size, "dp": groups.dp_size, "vpp": groups.vpp_size,
-            "distributed_optimizer": bool(train_cfg.use_distributed_optimizer)}
+            "distributed_optimizer": train_cfg.ddp_config().shards_optimizer}
 
 
 def _rng_state(device):

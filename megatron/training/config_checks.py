@@ -82,7 +82,7 @@ def validate(cfg, dp_size: int) -> None:
         raise ConfigError("--grad-reduce-in-bf16 needs --bf16")
     if not 0.0 <= cfg.optimizer_offload_fraction <= 1.0:
         raise ConfigError(f"--optimizer-offload-fraction must be in [0, 1], got {cfg.optimizer_offload_fraction}")
-    if cfg.overlap_param_gather and not cfg.use_distributed_optimizer:
+    if cfg.overlap_param_gather and not cfg.ddp_config().shards_optimizer:
         raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
     if cfg.hysteresis < 1 or cfg.loss_scale_window < 1 or (cfg.loss_scale is not None and cfg.loss_scale <= 0):
         raise ConfigError("--hysteresis and --loss-scale-window must be at least 1, --loss-scale positive")

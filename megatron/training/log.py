@@ -164,7 +164,7 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
         f" = global {train_cfg.global_batch_size}",
         f"> precision: {'bf16' if train_cfg.bf16 else 'fp16' if train_cfg.fp16 else 'fp32'}"
         f" | DDP buckets: overlap grad reduce {train_cfg.overlap_grad_reduce}"
-        f" | distributed optimizer {train_cfg.use_distributed_optimizer}",
+        f" | distributed optimizer {train_cfg.ddp_config().shards_optimizer}",
     ]
     if groups.pp_size > 1:
         lines.append(pipeline_summary(model_cfg, groups.pp_size, train_cfg.pipeline_schedule))

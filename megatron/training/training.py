@@ -144,11 +144,7 @@ def setup_model_and_optimizer(model_cfg, train_cfg, groups, device, model_provid
     """Model chunks (initialised layout-free), their DDP buffers, the optimizer and LR schedule."""
     model = build_model(model_provider, model_cfg, groups, device)
     initialize_parameters(model, train_cfg.seed, groups.tp_rank, groups.tp_size, (groups.etp_rank, groups.etp_size))
-    ddp = DistributedDataParallel(model, groups.dp_cp, train_cfg.ddp_bucket_size, train_cfg.overlap_grad_reduce,
-                                  train_cfg.use_distributed_optimizer, train_cfg.overlap_param_gather,
-                                  train_cfg.grad_reduce_in_bf16,
-                                  sharding_strategy=train_cfg.data_parallel_sharding_strategy,
-                                  expert_dp_group=groups.edp if groups.ep_size > 1 or groups.expert_folded else None)
+    ddp = DistributedDataParallel(model, groups, train_cfg.ddp_config())
     optimizer = get_megatron_optimizer(ddp, groups, train_cfg.lr, train_cfg.weight_decay,
                                        (train_cfg.adam_beta1, train_cfg.adam_beta2), train_cfg.adam_eps,
                                        train_cfg.clip_grad, build_grad_scaler(train_cfg),

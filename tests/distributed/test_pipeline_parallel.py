@@ -111,7 +111,7 @@ def _tied_embeddings_stay_equal(groups, fails, V):
     cfg = _config(groups.pp_size, 2 * groups.pp_size * (V or 1), V)
     model = build_model(_provider, cfg, groups, "cpu")
     initialize_parameters(model, SEED, 0, 1)
-    ddp = DistributedDataParallel(model, groups.dp)
+    ddp = DistributedDataParallel(model, groups)
     opt = MegatronOptimizer(ddp, groups, 1e-2, 0.1)
     sched = LRScheduler(opt, 1e-2, 1e-3, 10, 0)
     mine = [c.word_embeddings.weight for c in as_chunks(model) if hasattr(c, "word_embeddings")]

@@ -65,7 +65,7 @@ def _run(groups):
         mem = est.estimate(c, t, 4, groups.pp_rank)
         params, layers = est.stage_params(c, groups.pp_rank, 4)
         micro = t.global_batch_size // (t.micro_batch_size * groups.dp_size)
-        dp = dp_traffic(mem, groups.dp_size, t.use_distributed_optimizer, t.data_parallel_sharding_strategy, micro)
+        dp = dp_traffic(mem, groups.dp_size, t.data_parallel_sharding_strategy, micro)
         out.append((extra, dict(sent), dp,
                     dict(tp_counted), iteration_tp_traffic(c, t, groups.tp_size, groups.dp_size, params, layers)))
     return out
@@ -97,7 +97,7 @@ def _run_moe(groups):
         with debug.count_traffic() as sent:
             train_step(model, ddp, opt, sched, _batches(groups), _step, groups, 1)
         mem = estimator().estimate(c, t, 4)
-        out.append((strategy, dict(sent), dp_traffic(mem, groups.dp_size, True, strategy, 2), mem["expert_dp"][0]))
+        out.append((strategy, dict(sent), dp_traffic(mem, groups.dp_size, strategy, 2), mem["expert_dp"][0]))
     return out
 
 

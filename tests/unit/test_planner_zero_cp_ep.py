@@ -21,7 +21,7 @@ def test_zero3_dp_bytes_equal_formula(recompute):
     c, t = configs(flags, d)
     mem = estimator().estimate(c, t, d)
     params = mem["params"] * d  # the estimator holds the shard; its buffers are padded to d
-    traffic = dp_traffic(mem, d, True, "optim_grads_params", micro, recompute == "full")
+    traffic = dp_traffic(mem, d, "optim_grads_params", micro, recompute == "full")
     gathers = (3 if recompute else 2) * micro
     assert traffic["dp-params"] == gathers * params * (d - 1) / d
     assert traffic["dp-grads"] == 2 * params * (d - 1) / d  # fp32 grads: twice the bf16 parameter bytes
@@ -93,7 +93,7 @@ def test_expert_dp_bytes_equal_formula(strategy, ep, cp):
     mem = estimator().estimate(c, t, d)
     assert mem["grads"] == 4 * (P // d + E // e)  # fp32 gradient shards
     assert mem["params"] == 2 * ((P // d + E // e) if strategy == "optim_grads_params" else P + E)
-    traffic = dp_traffic(mem, d, True, strategy, 1)
+    traffic = dp_traffic(mem, d, strategy, 1)
     moved = P * (d - 1) / d + E * (e - 1) / e
     assert traffic["dp-grads"] == 4 * moved  # fp32 reduce-scatter
     assert traffic["dp-params"] == 2 * (2 if strategy == "optim_grads_params" else 1) * moved  # bf16 gathers

@@ -84,7 +84,7 @@ def finalize_model_grads(model, groups, ddp=None):
     shard of each bucket is meaningful afterwards; the TP sum is right on it too, since
     the DP and TP sums commute.
     """
-    if ddp is not None and ddp.shards_grads:
+    if ddp is not None and ddp.config.shards_grads:
         _finalize_sharded(model, groups, ddp)
         return
     # ZB-V's two tied copies: summed before the DP reduction where it has not started yet (the
