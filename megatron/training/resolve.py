@@ -1,7 +1,7 @@
 """The configuration is resolved once, then checked by code that assigns nothing.
 
     tokenizer = resolve(model_cfg, train_cfg, world_size)   # fills every derived value, once
-    dp = validate(model_cfg, train_cfg, world_size)         # only checks; -> data-parallel size
+    layout = validate(model_cfg, train_cfg, world_size)     # only checks; -> the ParallelLayout
 
 resolve fills: the tokenizer type (NullTokenizer with --mock-data), the model's vocabulary (the
 tokenizer's; the padded size is computed from it, TransformerConfig.padded_vocab_size), the
@@ -37,13 +37,20 @@ def resolve(model_cfg, train_cfg, world_size, make_tokenizer=build_tokenizer):
     return tokenizer
 
 
-def validate(model_cfg, train_cfg, world_size):
+def parallel_layout(model_cfg, train_cfg, world_size) -> ParallelLayout:
+    """The run's ParallelLayout for resolved configs on `world_size` ranks (ParallelConfigError for sizes
+    that do not fit). train_cfg: the training config, None where only the model's sizes matter."""
+    return ParallelLayout.from_config(model_cfg, world_size, model_cfg.pipeline_v_layout)
+
+
+def validate(model_cfg, train_cfg, world_size) -> ParallelLayout:
     """Check the resolved configs (model, kernels, layout, training) for `world_size` ranks;
-    assigns nothing. -> data-parallel size. Raises ConfigError naming the flags."""
+    assigns nothing. -> the ParallelLayout. Raises ConfigError naming the flags."""
     model_cfg.validate()
     check_fusions(model_cfg)
     pp, vpp = model_cfg.pipeline_model_parallel_size, model_cfg.virtual_pipeline_model_parallel_size
-    dp = ParallelLayout.from_config(model_cfg, world_size, model_cfg.pipeline_v_layout).dp
+    layout = parallel_layout(model_cfg, train_cfg, world_size)
+    dp = layout.dp
     train_cfg.validate(dp)
     if model_cfg.context_parallel_size > 1 and train_cfg.reset_attention_mask:
         raise ConfigError("--reset-attention-mask needs --context-parallel-size 1 (no attention mask crosses "
@@ -57,4 +64,4 @@ def validate(model_cfg, train_cfg, world_size):
             f"--global-batch-size ({train_cfg.global_batch_size}) / (--micro-batch-size "
             f"({train_cfg.micro_batch_size}) x data-parallel size ({dp})) = {num_micro}, to be a multiple "
             f"of --pipeline-model-parallel-size ({pp})")
-    return dp
+    return layout

@@ -8,8 +8,8 @@ import torch.distributed as dist
 from megatron.core.config import TransformerConfig
 from megatron.core.distributed import finalize_model_grads
 from megatron.core.models.gpt import GPTModel
-from megatron.core.parallel_layout import ParallelLayout
 from megatron.core.optimizer import clip_grads_, get_grad_norm
+from megatron.core.parallel_layout import ParallelLayout
 from megatron.core.tensor_parallel.initialization import initialize_parameters
 from megatron.core.tensor_parallel.random import model_parallel_seed
 from tests.harness import spawn

@@ -17,23 +17,13 @@ across the step: sharded_buffer.py says what is held when, zero3.py how paramete
 import torch
 
 from .. import comm
-from ..tensor_parallel.param_meta import is_expert_parallel, param_meta
+from ..tensor_parallel.param_meta import param_meta
 from . import zero3
+from .buffers import buffer_groups, buffer_layout
 from .ddp_config import DistributedDataParallelConfig
-from .param_and_grad_buffer import ParamAndGradBuffer, bucket_layout
-from .sharded_buffer import ShardedBuffer, unit_layout
+from .param_and_grad_buffer import ParamAndGradBuffer
+from .sharded_buffer import ShardedBuffer
 from .strategy import HELD
-
-
-def buffer_groups(params, experts_apart: bool) -> dict:
-    """{(dtype, expert): parameters} of each gradient buffer, in module order: one per dtype, and with
-    experts_apart (ParallelLayout.expert_dp_apart) the experts' (param_meta.is_expert_parallel) of their
-    own, reduced over expert-DP. The estimator (planner/memory.py) groups with this too."""
-    out = {}
-    for p in params:
-        if p.requires_grad:
-            out.setdefault((p.dtype, experts_apart and is_expert_parallel(p)), []).append(p)
-    return out
 
 
 class DistributedDataParallel:
@@ -59,11 +49,12 @@ class DistributedDataParallel:
             group = groups.edp if expert else groups.dp_cp
             bucket_size = config.bucket_elements(comm.world(groups.dp_cp))
             grad_dtype = torch.bfloat16 if (config.grad_reduce_in_bf16 and dtype == torch.bfloat16) else torch.float32
+            ordered, offsets, layouts, _ = buffer_layout(params, bucket_size, comm.world(group), config, chunk_units)
             if self.config.shards_grads:
-                self.buffers.append(self._sharded_buffer(params, grad_dtype, bucket_size, chunk_units, group))
+                self.buffers.append(ShardedBuffer(ordered, grad_dtype, group, offsets, layouts, config.shards_params))
             else:
-                self.buffers.append(ParamAndGradBuffer(params, grad_dtype, group, bucket_size,
-                                                       self.config.shards_optimizer))
+                self.buffers.append(ParamAndGradBuffer(ordered, grad_dtype, group, offsets, layouts,
+                                                       config.shards_optimizer))
         self.buckets = [b for buf in self.buffers for b in buf.buckets]
         self._buffer_of = {id(p): buf for buf in self.buffers for b in buf.buckets for p in b.params}
         # a tied word table's gradient is summed over groups.embd before the DP reduction
@@ -195,17 +186,6 @@ class DistributedDataParallel:
         return params, grads
 
     # ---- where the optimizer finds its ranges
-    def _sharded_buffer(self, params, grad_dtype, bucket_size, chunk_units, group):
-        dp = comm.world(group)
-        if chunk_units is None:
-            params = list(reversed(params))
-            offsets, layouts, _ = bucket_layout([p.numel() for p in params], bucket_size, dp, True)
-        else:  # one bucket per unit, the last unit first (backward order)
-            per_unit = zero3.layout_units(chunk_units, params)
-            params = [p for ps in per_unit for p in ps]
-            offsets, layouts, _ = unit_layout([[p.numel() for p in ps] for ps in per_unit], dp)
-        return ShardedBuffer(params, grad_dtype, group, offsets, layouts, self.config.shards_params)
-
     def param_view(self, param, lo, hi):
         """1-D view of where param's flat [lo, hi) persists on this rank (the optimizer writes it)."""
         return self._buffer_of[id(param)].param_view(param, lo, hi)

@@ -240,7 +240,7 @@ def _dp_exposed(cluster, t, mem, dp, tp, micro, fwd, bwd_rec, full_recompute):
 
 
 def step_time(c, t, cluster: Cluster, tp, pp, dp, mems, sp_grad_bytes=0) -> StepTime:
-    """Seconds of one iteration. mems: tools/estimate_memory.py's estimate() of each pipeline stage
+    """Seconds of one iteration. mems: memory.estimate() of each pipeline stage
     (its grad and parameter buffer bytes are what the DP collectives move); the slowest stage counts.
     sp_grad_bytes: traffic.sequence_parallel_grad_bytes of the stage holding the most."""
     (makespan, bubble), (fwd, bwd, rec) = pipeline_time(c, t, cluster, tp, pp, dp)

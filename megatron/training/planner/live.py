@@ -35,7 +35,7 @@ def prediction_line(model_cfg, train_cfg, world_size, gpu, gpus_per_node) -> str
 
 def predicted_step_line(model_cfg, train_cfg, world_size, device) -> Optional[str]:
     """prediction_line for this run's GPU, or None: not CUDA, a GPU the calibration lacks, or a
-    layout the model cannot price (the estimator's file absent from an installed copy)."""
+    layout the model cannot price."""
     device = torch.device(device)
     if device.type != "cuda":
         return None
@@ -45,5 +45,5 @@ def predicted_step_line(model_cfg, train_cfg, world_size, device) -> Optional[st
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", torch.cuda.device_count()))
     try:
         return prediction_line(model_cfg, train_cfg, world_size, gpu, max(1, min(per_node, world_size)))
-    except (OSError, MegatronUserError):
+    except MegatronUserError:
         return None
