@@ -41,8 +41,6 @@ class DistributedDataParallel:
         self.overlap_grad_reduce = config.overlap_grad_reduce
         self.overlap_param_gather = config.overlap_param_gather and config.shards_optimizer
         by_dtype = buffer_groups(module.parameters(), groups.layout.expert_dp_apart)
-        if self.config.shards_params and len({dtype for dtype, _ in by_dtype}) > 1:
-            raise ValueError("optim_grads_params needs the parameters of one dtype")
         self.buffers = []
         chunk_units = zero3.units(module) if self.config.shards_params else None
         for (dtype, expert), params in by_dtype.items():
