@@ -66,6 +66,11 @@ def coordinates(order: str, sizes: dict, rank: int) -> dict:
     return out
 
 
+def experts_folded(tp: int, etp: int | None) -> bool:
+    """An expert TP given and other than TP: the expert grid re-splits TP (MoE parallel folding)."""
+    return etp is not None and etp != tp
+
+
 def data_parallel_size(world: int, tp: int, cp: int = 1, pp: int = 1) -> int:
     """world / (TP x CP x PP), at least 1 (ParallelLayout refuses a world they do not divide)."""
     return max(1, world // (tp * cp * pp))
@@ -102,7 +107,7 @@ class ParallelLayout:
         _check_dense(self.world, self.tp, self.cp, self.pp, self.vpp)
         if self.etp is None:
             object.__setattr__(self, "etp", self.tp)
-        _check_experts(self.tp, self.dp_cp, self.ep, self.etp)
+        _check_experts(self.tp, self.dp_cp, self.ep, self.etp, self.experts_folded)
 
     @classmethod
     def from_config(cls, config, world: int, v_shape: bool = False) -> ParallelLayout:
@@ -130,7 +135,7 @@ class ParallelLayout:
     @property
     def experts_folded(self) -> bool:
         """The expert grid re-splits TP (expert TP != TP): each TP rank routes its own tokens."""
-        return self.etp != self.tp
+        return experts_folded(self.tp, self.etp)
 
     @property
     def expert_dp_apart(self) -> bool:
@@ -227,9 +232,9 @@ def _check_dense(world, tp, cp, pp, vpp):
                                   "--pipeline-model-parallel-size of at least 2")
 
 
-def _check_experts(tp, dp_cp, ep, etp):
+def _check_experts(tp, dp_cp, ep, etp, folded):
     """Expert groups are carved out of DP x CP (ETP = TP), or re-split TP x DP x CP (folded)."""
-    if etp != tp:
+    if folded:
         if ep < 1 or etp < 1 or (tp * dp_cp) % (etp * ep):
             raise ParallelConfigError(
                 f"--expert-tensor-parallel-size ({etp}) x --expert-model-parallel-size ({ep}) must divide "

@@ -64,7 +64,9 @@ def _config_dict(cfg):
 
 
 def _layout(groups, train_cfg):
-    return {"tp": groups.tp_size, "pp": groups.pp_size, "dp": groups.dp_size, "vpp": groups.vpp_size,
+    """The checkpoint's record of the layout it was saved at (groups.layout's sizes)."""
+    lay = groups.layout
+    return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "vpp": lay.vpp, "cp": lay.cp, "ep": lay.ep, "etp": lay.etp,
             "distributed_optimizer": train_cfg.ddp_config().shards_optimizer}
 
 
@@ -201,8 +203,8 @@ def load_checkpoint(path, model, optimizer, groups, train_cfg, device, scheduler
 def _maybe_load_rng(reader, meta, groups, train_cfg, device):
     if train_cfg.finetune or train_cfg.no_load_rng:
         return
-    saved = meta["layout"]
-    same = (saved["tp"], saved["pp"], saved["dp"]) == (groups.tp_size, groups.pp_size, groups.dp_size)
+    saved, lay = meta["layout"], groups.layout
+    same = (saved["tp"], saved["pp"], saved["dp"]) == (lay.tp, lay.pp, lay.dp)
     rng = reader.rng_state(rank_file(groups.rank)) if same else None
     if rng is None:
         # per-rank dropout streams do not map onto another layout; the seeds restart them

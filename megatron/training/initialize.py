@@ -8,7 +8,6 @@ import torch.distributed as dist
 
 from ..core import debug, watchdog
 from ..core.config import ConfigError
-from ..core.parallel_layout import ParallelLayout
 from ..core.parallel_state import default_backend
 from ..core.tensor_parallel.random import model_parallel_seed
 
@@ -23,8 +22,9 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def initialize_distributed(model_cfg, train_cfg):
-    """Start the default group (torchrun env, or a 1-process group), build the grid, seed.
+def initialize_distributed(layout, train_cfg):
+    """Start the default group (torchrun env, or a 1-process group), build `layout`'s groups
+    (ParallelLayout.build_groups), seed.
 
     Returns (ProcessGroups, device).
     """
@@ -47,7 +47,7 @@ def initialize_distributed(model_cfg, train_cfg):
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=max(60.0, 1.05 * limit)))
     if dist.get_world_size() > 1:
         watchdog.start(limit)
-    groups = ParallelLayout.from_config(model_cfg, dist.get_world_size(), model_cfg.pipeline_v_layout).build_groups()
+    groups = layout.build_groups()
     model_parallel_seed(train_cfg.seed, groups.tp_rank, groups.pp_rank, device)
     return groups, device
 

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from megatron.core.comm import PlanGroup
 from megatron.core.config import ConfigError, TransformerConfig
+from megatron.core.parallel_layout import ParallelLayout
 from megatron.core.tensor_parallel.initialization import initialize_parameters
 from megatron.core.tensor_parallel.param_meta import is_expert_parallel, set_init_key
 from megatron.core.transformer.moe import aux_losses, step_hooks
@@ -116,10 +117,7 @@ def test_router_loss_gradient_enters_backward():
     assert not hasattr(aux_losses, "_STATE")  # the loop's RouterLosses, no module state
 
 
-class _OneRank:
-    dp = pp = dp_cp = None
-    expert_folded = False
-    dp_size = pp_size = cp_size = 1
+_OneRank = ParallelLayout(1).plan_groups(0)  # sizes 1: no collective
 
 
 def test_grouped_mm_equals_loop_and_its_gradient():

@@ -94,7 +94,7 @@ def finalize_model_grads(model, groups, ddp=None):
         and sum_tied_copies_here(model, _grad_of(ddp))
     if ddp is not None:
         ddp.finish_grad_sync()
-    elif groups.dp_size * groups.cp_size > 1:
+    elif groups.layout.dp_cp > 1:
         _all_reduce_coalesced([p.grad for p in model.parameters() if p.grad is not None], groups.dp_cp)
     grad_of = _grad_of(ddp)
     if groups.tp_size > 1:

@@ -215,7 +215,7 @@ def forward_backward(model, batches, forward_step, groups, loss_terms: LossDecla
         comm = P2PCommunicator(groups, shape, cfg.params_dtype, counts.device, grad_channel=v_shape)
     total = run_actions(actions, chunks, batches, forward_step, groups, comm, counts, names, forward_only, trace,
                         stats, loss_scale, v_shape)
-    if groups.pp_rank == (0 if v_shape else P - 1) and groups.dp_size * groups.cp_size > 1:
+    if groups.pp_rank == (0 if v_shape else P - 1) and groups.layout.dp_cp > 1:
         with waiting("all-reduce (losses)", groups.dp_cp):
             dist.all_reduce(total, group=groups.dp_cp)
     if v_shape:  # the sums to every pipeline rank: the last stage keeps reporting them (logs, NaN check)

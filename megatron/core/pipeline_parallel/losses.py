@@ -41,7 +41,7 @@ def global_counts(batches: Sequence[dict], groups, declared: LossDeclaration) ->
             return batch[key].float().sum()
         return torch.tensor(float(batch["tokens"].shape[0]), device=batch["tokens"].device)
     counts = torch.stack([torch.stack([count(b, key) for b in batches]).sum() for key in declared.values()])
-    if groups.dp_size * groups.cp_size > 1:  # CP ranks hold parts of the same samples
+    if groups.layout.dp_cp > 1:  # CP ranks hold parts of the same samples
         with waiting("all-reduce (loss counts)", groups.dp_cp):
             dist.all_reduce(counts, group=groups.dp_cp)
     return counts

@@ -239,20 +239,21 @@ def _dp_exposed(cluster, t, mem, dp, tp, micro, fwd, bwd_rec, full_recompute):
     return shown
 
 
-def step_time(c, t, cluster: Cluster, tp, pp, dp, mems, sp_grad_bytes=0) -> StepTime:
-    """Seconds of one iteration. mems: memory.estimate() of each pipeline stage
-    (its grad and parameter buffer bytes are what the DP collectives move); the slowest stage counts.
+def step_time(c, t, cluster: Cluster, layout, mems, sp_grad_bytes=0) -> StepTime:
+    """Seconds of one iteration on `layout` (ParallelLayout). mems: memory.estimate() of each pipeline
+    stage (its grad and parameter buffer bytes are what the DP collectives move); the slowest stage counts.
     sp_grad_bytes: traffic.sequence_parallel_grad_bytes of the stage holding the most."""
+    tp, pp, dp = layout.tp, layout.pp, layout.dp
     (makespan, bubble), (fwd, bwd, rec) = pipeline_time(c, t, cluster, tp, pp, dp)
-    elt, cp = _elt(c), c.context_parallel_size
+    elt = _elt(c)
     micro = t.global_batch_size // (t.micro_batch_size * dp)
     exposed = optimizer = 0.0
     for mem in mems:  # DP x CP ranks, tp apart (rank order tp-cp-dp-pp)
-        exposed = max(exposed, _dp_exposed(cluster, t, mem, dp * cp, tp, micro, fwd, bwd + rec,
+        exposed = max(exposed, _dp_exposed(cluster, t, mem, layout.dp_cp, tp, micro, fwd, bwd + rec,
                                            c.recompute_granularity == "full"))
         ddp = t.ddp_config()  # ZeRO-3: the params held are the shard already
         owned = sum(part["params"] / elt / (n if ddp.shards_optimizer and not ddp.shards_params else 1)
-                    for n, part in dp_groups(mem, dp * cp))
+                    for n, part in dp_groups(mem, layout.dp_cp))
         # Adam on fp32 main params: main, m, v read and written, the fp32 grad read, the param written
         optimizer = max(optimizer, memory_time(cluster, owned * (3 * 2 * 4 + 4 + elt)))
     emb = collective_time(cluster, "all_reduce", sp_grad_bytes, tp, 1)

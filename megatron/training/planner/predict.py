@@ -51,11 +51,11 @@ def hardware_flops(c, batch):
 def predict_resolved(c, t, world_size, cluster: Cluster, label="", flags=()) -> Prediction:
     """Prediction for resolved and validated configs (resolve() + validate() done) on `cluster`."""
     layout = parallel_layout(c, t, world_size)
-    tp, pp, dp = layout.tp, layout.pp, layout.dp
+    tp, pp = layout.tp, layout.pp
     mems = [estimate(c, t, world_size, r) for r in range(pp)]
     memory = max(total_bytes(m) for m in mems)
     sp_bytes = max(sequence_parallel_grad_bytes(stage_params(c, t, world_size, r)[0], tp) for r in range(pp))
-    step = step_time(c, t, cluster, tp, pp, dp, mems, sp_bytes)
+    step = step_time(c, t, cluster, layout, mems, sp_bytes)
     gbs, secs = t.global_batch_size, step.total
     model = num_floating_point_operations(c, gbs) / secs / world_size
     return Prediction(label, list(flags), step, memory, memory <= cluster.memory_bytes,

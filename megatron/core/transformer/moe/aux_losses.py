@@ -95,7 +95,7 @@ def attach(out, loss, scale):
 def token_groups(groups):
     """[(group, size)] over which the ranks of a pipeline stage route different tokens: groups.dp_cp, and
     groups.tp when the experts are folded (each TP rank routes its own share; parallel_state)."""
-    found = [(groups.dp_cp, groups.dp_size * groups.cp_size)]
+    found = [(groups.dp_cp, groups.layout.dp_cp)]
     return found + [(groups.tp, groups.tp_size)] if groups.expert_folded else found
 
 
