@@ -62,7 +62,7 @@ def _worker(rank, world_size, port, tp, pp, timeout, fn, args, results, sizes):
 
 def spawn(world_size, fn, *args, tp=1, pp=1, timeout=DEFAULT_TIMEOUT, **sizes):
     """Run fn(groups, *args) on world_size processes; return the per-rank return values. sizes: the
-    other ParallelLayout fields (v_shape=True: ZB-V's gradient group).
+    other ParallelLayout fields (schedule="zb_v": ZB-V's gradient group).
 
     Raises AssertionError naming the failing rank(s) with their tracebacks if any rank
     raises, exits without reporting (crash), or the run exceeds `timeout` seconds.

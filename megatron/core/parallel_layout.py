@@ -90,10 +90,11 @@ class Position:
 
 @dataclasses.dataclass(frozen=True)
 class ParallelLayout:
-    """The sizes of a run: world, TP, CP, PP, model chunks per pipeline rank (vpp, None for one), EP and
-    expert TP (None: TP). v_shape: ZB-V's two chunks per rank in a V, whose gradients travel over a second
-    pipeline group (pp_grad). Raises ParallelConfigError, naming the flags and the fix, for sizes that
-    do not fit the world."""
+    """The sizes of a run: world, TP, CP, PP, the interleaved schedule's model chunks per pipeline rank
+    (vpp, None for one), EP and expert TP (None: TP), and the pipeline schedule (a SCHEDULES name, from
+    schedule_flag.schedule_for_flag; None: the default for the layout). ZB-V ("zb_v") puts two chunks per
+    rank in a V, whose gradients travel over a second pipeline group (pp_grad). Raises
+    ParallelConfigError, naming the flags and the fix, for sizes that do not fit the world."""
     world: int
     tp: int = 1
     cp: int = 1
@@ -101,7 +102,7 @@ class ParallelLayout:
     vpp: int | None = None
     ep: int = 1
     etp: int | None = None
-    v_shape: bool = False
+    schedule: str | None = None
 
     def __post_init__(self):
         _check_dense(self.world, self.tp, self.cp, self.pp, self.vpp)
@@ -110,12 +111,28 @@ class ParallelLayout:
         _check_experts(self.tp, self.dp_cp, self.ep, self.etp, self.experts_folded)
 
     @classmethod
-    def from_config(cls, config, world: int, v_shape: bool = False) -> ParallelLayout:
+    def from_config(cls, config, world: int, schedule: str | None = None) -> ParallelLayout:
         """The layout of a TransformerConfig's parallel sizes on `world` ranks (expert TP only with experts)."""
         c = config
         return cls(world, c.tensor_model_parallel_size, c.context_parallel_size, c.pipeline_model_parallel_size,
                    c.virtual_pipeline_model_parallel_size, c.expert_model_parallel_size,
-                   c.expert_tensor_parallel_size if c.num_experts else None, v_shape)
+                   c.expert_tensor_parallel_size if c.num_experts else None, schedule)
+
+    # ---- the pipeline
+    @property
+    def v_shape(self) -> bool:
+        """ZB-V: two model chunks per rank in a V (pipeline_parallel/split.py), gradients over pp_grad."""
+        return self.schedule == "zb_v" and self.pp > 1
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks per pipeline rank: 2 in ZB-V's V, vpp with the interleaved schedule, else 1."""
+        return 2 if self.v_shape else self.vpp or 1
+
+    @property
+    def virtual_stages(self) -> int | None:
+        """chunks, None for one (Megatron-LM's virtual pipeline size)."""
+        return self.chunks if self.chunks > 1 else None
 
     # ---- derived sizes
     @property
@@ -202,7 +219,7 @@ class ParallelLayout:
         return ProcessGroups(self, rank, **{name: made.get(name) for name in ProcessGroups.NAMES})
 
     def describe(self) -> str:
-        v = f" (virtual stages {self.vpp})" if self.vpp else ""
+        v = f" (virtual stages {self.chunks})" if self.chunks > 1 else ""
         cp, order = (f" x CP {self.cp}", "tp-cp-dp-pp") if self.cp > 1 else ("", "tp-dp-pp")
         line = (f"world {self.world} = TP {self.tp}{cp} x DP {self.dp} x PP {self.pp}{v}; rank order {order} "
                 "(TP ranks adjacent)")

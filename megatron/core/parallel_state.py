@@ -21,11 +21,12 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1,
                               expert_tensor_parallel_size: int | None = None,
                               pipeline_grad_group: bool = False) -> ProcessGroups:
     """ParallelLayout(world, sizes...).build_groups() over the default (world) group; every rank must
-    call it. pipeline_grad_group: ZB-V's second pipeline group (ParallelLayout.v_shape). Raises
+    call it. pipeline_grad_group: ZB-V's V and its second pipeline group (schedule "zb_v"). Raises
     ParallelConfigError, before creating any group, when the sizes do not fit the world size."""
     layout = ParallelLayout(dist.get_world_size(), tensor_model_parallel_size, context_parallel_size,
                             pipeline_model_parallel_size, virtual_pipeline_model_parallel_size,
-                            expert_model_parallel_size, expert_tensor_parallel_size, pipeline_grad_group)
+                            expert_model_parallel_size, expert_tensor_parallel_size,
+                            "zb_v" if pipeline_grad_group else None)
     return layout.build_groups()
 
 

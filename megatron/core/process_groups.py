@@ -64,7 +64,7 @@ class ProcessGroups:
 
     @property
     def vpp_size(self):
-        return self.layout.vpp
+        return self.layout.virtual_stages
 
     @property
     def ep_size(self) -> int:
@@ -130,3 +130,11 @@ class ProcessGroups:
 
     def describe(self) -> str:
         return self.layout.describe()
+
+    def with_pipeline(self, vpp=None, schedule=None):
+        """These groups for another pipeline schedule over the same ranks: the layout with `vpp` chunks per
+        rank and `schedule`, the same handles (no group changes; ZB-V needs pp_grad built already)."""
+        layout = dataclasses.replace(self.layout, vpp=vpp, schedule=schedule)
+        if layout.v_shape and self.pp_grad is None:
+            raise ValueError("ZB-V sends its gradients over groups.pp_grad: build the groups with schedule zb_v")
+        return dataclasses.replace(self, layout=layout)

@@ -14,7 +14,7 @@ Sizes are checked positive before anything divides by them. Nothing here needs a
 from ..core.config import ConfigError
 from ..core.fusions import check_config as check_fusions
 from ..core.parallel_layout import ParallelLayout, data_parallel_size
-from ..core.pipeline_parallel.schedule_flag import schedule_for_flag, use_v_layout
+from ..core.pipeline_parallel.schedule_flag import check_v_layout, schedule_for_flag
 from .checkpoint_args import apply_checkpoint_args, check_ckpt_format
 from .tokenizer import build_tokenizer
 
@@ -30,7 +30,7 @@ def resolve(model_cfg, train_cfg, world_size, make_tokenizer=build_tokenizer):
     tokenizer = make_tokenizer(train_cfg)
     model_cfg.resolve(vocab_size=tokenizer.vocab_size)
     model_cfg.params_dtype = train_cfg.params_dtype
-    use_v_layout(model_cfg, train_cfg.pipeline_schedule)
+    check_v_layout(model_cfg, train_cfg.pipeline_schedule)
     # a world that TP x PP does not divide is reported by validate(), after the model's own checks
     train_cfg.resolve(data_parallel_size(world_size, model_cfg.tensor_model_parallel_size,
                                          model_cfg.context_parallel_size, model_cfg.pipeline_model_parallel_size))
@@ -38,9 +38,12 @@ def resolve(model_cfg, train_cfg, world_size, make_tokenizer=build_tokenizer):
 
 
 def parallel_layout(model_cfg, train_cfg, world_size) -> ParallelLayout:
-    """The run's ParallelLayout for resolved configs on `world_size` ranks (ParallelConfigError for sizes
-    that do not fit). train_cfg: the training config, None where only the model's sizes matter."""
-    return ParallelLayout.from_config(model_cfg, world_size, model_cfg.pipeline_v_layout)
+    """The run's ParallelLayout for resolved configs on `world_size` ranks, with the pipeline schedule
+    --pipeline-schedule names (schedule_for_flag, the one call). Raises ConfigError (ParallelConfigError
+    for sizes that do not fit)."""
+    schedule = schedule_for_flag(train_cfg.pipeline_schedule, model_cfg.pipeline_model_parallel_size,
+                                 model_cfg.virtual_pipeline_model_parallel_size or 1)
+    return ParallelLayout.from_config(model_cfg, world_size, schedule)
 
 
 def validate(model_cfg, train_cfg, world_size) -> ParallelLayout:
@@ -48,17 +51,15 @@ def validate(model_cfg, train_cfg, world_size) -> ParallelLayout:
     assigns nothing. -> the ParallelLayout. Raises ConfigError naming the flags."""
     model_cfg.validate()
     check_fusions(model_cfg)
-    pp, vpp = model_cfg.pipeline_model_parallel_size, model_cfg.virtual_pipeline_model_parallel_size
     layout = parallel_layout(model_cfg, train_cfg, world_size)
-    dp = layout.dp
+    pp, vpp, dp = layout.pp, layout.vpp, layout.dp
     train_cfg.validate(dp)
     if model_cfg.context_parallel_size > 1 and train_cfg.reset_attention_mask:
         raise ConfigError("--reset-attention-mask needs --context-parallel-size 1 (no attention mask crosses "
                           "context-parallel ranks); drop one of them")
     check_ckpt_format(train_cfg)
-    schedule_for_flag(train_cfg.pipeline_schedule, pp, vpp or 1)
     num_micro = train_cfg.global_batch_size // (train_cfg.micro_batch_size * dp)
-    if vpp and not model_cfg.pipeline_v_layout and num_micro % pp:
+    if vpp and num_micro % pp:
         raise ConfigError(
             f"the interleaved schedule ({vpp} model chunks per rank) needs the number of microbatches, "
             f"--global-batch-size ({train_cfg.global_batch_size}) / (--micro-batch-size "

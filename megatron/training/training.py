@@ -12,7 +12,6 @@ from ..core.distributed import DistributedDataParallel, finalize_model_grads
 from ..core.optimizer import LRScheduler, get_megatron_optimizer
 from ..core.optimizer.grad_scaler import ConstantGradScaler, DynamicGradScaler
 from ..core.pipeline_parallel import TOKEN_LOSS, default_schedule, get_forward_backward_func
-from ..core.pipeline_parallel.schedule_flag import schedule_for_flag
 from ..core.pipeline_parallel.split import chunk_roles
 from ..core.tensor_parallel.initialization import initialize_parameters
 from ..core.transformer.context_parallel import cp_slice
@@ -46,8 +45,8 @@ def build_model(model_provider, model_cfg, groups, device):
     model_provider(config, groups, device, pre_process, post_process, vp_stage) builds one
     chunk; the embedding goes on the first stage's first chunk, the loss on the last's last.
     """
-    V = model_cfg.virtual_pipeline_model_parallel_size or 1
-    roles = [chunk_roles(model_cfg, groups.pp_size, groups.pp_rank, v) for v in range(V)]
+    V = groups.layout.chunks
+    roles = [chunk_roles(groups.layout, groups.pp_rank, v) for v in range(V)]
     chunks = [model_provider(model_cfg, groups, device, pre_process=pre, post_process=post, vp_stage=v)
               for v, (pre, post) in enumerate(roles)]
     return chunks[0] if V == 1 else nn.ModuleList(chunks)
@@ -107,7 +106,7 @@ def write_pipeline_trace(path, trace, groups, model_cfg, num_micro, iteration, s
     spans = [None] * groups.pp_size
     dist.all_gather_object(spans, trace, group=groups.pp)
     if groups.rank == 0:
-        V = model_cfg.virtual_pipeline_model_parallel_size or 1
+        V = groups.layout.chunks
         with open(path, "w") as f:
             json.dump({"schedule": schedule or default_schedule(groups.pp_size, V), "P": groups.pp_size, "M": num_micro,
                        "V": V, "iteration": iteration, "ranks": dict(enumerate(spans))}, f)
@@ -174,8 +173,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     predicted = predicted_step_line(model_cfg, train_cfg, groups.world_size, device) if groups.rank == 0 else None
     if predicted:  # on a known GPU: the planner's step time, to read beside the measured ones
         print_rank_0(predicted)
-    schedule = schedule_for_flag(train_cfg.pipeline_schedule, groups.pp_size,
-                                 model_cfg.virtual_pipeline_model_parallel_size or 1)
+    schedule = groups.layout.schedule  # --pipeline-schedule's (resolve.parallel_layout)
     forward_backward_func = get_forward_backward_func(schedule)
     router_losses = moe_hooks.bind(model)  # what the MoE layers record into, step after step
     model.train()

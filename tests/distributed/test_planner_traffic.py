@@ -22,6 +22,7 @@ from megatron.training.planner.hardware import ring_bytes
 from megatron.training.planner.memory import estimate, stage_params
 from megatron.training.planner.predict import configs
 from megatron.training.planner.traffic import iteration_p2p_sent, iteration_tp_traffic
+from megatron.training.resolve import parallel_layout
 from megatron.training.training import setup_model_and_optimizer, train_step
 from tests.distributed.test_data_parallel import _batches, _step
 from tests.distributed.test_pipeline_parallel import _forward_step
@@ -120,6 +121,8 @@ def _run_pipeline(groups):
     flags = TINY + ["--num-layers", "4", "--pipeline-model-parallel-size", "2", "--sequence-parallel",
                     "--num-layers-per-virtual-pipeline-stage", "1"]
     c, t = configs(flags, 4)
+    layout = parallel_layout(c, t, 4)
+    groups = groups.with_pipeline(layout.vpp, layout.schedule)  # the harness built the groups: 2 chunks per rank
     model_parallel_seed(5, groups.tp_rank, groups.pp_rank, "cpu")
     model, ddp, opt, sched = setup_model_and_optimizer(
         c, t, groups, torch.device("cpu"), lambda c_, g, d, **kw: GPTModel(c_, g, device=d, **kw))

@@ -31,7 +31,7 @@ def _crossed_messages(groups):
 
 
 def test_gradient_group_has_the_pipeline_ranks_and_keeps_its_messages_apart():
-    results = spawn(4, _crossed_messages, pp=2, v_shape=True, timeout=60)  # DP2 x PP2: pipelines [0, 2] and [1, 3]
+    results = spawn(4, _crossed_messages, pp=2, schedule="zb_v", timeout=60)  # DP2 x PP2: pipelines [0, 2] and [1, 3]
     for rank, (ranks, distinct, got) in enumerate(results):
         assert ranks[0] == ranks[1] == [rank % 2, rank % 2 + 2] and distinct
         assert got == (None if rank < 2 else ([2.0], [1.0]))

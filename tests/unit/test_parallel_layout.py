@@ -49,7 +49,7 @@ PARITY_SUITE = {
         "tp": [[0, 1], [2, 3]], "dp": [[0, 2], [1, 3]], "pp": [[0], [1], [2], [3]], "mp": [[0, 1], [2, 3]],
         "embd": [[0], [1], [2], [3]], "etp": [[0, 1, 2, 3]], "ep": [[0], [1], [2], [3]],
         "edp": [[0], [1], [2], [3]], "tp_cp": [[0, 1], [2, 3]]}),
-    "zb-v pp2 dp2": (dict(world=4, pp=2, v_shape=True), {
+    "zb-v pp2 dp2": (dict(world=4, pp=2, schedule="zb_v"), {
         "tp": [[0], [1], [2], [3]], "dp": [[0, 1], [2, 3]], "pp": [[0, 2], [1, 3]], "mp": [[0, 2], [1, 3]],
         "embd": [[0, 2], [1, 3]], "pp_grad": [[0, 2], [1, 3]]}),
 }
@@ -63,10 +63,10 @@ def _layouts(max_world=16):
                 continue
             for ep, etp, v in itertools.product(range(1, world + 1), [None, *range(1, world + 1)], (False, True)):
                 try:
-                    ParallelLayout(world, tp, cp, pp, None, ep, etp, v)
+                    ParallelLayout(world, tp, cp, pp, None, ep, etp, "zb_v" if v else None)
                 except ParallelConfigError:
                     continue
-                yield dict(world=world, tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, v_shape=v), \
+                yield dict(world=world, tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, schedule="zb_v" if v else None), \
                     dict(world=world, tp=tp, cp=cp, pp=pp, ep=ep, etp=etp, pp_grad=v)
 
 

@@ -202,8 +202,8 @@ def forward_backward(model, batches, forward_step, groups, loss_terms: LossDecla
     """
     chunks = as_chunks(model)
     P, V, M = groups.pp_size, len(chunks), len(batches)
-    v_shape = P > 1 and chunks[0].config.pipeline_v_layout  # built for ZB-V: only zb_v runs it
-    schedule = "zb_v" if v_shape else schedule or default_schedule(P, V)
+    schedule = schedule or groups.layout.schedule or default_schedule(P, V)  # the layout's when not given
+    v_shape = schedule == "zb_v"  # chunks built in a V (ParallelLayout.v_shape)
     actions = (zb_v if v_shape else SCHEDULES[schedule])(P, M, V, groups.pp_rank, forward_only)
     names = list(loss_terms)
     counts = global_counts(batches, groups, loss_terms)

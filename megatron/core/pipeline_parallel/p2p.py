@@ -33,7 +33,7 @@ def channel_groups(groups, grad_channel: bool) -> list:
         return [groups.pp]
     if groups.pp_grad is None:
         raise ValueError("ZB-V sends its gradients over groups.pp_grad: build the groups from a ParallelLayout "
-                         "with v_shape=True (--pipeline-schedule zb-v)")
+                         "with schedule zb_v (--pipeline-schedule zb-v)")
     return [groups.pp, groups.pp_grad]
 
 

@@ -128,9 +128,10 @@ def tp_time(cluster: Cluster, ops, tp):
     return sum(collective_time(cluster, kind, nbytes, tp, 1) for kind, nbytes in ops)
 
 
-def pipeline_time(c, t, cluster: Cluster, tp, pp, dp):
+def pipeline_time(c, t, cluster: Cluster, layout):
     """(makespan s, bubble fraction, per-rank forward/backward costs) of the schedule over all microbatches."""
-    b, V = t.micro_batch_size, c.virtual_pipeline_model_parallel_size or 1
+    tp, pp, dp = layout.tp, layout.pp, layout.dp
+    b, V = t.micro_batch_size, layout.chunks
     M = t.global_batch_size // (b * dp)
     fwd, bwd, rec = layer_costs(c, b, cluster, tp)
     hf, hb = head_costs(c, b, cluster, tp)
@@ -244,7 +245,7 @@ def step_time(c, t, cluster: Cluster, layout, mems, sp_grad_bytes=0) -> StepTime
     stage (its grad and parameter buffer bytes are what the DP collectives move); the slowest stage counts.
     sp_grad_bytes: traffic.sequence_parallel_grad_bytes of the stage holding the most."""
     tp, pp, dp = layout.tp, layout.pp, layout.dp
-    (makespan, bubble), (fwd, bwd, rec) = pipeline_time(c, t, cluster, tp, pp, dp)
+    (makespan, bubble), (fwd, bwd, rec) = pipeline_time(c, t, cluster, layout)
     elt = _elt(c)
     micro = t.global_batch_size // (t.micro_batch_size * dp)
     exposed = optimizer = 0.0

@@ -21,7 +21,7 @@ def stage_chunks(model_cfg, t, world_size, pp_rank):
     key = (repr(model_cfg), repr(layout), pp_rank)
     if key not in _built:
         groups = layout.plan_groups(layout.group_of("pp", 0)[pp_rank])
-        V = model_cfg.virtual_pipeline_model_parallel_size or 1
+        V = layout.chunks
         _built[key] = [GPTModel(model_cfg, groups, pre_process=groups.is_first_stage and v == 0,
                                 post_process=groups.is_last_stage and v == V - 1, device="meta", vp_stage=v)
                        for v in range(V)]

@@ -40,7 +40,7 @@ class LanguageModule(nn.Module):
         self.share_embeddings = not config.untie_embeddings_and_output_weights
         self.input_tensor = None
         if num_layers is None:
-            layer_offset, num_layers = stage_layers(config, groups.pp_size, groups.pp_rank, vp_stage)
+            layer_offset, num_layers = stage_layers(config, groups.layout, groups.pp_rank, vp_stage)
         tp = groups.tp
         if pre_process or (post_process and self.share_embeddings):
             # with pipelining the last stage keeps its own copy of the tied table
