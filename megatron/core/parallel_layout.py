@@ -145,9 +145,14 @@ class ParallelLayout:
         return self.dp * self.cp
 
     @property
+    def stage_ranks(self) -> int:
+        """TP x CP x DP: the ranks of one pipeline stage (consecutive; stages are this many ranks apart)."""
+        return self.tp * self.dp_cp
+
+    @property
     def edp(self) -> int:
         """Expert-DP: the ranks of a stage holding the same experts, TP x CP x DP / (ETP x EP)."""
-        return self.tp * self.dp_cp // (self.etp * self.ep)
+        return self.stage_ranks // (self.etp * self.ep)
 
     @property
     def experts_folded(self) -> bool:

@@ -138,7 +138,7 @@ def pipeline_time(c, t, cluster: Cluster, layout):
     ef, eb = embedding_costs(c, b, cluster, tp)
     split = layer_split(c.num_layers, pp, V if V > 1 else None)
     act_bytes = p2p_message_bytes(c, b, tp)
-    crosses = tp * c.context_parallel_size * dp >= cluster.gpus_per_node  # stages are tp cp dp ranks apart
+    crosses = layout.stage_ranks >= cluster.gpus_per_node  # stages are TP x CP x DP ranks apart
     send = p2p_time(cluster, act_bytes, crosses) if pp > 1 else 0.0
 
     def chunk_cost(rank, chunk, backward):
