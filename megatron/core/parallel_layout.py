@@ -24,7 +24,7 @@ import dataclasses
 import torch.distributed as dist
 
 from .comm import PlanGroup
-from .errors import ParallelConfigError
+from .layout_checks import check_dense, check_experts
 from .process_groups import ProcessGroups
 
 DENSE, EXPERT = "tp-cp-dp-pp", "etp-ep-edp-pp"
@@ -105,10 +105,10 @@ class ParallelLayout:
     schedule: str | None = None
 
     def __post_init__(self):
-        _check_dense(self.world, self.tp, self.cp, self.pp, self.vpp)
+        check_dense(self.world, self.tp, self.cp, self.pp, self.vpp)
         if self.etp is None:
             object.__setattr__(self, "etp", self.tp)
-        _check_experts(self.tp, self.dp_cp, self.ep, self.etp, self.experts_folded)
+        check_experts(self.tp, self.dp_cp, self.ep, self.etp, self.experts_folded)
 
     @classmethod
     def from_config(cls, config, world: int, schedule: str | None = None) -> ParallelLayout:
@@ -231,39 +231,3 @@ class ParallelLayout:
         if self.experts_folded:  # the experts re-split TP x CP x DP (parallel folding)
             return line + f"; experts folded over expert-TP {self.etp} x EP {self.ep} x expert-DP {self.edp}"
         return line + (f"; experts over EP {self.ep} x expert-DP {self.edp}" if self.ep > 1 else "")
-
-
-def _check_dense(world, tp, cp, pp, vpp):
-    if tp < 1 or pp < 1:
-        raise ParallelConfigError(f"--tensor-model-parallel-size ({tp}) and --pipeline-model-parallel-size ({pp}) "
-                                  "must be at least 1")
-    if cp < 1:
-        raise ParallelConfigError(f"--context-parallel-size ({cp}) must be at least 1")
-    if cp > 1 and world % (tp * cp * pp) != 0:
-        raise ParallelConfigError(
-            f"world size {world} is not divisible by --tensor-model-parallel-size {tp} x "
-            f"--context-parallel-size {cp} x --pipeline-model-parallel-size {pp} = {tp * cp * pp}; launch a "
-            f"multiple of {tp * cp * pp} processes or change the parallel sizes")
-    if world % (tp * pp) != 0:
-        raise ParallelConfigError(
-            f"world size {world} is not divisible by --tensor-model-parallel-size {tp} x "
-            f"--pipeline-model-parallel-size {pp} = {tp * pp}; launch a multiple of {tp * pp} "
-            "processes or change the parallel sizes")
-    if vpp is not None and vpp > 1 and pp < 2:
-        raise ParallelConfigError("--num-virtual-stages-per-pipeline-rank (virtual pipeline stages) needs "
-                                  "--pipeline-model-parallel-size of at least 2")
-
-
-def _check_experts(tp, dp_cp, ep, etp, folded):
-    """Expert groups are carved out of DP x CP (ETP = TP), or re-split TP x DP x CP (folded)."""
-    if folded:
-        if ep < 1 or etp < 1 or (tp * dp_cp) % (etp * ep):
-            raise ParallelConfigError(
-                f"--expert-tensor-parallel-size ({etp}) x --expert-model-parallel-size ({ep}) must divide "
-                f"--tensor-model-parallel-size x the data-parallel size ({tp} x {dp_cp}): the experts re-split "
-                "those ranks; change them or launch more processes")
-    elif ep < 1 or dp_cp % ep:
-        raise ParallelConfigError(
-            f"--expert-model-parallel-size ({ep}) must divide the data-parallel size ({dp_cp}): expert-parallel "
-            "groups are carved out of the data-parallel ranks; change it or launch more processes")
-
