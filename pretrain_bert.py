@@ -70,12 +70,12 @@ def main(argv=None):
     try:
         argv = embedded_recipe(argv, extra, bert=True, log=print_first_rank)  # no data flags: the stdlib corpus
         model_cfg, train_cfg, bert, _ = parse_args(argv, "Pretrain a BERT model.", extra)
-        tokenizer = configure(model_cfg, train_cfg)
+        tokenizer, layout = configure(model_cfg, train_cfg)
         check_bert_config(model_cfg, train_cfg, bert, tokenizer)
         build = functools.partial(build_bert_datasets_from_config, binary_head=bert.bert_binary_head,
                                   binary_head_task=bert.binary_head_task, masked_lm_prob=bert.mask_prob,
                                   short_seq_prob=bert.short_seq_prob)
-        groups, device, datasets = start(model_cfg, train_cfg, tokenizer, build)
+        groups, device, datasets = start(model_cfg, train_cfg, layout, tokenizer, build)
     except USER_ERRORS as e:
         return user_error(e)
     terms = bert.loss_terms

@@ -37,8 +37,8 @@ def main(argv=None):
     try:
         argv = embedded_recipe(argv, [EMBEDDED], log=print_first_rank)  # no data flags: the stdlib corpus
         model_cfg, train_cfg, _ = parse_args(argv, extra=[EMBEDDED])
-        tokenizer = configure(model_cfg, train_cfg)
-        groups, device, datasets = start(model_cfg, train_cfg, tokenizer, build_datasets)
+        tokenizer, layout = configure(model_cfg, train_cfg)
+        groups, device, datasets = start(model_cfg, train_cfg, layout, tokenizer, build_datasets)
     except USER_ERRORS as e:
         return user_error(e)
     spec = ModelSpec(model_provider, forward_step, collate=gpt_collate(train_cfg, tokenizer))

@@ -62,11 +62,11 @@ def _instrument():
         "world": staticmethod(comm.world), "rank": staticmethod(comm.rank)})
 
 
-def _layer(a, cp, comm_type, seq):
+def _layer(a, groups, comm_type, seq):
     cfg = TransformerConfig(num_layers=1, hidden_size=a.hidden, num_attention_heads=a.heads, seq_length=seq,
-                            vocab_size=128, hidden_dropout=0.0, attention_dropout=0.0, context_parallel_size=cp,
-                            cp_comm_type=comm_type)
-    layer = TransformerLayer(cfg, comm.PlanGroup(1, 0), 1)
+                            vocab_size=128, hidden_dropout=0.0, attention_dropout=0.0,
+                            context_parallel_size=groups.cp_size, cp_comm_type=comm_type)
+    layer = TransformerLayer(cfg, groups, 1)
     for name, param in layer.named_parameters():
         set_init_key(param, name)  # the same values on every rank and at every CP size
     initialize_parameters(layer, 1, 0, 1)
@@ -81,13 +81,13 @@ def _worker(rank, a, cp, port, out):
     _instrument()
     result = {"memory": {}, "time": {}, "bytes": {}}
     for seq in a.seqs:
-        layer = _layer(a, cp, "p2p", seq)
+        layer = _layer(a, groups, "p2p", seq)
         x = torch.randn(seq // cp, a.micro_batch, a.hidden, requires_grad=True)
         _, saved = measure(functools.partial(layer, x), exclude=list(layer.parameters()))
         result["memory"][seq] = saved
     if cp == 2:
         for seq in a.time_seqs:
-            layers = {c: _layer(a, cp, c, seq) for c in ("p2p", "all_gather")}
+            layers = {c: _layer(a, groups, c, seq) for c in ("p2p", "all_gather")}
             x = torch.randn(seq // cp, a.micro_batch, a.hidden)
             times = {c: [] for c in layers}
             for r in range(a.warmup + a.rounds):

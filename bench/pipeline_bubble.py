@@ -98,10 +98,9 @@ class _BackwardWork(torch.autograd.Function):
 class Stage(nn.Module):
     """A model chunk with a fixed cost: forward `fwd` seconds, backward `bwd` seconds."""
 
-    def __init__(self, fwd, bwd, pre, post, kind, V, v_shape=False):
+    def __init__(self, fwd, bwd, pre, post, kind, V):
         super().__init__()
-        self.config = SimpleNamespace(hidden_size=HIDDEN, sequence_parallel=False, params_dtype=torch.float32,
-                                     pipeline_v_layout=v_shape)
+        self.config = SimpleNamespace(hidden_size=HIDDEN, sequence_parallel=False, params_dtype=torch.float32)
         self.weight = nn.Parameter(torch.ones(()))
         self.fwd, self.bwd, self.pre, self.post, self.kind = fwd, bwd, pre, post, kind
         self.act_elems = ACT_ELEMS // V  # a chunk holds 1/V of the stage's layers
@@ -126,8 +125,8 @@ def _one_run(groups, P, M, V, name, stage_s, kind):
     from megatron.core.pipeline_parallel import forward_backward
     v_shape = name == "zb_v"  # the loss on rank 0's chunk 1
     last = groups.is_first_stage if v_shape else groups.is_last_stage
-    chunks = [Stage(stage_s / V, 2 * stage_s / V, groups.is_first_stage and v == 0, last and v == V - 1, kind, V,
-                    v_shape) for v in range(V)]
+    chunks = [Stage(stage_s / V, 2 * stage_s / V, groups.is_first_stage and v == 0, last and v == V - 1, kind, V)
+              for v in range(V)]
     batches = [{"tokens": torch.zeros(MICRO, SEQ, dtype=torch.long), "loss_mask": torch.ones(MICRO, SEQ)}] * M
     trace = []
     dist.barrier()
@@ -139,8 +138,6 @@ def _one_run(groups, P, M, V, name, stage_s, kind):
 
 
 def _body(groups, configs, stage_s, kind, repeats):
-    from megatron.core.parallel_state import add_pipeline_grad_group
-    add_pipeline_grad_group(groups)  # zb_v's gradient channel
     for cfg in configs:  # warm up connections and first-call paths
         _one_run(groups, groups.pp_size, *cfg, 0.001, "sleep")
     gc.collect()
@@ -179,7 +176,8 @@ def main():
         chunks = {"interleaved_1f1b": a.vpp, "zb_v": 2}
         configs = [(M, chunks.get(name, 1), name) for name in a.schedules
                    for M in a.microbatches if name != "interleaved_1f1b" or M % P == 0]
-        runs = spawn(P, _body, configs, stage_s, a.work, a.repeats, pp=P, timeout=1800)[0]
+        runs = spawn(P, _body, configs, stage_s, a.work, a.repeats, pp=P, schedule="zb_v",  # zb_v's gradient channel
+                     timeout=1800)[0]
         for (M, V, name), reps in runs.items():
             measured = []
             for traces in reps:

@@ -58,12 +58,9 @@ def held_storages(outputs, weight_work, skip) -> dict:
 def _body(groups, M):
     from megatron.core.config import TransformerConfig
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.parallel_state import add_pipeline_grad_group
     from megatron.core.pipeline_parallel import forward_backward
-    from megatron.core.pipeline_parallel.schedule_flag import use_v_layout
     from megatron.core.tensor_parallel.initialization import initialize_parameters
     from megatron.training.training import build_model
-    add_pipeline_grad_group(groups)  # zb_v's gradient channel
 
     def provider(cfg, groups, device, pre_process=True, post_process=True, vp_stage=None):
         return GPTModel(cfg, groups, pre_process=pre_process, post_process=post_process, vp_stage=vp_stage)
@@ -81,9 +78,9 @@ def _body(groups, M):
         cfg = TransformerConfig(num_layers=8, hidden_size=128, num_attention_heads=4, seq_length=SEQ, vocab_size=VOCAB,
                                 hidden_dropout=0.0, attention_dropout=0.0, pipeline_model_parallel_size=groups.pp_size,
                                 virtual_pipeline_model_parallel_size=V if name == "interleaved_1f1b" else None)
-        use_v_layout(cfg, "zb-v" if name == "zb_v" else None)  # ZB-V: 2P stages of layers in a V
         cfg.resolve().validate()
-        model = build_model(provider, cfg, groups, torch.device("cpu"))
+        chunked = groups.with_pipeline(cfg.virtual_pipeline_model_parallel_size, name)  # ZB-V: 2P stages in a V
+        model = build_model(provider, cfg, chunked, torch.device("cpu"))
         initialize_parameters(model, 1, groups.tp_rank, groups.tp_size)
         skip = {p.untyped_storage().data_ptr() for p in model.parameters()}
         peak = [0]
@@ -91,7 +88,7 @@ def _body(groups, M):
         def probe(outputs, weight_work, skip=skip, peak=peak):
             peak[0] = max(peak[0], sum(held_storages(outputs, weight_work, skip).values()))
         stats = {"probe": probe}
-        forward_backward(model, batches, step, groups, schedule=name, stats=stats)
+        forward_backward(model, batches, step, chunked, schedule=name, stats=stats)
         out[name] = (peak[0], stats["peak_in_flight"])
     return out
 
@@ -103,7 +100,7 @@ def main():
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "pipeline_memory.md"))
     a = ap.parse_args()
-    ranks = spawn(a.pp, _body, a.microbatches, pp=a.pp, timeout=1800)
+    ranks = spawn(a.pp, _body, a.microbatches, pp=a.pp, schedule="zb_v", timeout=1800)  # zb_v's gradient channel
     rows = []
     for name, V in SCHEDULES:
         mib = " / ".join(f"{ranks[r][name][0] / 2**20:.2f}" for r in range(a.pp))

@@ -36,7 +36,11 @@ def _model(a):
     cfg = TransformerConfig(num_layers=a.layers, hidden_size=a.hidden, num_attention_heads=8, seq_length=a.seq,
                             vocab_size=256, hidden_dropout=0.0, attention_dropout=0.0, **moe)
     cfg.validate()
-    groups = types.SimpleNamespace(tp=PlanGroup(1, 0), tp_size=1, tp_rank=0, pp_size=1, pp_rank=0)
+    try:
+        from megatron.core.parallel_layout import ParallelLayout
+        groups = ParallelLayout(1).plan_groups(0)
+    except ImportError:  # a tree before ParallelLayout
+        groups = types.SimpleNamespace(tp=PlanGroup(1, 0), tp_size=1, tp_rank=0, pp_size=1, pp_rank=0)
     model = GPTModel(cfg, groups, pre_process=False, post_process=False)
     initialize_parameters(model, 1, 0, 1)
     return model
@@ -62,8 +66,10 @@ def _split_fns(model):
 def worker(a):
     import torch
     torch.set_num_threads(1)
-    from megatron.core.transformer.moe import aux_losses
+    from megatron.core.transformer.moe import aux_losses, step_hooks
     model = _model(a)
+    bind = getattr(step_hooks, "bind", None)  # None: a tree with module-level router-loss state
+    losses = bind(model) if bind is not None else aux_losses
     fwd_ctx, b_fn, w_fn = _split_fns(model)
     g = torch.Generator().manual_seed(0)
     data = [(torch.randn(a.seq, a.micro_batch, a.hidden, generator=g), torch.randn(a.seq, a.micro_batch, a.hidden,
@@ -73,7 +79,8 @@ def worker(a):
     times = {"ordinary": [], "split": [], "b": [], "w": []}
     for step in range(a.steps + 1):  # the first is a warm-up
         for split in (False, True):
-            aux_losses.start_iteration(1.0, a.microbatches)
+            if losses is not None:  # None: no MoE layers
+                losses.start_iteration(1.0, a.microbatches)
             t0 = time.process_time()
             with fwd_ctx() if split else torch.enable_grad():
                 inps = [x.clone().requires_grad_() for x, _ in data]

@@ -2,7 +2,7 @@
 
     from tests.harness import spawn
 
-    def body(groups, x):          # groups: megatron.core.parallel_state.ProcessGroups
+    def body(groups, x):          # groups: megatron.core.process_groups.ProcessGroups
         ...                       # runs on every rank; may return a picklable value
     results = spawn(4, body, 3.0, tp=2, pp=2)   # -> [value of rank 0, value of rank 1, ...]
 
@@ -35,23 +35,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world_size, port, tp, pp, timeout, fn, args, results):
-    parallel_state = None
-
+def _worker(rank, world_size, port, tp, pp, timeout, fn, args, results, sizes):
     def cleanup():
-        if parallel_state is not None:
-            parallel_state.destroy_model_parallel()
         if dist.is_initialized():
             dist.destroy_process_group()  # the default group and every sub-group
 
     try:
-        from megatron.core import parallel_state  # here, so an import error is this rank's traceback
+        from megatron.core.parallel_layout import ParallelLayout  # here: an import error is this rank's traceback
         torch.set_num_threads(1)
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(port)
         dist.init_process_group("gloo", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
-        groups = parallel_state.initialize_model_parallel(tp, pp)
+        groups = ParallelLayout(world_size, tp=tp, pp=pp, **sizes).build_groups()
         value = fn(groups, *args)
         cleanup()
     except BaseException:  # everything goes back to the parent
@@ -64,15 +60,16 @@ def _worker(rank, world_size, port, tp, pp, timeout, fn, args, results):
     results.put((rank, True, value))
 
 
-def spawn(world_size, fn, *args, tp=1, pp=1, timeout=DEFAULT_TIMEOUT):
-    """Run fn(groups, *args) on world_size processes; return the per-rank return values.
+def spawn(world_size, fn, *args, tp=1, pp=1, timeout=DEFAULT_TIMEOUT, **sizes):
+    """Run fn(groups, *args) on world_size processes; return the per-rank return values. sizes: the
+    other ParallelLayout fields (schedule="zb_v": ZB-V's gradient group).
 
     Raises AssertionError naming the failing rank(s) with their tracebacks if any rank
     raises, exits without reporting (crash), or the run exceeds `timeout` seconds.
     """
     for attempt in range(3):
         try:
-            return _spawn_once(world_size, fn, args, tp, pp, timeout)
+            return _spawn_once(world_size, fn, args, tp, pp, timeout, sizes)
         except AssertionError as e:
             # set-up, not the code under test, failed: the free port was taken before rank 0
             # bound it, or gloo's mesh connect was dropped on an overloaded machine; go again
@@ -81,12 +78,12 @@ def spawn(world_size, fn, *args, tp=1, pp=1, timeout=DEFAULT_TIMEOUT):
                 raise
 
 
-def _spawn_once(world_size, fn, args, tp, pp, timeout):
+def _spawn_once(world_size, fn, args, tp, pp, timeout, sizes):
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_worker, daemon=True,
-                         args=(r, world_size, port, tp, pp, timeout, fn, args, results))
+                         args=(r, world_size, port, tp, pp, timeout, fn, args, results, sizes))
              for r in range(world_size)]
     for p in procs:
         p.start()

@@ -7,8 +7,8 @@
 Takes pretrain_gpt.py's model and training flags; the layout flags (TP, PP, VPP, micro batch, SP,
 distributed optimizer or ZeRO stage, recompute, CP, EP for MoE) are what it searches. --fix tp=8
 --fix recompute=full pins a dimension. `python tools/plan.py --validate` prints the validation table of docs/planner.md.
-Memory is tools/estimate_memory.py's; time is megatron/training/planner/cost.py's model
-with the calibration in megatron/training/planner/calibration.toml.
+Memory is megatron/training/planner/memory.py's (tools/estimate_memory.py); time is
+megatron/training/planner/cost.py's model with the calibration in megatron/training/planner/calibration.toml.
 """
 import argparse
 import os

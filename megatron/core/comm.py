@@ -18,7 +18,7 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 class PlanGroup:
     """A stand-in for a process group of `size` ranks seen from rank `rank`, with no
     processes behind it: lets a model shard be built on the meta device for planning
-    (tools/estimate_memory.py). Any collective on it fails."""
+    (ParallelLayout.plan_groups, the memory estimator). Any collective on it fails."""
 
     def __init__(self, size, rank=0):
         self.size, self.rank = size, rank

@@ -36,8 +36,6 @@ class ModelParallelConfig:
                             "(gather K/V) or a2a (Ulysses all-to-all over heads).",
                             choices=["p2p", "all_gather", "a2a"])
     params_dtype: torch.dtype = dataclasses.field(default=torch.float32, metadata={"cli": False})
-    # --pipeline-schedule zb-v: two chunks per rank in a V (pipeline_parallel/split.py), filled by resolve
-    pipeline_v_layout: bool = dataclasses.field(default=False, metadata={"cli": False})
 
 
 @dataclass

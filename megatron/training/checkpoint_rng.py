@@ -20,12 +20,12 @@ GROUPS = ("world", "tp", "cp", "dp", "pp", "vpp", "ep", "etp", "edp")
 
 def layout_position(groups) -> dict:
     """{group: (size, this rank's rank in it)} for every group of the layout (vpp: chunks per rank,
-    all of them on this rank). The one place checkpoints read layout facts."""
-    return {"world": (groups.world_size, groups.rank), "tp": (groups.tp_size, groups.tp_rank),
-            "cp": (groups.cp_size, groups.cp_rank), "dp": (groups.dp_size, groups.dp_rank),
-            "pp": (groups.pp_size, groups.pp_rank), "vpp": (groups.vpp_size or 1, 0),
-            "ep": (groups.ep_size, groups.ep_rank), "etp": (groups.etp_size, groups.etp_rank),
-            "edp": (groups.edp_size, groups.edp_rank)}
+    all of them on this rank), read off groups.layout (ParallelLayout) and this rank's position in it.
+    The one place checkpoints read layout facts."""
+    lay, pos = groups.layout, groups.layout.position(groups.rank)
+    return {"world": (lay.world, groups.rank), "tp": (lay.tp, pos.tp), "cp": (lay.cp, pos.cp),
+            "dp": (lay.dp, pos.dp), "pp": (lay.pp, pos.pp), "vpp": (lay.chunks, 0), "ep": (lay.ep, pos.ep),
+            "etp": (lay.etp, pos.etp), "edp": (lay.edp, pos.edp)}
 
 
 def layout_sizes(position: dict) -> dict:

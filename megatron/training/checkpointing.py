@@ -65,7 +65,7 @@ def _config_dict(cfg):
 
 
 def _layout(groups, train_cfg):
-    return dict(layout_sizes(layout_position(groups)), distributed_optimizer=bool(train_cfg.use_distributed_optimizer))
+    return dict(layout_sizes(layout_position(groups)), distributed_optimizer=train_cfg.ddp_config().shards_optimizer)
 
 
 def save_checkpoint(root, iteration, consumed, model, optimizer, groups, model_cfg, train_cfg, device, scheduler=None,

@@ -8,7 +8,8 @@ from typing import Optional
 import torch
 
 from ..core.config import ConfigError, opt
-from ..core.distributed.strategy import SHARDING_STRATEGIES
+from ..core.distributed.ddp_config import DistributedDataParallelConfig
+from ..core.distributed.strategy import SHARDING_STRATEGIES, resolve_strategy
 from . import batch_schedule, config_checks
 from .bert_options import BertOptions as BertOptions  # re-exported: pretrain_bert.py imports it from here
 from .fsdp_options import FSDPOptions, resolve_fsdp
@@ -196,13 +197,21 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions):  # logging/timing
 
     def resolve_sharding(self) -> None:
         """--data-parallel-sharding-strategy from --use-distributed-optimizer (its alias for optim) when
-        unset; any sharding strategy sets use_distributed_optimizer (the optimizer works on DP shards)."""
-        if self.data_parallel_sharding_strategy is None:
-            self.data_parallel_sharding_strategy = "optim" if self.use_distributed_optimizer else "no_shard"
-        elif self.use_distributed_optimizer and self.data_parallel_sharding_strategy == "no_shard":
+        unset, once; from then on the strategy is the one value (ddp_config())."""
+        if self.use_distributed_optimizer and self.data_parallel_sharding_strategy == "no_shard":
             raise ConfigError("--use-distributed-optimizer shards the optimizer state but "
                               "--data-parallel-sharding-strategy is no_shard; drop one of the two flags")
+        self.data_parallel_sharding_strategy = resolve_strategy(self.data_parallel_sharding_strategy,
+                                                                self.use_distributed_optimizer)
+        # kept in step for the flag's Megatron-LM meaning (recipes, saved arguments); the code reads ddp_config()
         self.use_distributed_optimizer = self.data_parallel_sharding_strategy != "no_shard"
+
+    def ddp_config(self) -> DistributedDataParallelConfig:
+        """How DDP holds and reduces gradients: the sharding strategy (resolve_strategy) and the DDP flags."""
+        strategy = resolve_strategy(self.data_parallel_sharding_strategy, self.use_distributed_optimizer)
+        return DistributedDataParallelConfig(strategy, self.ddp_bucket_size,
+                                             self.overlap_grad_reduce, self.overlap_param_gather,
+                                             self.grad_reduce_in_bf16)
 
     def check_schedule(self) -> None:
         """The learning-rate and length flags fit together (Megatron-LM's rules)."""

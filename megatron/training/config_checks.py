@@ -87,7 +87,7 @@ def validate(cfg, dp_size: int) -> None:
     if cfg.optimizer_offload_fraction != 1.0 and not cfg.optimizer_cpu_offload:
         raise ConfigError(f"--optimizer-offload-fraction {cfg.optimizer_offload_fraction} goes with "
                           "--optimizer-cpu-offload (without it nothing is offloaded); add it or drop the fraction")
-    if cfg.overlap_param_gather and not cfg.use_distributed_optimizer:
+    if cfg.overlap_param_gather and not cfg.ddp_config().shards_optimizer:
         raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
     if cfg.hysteresis < 1 or cfg.loss_scale_window < 1 or (cfg.loss_scale is not None and cfg.loss_scale <= 0):
         raise ConfigError("--hysteresis and --loss-scale-window must be at least 1, --loss-scale positive")

@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from ..core import debug, watchdog
 from ..core.config import ConfigError
-from ..core.parallel_state import default_backend, initialize_model_parallel
+from ..core.parallel_state import default_backend
 from ..core.tensor_parallel.random import model_parallel_seed
 
 
@@ -22,8 +22,9 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def initialize_distributed(model_cfg, train_cfg):
-    """Start the default group (torchrun env, or a 1-process group), build the grid, seed.
+def initialize_distributed(layout, train_cfg):
+    """Start the default group (torchrun env, or a 1-process group), build `layout`'s groups
+    (ParallelLayout.build_groups), seed.
 
     Returns (ProcessGroups, device).
     """
@@ -46,13 +47,7 @@ def initialize_distributed(model_cfg, train_cfg):
         dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=max(60.0, 1.05 * limit)))
     if dist.get_world_size() > 1:
         watchdog.start(limit)
-    groups = initialize_model_parallel(model_cfg.tensor_model_parallel_size,
-                                       model_cfg.pipeline_model_parallel_size,
-                                       model_cfg.virtual_pipeline_model_parallel_size,
-                                       model_cfg.context_parallel_size,
-                                       model_cfg.expert_model_parallel_size,
-                                       model_cfg.expert_tensor_parallel_size if model_cfg.num_experts else None,
-                                       pipeline_grad_group=model_cfg.pipeline_v_layout)
+    groups = layout.build_groups()
     model_parallel_seed(train_cfg.seed, groups.tp_rank, groups.pp_rank, device)
     return groups, device
 
@@ -60,9 +55,7 @@ def initialize_distributed(model_cfg, train_cfg):
 def shutdown():
     """Tear the groups down before exit: gloo's worker threads otherwise race the
     interpreter's teardown and can abort a finished run."""
-    from ..core.parallel_state import destroy_model_parallel
     if dist.is_initialized():
         with watchdog.waiting("barrier (shutdown)"):
             dist.barrier()
-        destroy_model_parallel()
         dist.destroy_process_group()

@@ -49,21 +49,20 @@ def user_error(e):
 
 def configure(model_cfg, train_cfg):
     """Resolve the configs once for this launch's world size (torchrun's WORLD_SIZE), then check
-    them. -> the tokenizer. Raises one of USER_ERRORS for bad input."""
+    them. -> (the tokenizer, the ParallelLayout). Raises one of USER_ERRORS for bad input."""
     world_size = world_size_from_env()
     tokenizer = resolve(model_cfg, train_cfg, world_size)
-    validate(model_cfg, train_cfg, world_size)
-    return tokenizer
+    return tokenizer, validate(model_cfg, train_cfg, world_size)
 
 
-def start(model_cfg, train_cfg, tokenizer, build_datasets):
-    """Check --load, start torch.distributed, build the datasets (build_datasets(train_cfg,
-    model_cfg, tokenizer) -> (train, valid, test)) for configs that configure() resolved and checked.
-    -> (groups, device, datasets). Raises one of USER_ERRORS for bad input."""
+def start(model_cfg, train_cfg, layout, tokenizer, build_datasets):
+    """Check --load, start torch.distributed and build `layout`'s groups, build the datasets
+    (build_datasets(train_cfg, model_cfg, tokenizer) -> (train, valid, test)) for configs that configure()
+    resolved and checked. -> (groups, device, datasets). Raises one of USER_ERRORS for bad input."""
     check_outputs(train_cfg)  # an unwritable --save fails now, not at the first save
     # a missing, truncated or foreign checkpoint, or one of other model flags, fails before any process group
     check_load(model_cfg, train_cfg)
-    groups, device = initialize_distributed(model_cfg, train_cfg)
+    groups, device = initialize_distributed(layout, train_cfg)
     datasets = build_datasets(train_cfg, model_cfg, tokenizer)
     for line in describe_datasets(datasets):
         print_rank_0(line)

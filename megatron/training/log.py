@@ -175,14 +175,15 @@ class TrainingLogger:
         self.writers.close()
 
 
-def pipeline_summary(model_cfg, pp, schedule_flag=None):
-    """One line: the schedule and which layers (numbered from 1) each stage's chunks hold."""
-    vpp = model_cfg.virtual_pipeline_model_parallel_size or 1
-    split = [[stage_layers(model_cfg, pp, p, v) for v in range(vpp)] for p in range(pp)]
+def pipeline_summary(model_cfg, layout, schedule_flag=None):
+    """One line: the schedule and which layers (numbered from 1) each stage's chunks hold (layout: the
+    ParallelLayout)."""
+    pp, vpp = layout.pp, layout.chunks
+    split = [[stage_layers(model_cfg, layout, p, v) for v in range(vpp)] for p in range(pp)]
     stages = " | ".join(f"stage {p}: " + ", ".join(f"{o + 1}" if n == 1 else f"{o + 1}-{o + n}" for o, n in chunks)
                         for p, chunks in enumerate(split))
     name = schedule_flag or default_schedule(pp, vpp)
-    where = "on stage 0 (a V: chunk 1 comes back)" if model_cfg.pipeline_v_layout else "on the last"
+    where = "on stage 0 (a V: chunk 1 comes back)" if layout.v_shape else "on the last"
     return (f"> pipeline: {name}, {pp} stages x {vpp} model chunk(s); layers {stages}"
             f" (embedding on stage 0, output layer and loss {where})")
 
@@ -217,11 +218,11 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
         f" = global {train_cfg.global_batch_size}" + batch_schedule.describe(train_cfg, model_cfg.seq_length),
         f"> precision: {'bf16' if train_cfg.bf16 else 'fp16' if train_cfg.fp16 else 'fp32'}"
         f" | DDP buckets: overlap grad reduce {train_cfg.overlap_grad_reduce}"
-        f" | distributed optimizer {train_cfg.use_distributed_optimizer}",
+        f" | distributed optimizer {train_cfg.ddp_config().shards_optimizer}",
     ]
     lines += [x for x in (fsdp_options.describe(train_cfg), no_effect.line(model_cfg, train_cfg, device)) if x]
     if groups.pp_size > 1:
-        lines.append(pipeline_summary(model_cfg, groups.pp_size, train_cfg.pipeline_schedule))
+        lines.append(pipeline_summary(model_cfg, groups.layout, train_cfg.pipeline_schedule))
     if groups.cp_size > 1:
         lines.append(context_parallel_summary(model_cfg, train_cfg, groups))
     if model_cfg.num_experts:

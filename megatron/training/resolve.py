@@ -1,7 +1,7 @@
 """The configuration is resolved once, then checked by code that assigns nothing.
 
     tokenizer = resolve(model_cfg, train_cfg, world_size)   # fills every derived value, once
-    dp = validate(model_cfg, train_cfg, world_size)         # only checks; -> data-parallel size
+    layout = validate(model_cfg, train_cfg, world_size)     # only checks; -> the ParallelLayout
 
 resolve fills: the tokenizer type (NullTokenizer with --mock-data), the model's vocabulary (the
 tokenizer's; the padded size is computed from it, TransformerConfig.padded_vocab_size), the
@@ -13,8 +13,8 @@ Sizes are checked positive before anything divides by them. Nothing here needs a
 """
 from ..core.config import ConfigError
 from ..core.fusions import check_config as check_fusions
-from ..core.parallel_state import validate_expert_parallel_size, validate_parallel_sizes
-from ..core.pipeline_parallel.schedule_flag import schedule_for_flag, use_v_layout
+from ..core.parallel_layout import ParallelLayout, data_parallel_size
+from ..core.pipeline_parallel.schedule_flag import check_v_layout, schedule_for_flag
 from . import batch_schedule
 from .checkpoint_args import apply_checkpoint_args, check_ckpt_format
 from .logging_options import check_logging
@@ -32,38 +32,42 @@ def resolve(model_cfg, train_cfg, world_size, make_tokenizer=build_tokenizer):
     tokenizer = make_tokenizer(train_cfg)
     model_cfg.resolve(vocab_size=tokenizer.vocab_size)
     model_cfg.params_dtype = train_cfg.params_dtype
-    use_v_layout(model_cfg, train_cfg.pipeline_schedule)
+    check_v_layout(model_cfg, train_cfg.pipeline_schedule)
     # a world that TP x PP does not divide is reported by validate(), after the model's own checks
-    train_cfg.resolve(max(1, world_size // (model_cfg.tensor_model_parallel_size * model_cfg.context_parallel_size *
-                                            model_cfg.pipeline_model_parallel_size)), model_cfg.seq_length)
+    train_cfg.resolve(data_parallel_size(world_size, model_cfg.tensor_model_parallel_size,
+                                         model_cfg.context_parallel_size, model_cfg.pipeline_model_parallel_size),
+                      model_cfg.seq_length)
     return tokenizer
 
 
-def validate(model_cfg, train_cfg, world_size):
+def parallel_layout(model_cfg, train_cfg, world_size) -> ParallelLayout:
+    """The run's ParallelLayout for resolved configs on `world_size` ranks, with the pipeline schedule
+    --pipeline-schedule names (schedule_for_flag, the one call). Raises ConfigError (ParallelConfigError
+    for sizes that do not fit)."""
+    schedule = schedule_for_flag(train_cfg.pipeline_schedule, model_cfg.pipeline_model_parallel_size,
+                                 model_cfg.virtual_pipeline_model_parallel_size or 1)
+    return ParallelLayout.from_config(model_cfg, world_size, schedule)
+
+
+def validate(model_cfg, train_cfg, world_size) -> ParallelLayout:
     """Check the resolved configs (model, kernels, layout, training) for `world_size` ranks;
-    assigns nothing. -> data-parallel size. Raises ConfigError naming the flags."""
+    assigns nothing. -> the ParallelLayout. Raises ConfigError naming the flags."""
     model_cfg.validate()
     check_fusions(model_cfg)
-    pp, vpp = model_cfg.pipeline_model_parallel_size, model_cfg.virtual_pipeline_model_parallel_size
-    dp = validate_parallel_sizes(world_size, model_cfg.tensor_model_parallel_size, pp, vpp,
-                                 model_cfg.context_parallel_size)
-    validate_expert_parallel_size(dp * model_cfg.context_parallel_size, model_cfg.expert_model_parallel_size,
-                                  model_cfg.tensor_model_parallel_size,
-                                  model_cfg.expert_tensor_parallel_size if model_cfg.num_experts else None)
+    layout = parallel_layout(model_cfg, train_cfg, world_size)
+    pp, vpp, dp = layout.pp, layout.vpp, layout.dp
     train_cfg.validate(dp)
     if model_cfg.context_parallel_size > 1 and train_cfg.reset_attention_mask:
         raise ConfigError("--reset-attention-mask needs --context-parallel-size 1 (no attention mask crosses "
                           "context-parallel ranks); drop one of them")
     check_ckpt_format(train_cfg)
     check_logging(train_cfg, world_size)
-    batch_schedule.check(train_cfg, model_cfg.seq_length, dp, (pp, vpp) if vpp and not model_cfg.pipeline_v_layout
-                         else None)
-    schedule_for_flag(train_cfg.pipeline_schedule, pp, vpp or 1)
+    batch_schedule.check(train_cfg, model_cfg.seq_length, dp, (pp, vpp) if vpp else None)
     num_micro = train_cfg.global_batch_size // (train_cfg.micro_batch_size * dp)
-    if vpp and not model_cfg.pipeline_v_layout and num_micro % pp:
+    if vpp and num_micro % pp:
         raise ConfigError(
             f"the interleaved schedule ({vpp} model chunks per rank) needs the number of microbatches, "
             f"--global-batch-size ({train_cfg.global_batch_size}) / (--micro-batch-size "
             f"({train_cfg.micro_batch_size}) x data-parallel size ({dp})) = {num_micro}, to be a multiple "
             f"of --pipeline-model-parallel-size ({pp})")
-    return dp
+    return layout

@@ -11,7 +11,6 @@ from ..core.debug import fault_point
 from ..core.distributed import DistributedDataParallel, finalize_model_grads
 from ..core.optimizer import get_megatron_optimizer
 from ..core.pipeline_parallel import TOKEN_LOSS, default_schedule, get_forward_backward_func
-from ..core.pipeline_parallel.schedule_flag import schedule_for_flag
 from ..core.pipeline_parallel.split import chunk_roles
 from ..core.tensor_parallel.initialization import initialize_parameters
 from ..core.timers import phase
@@ -52,8 +51,8 @@ def build_model(model_provider, model_cfg, groups, device):
     model_provider(config, groups, device, pre_process, post_process, vp_stage) builds one
     chunk; the embedding goes on the first stage's first chunk, the loss on the last's last.
     """
-    V = model_cfg.virtual_pipeline_model_parallel_size or 1
-    roles = [chunk_roles(model_cfg, groups.pp_size, groups.pp_rank, v) for v in range(V)]
+    V = groups.layout.chunks
+    roles = [chunk_roles(groups.layout, groups.pp_rank, v) for v in range(V)]
     chunks = [model_provider(model_cfg, groups, device, pre_process=pre, post_process=post, vp_stage=v)
               for v, (pre, post) in enumerate(roles)]
     return chunks[0] if V == 1 else nn.ModuleList(chunks)
@@ -61,7 +60,7 @@ def build_model(model_provider, model_cfg, groups, device):
 
 def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, iteration,
                forward_backward_func=None, loss_terms=TOKEN_LOSS, model_cfg=None, timers=None, lr_increment=None,
-               empty_cache_level=0):
+               empty_cache_level=0, router_losses=None):
     """One iteration. Returns (losses, grad_norm tensor or None, lr, updated): losses is
     forward_backward's {term: (sum, count)} over the global batch (pipeline_parallel.loss_means
     divides); lr is the rate this iteration ran at; updated is False when fp16 gradients overflowed
@@ -70,7 +69,8 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
     config, for the MoE hooks (step_hooks.finish_step). timers: core.timers.Timers (level 1:
     forward-backward, the gradient sums, optimizer and its parts), or None. lr_increment: the samples
     this iteration consumed (the global batch; default the scheduler's step size). empty_cache_level:
-    --empty-unused-memory-level.
+    --empty-unused-memory-level. router_losses: what the model's MoE layers record into
+    (step_hooks.bind; default: bound here, for this step).
 
     The microbatches run through forward_backward_func (default: the schedule for this
     layout, pipeline_parallel.get_forward_backward_func()). The gradient summed over
@@ -78,9 +78,10 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
     of loss_terms added), whatever the layout.
     """
     ddp.start_step(len(batches))
-    moe_hooks.start_step(model, len(batches), groups, optimizer.loss_scale)
+    router_losses = router_losses if router_losses is not None else moe_hooks.bind(model)
+    moe_hooks.start_step(router_losses, len(batches), groups, optimizer.loss_scale)
     forward_backward_func = forward_backward_func or get_forward_backward_func()
-    gather = {"before_weight": ddp.before_weight_grads} if ddp.shards_params else {}  # ZeRO-3 under a W
+    gather = {"before_weight": ddp.before_weight_grads} if ddp.config.shards_params else {}  # ZeRO-3 under a W
     with phase(timers, "forward-backward", 1):
         losses = forward_backward_func(model, batches, forward_step, groups, loss_terms,
                                        loss_scale=optimizer.loss_scale, **gather)
@@ -94,7 +95,7 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
         scheduler.step(lr_increment)
     if empty_cache_level:
         empty_unused_memory(empty_cache_level, 2, optimizer.device)
-    losses = moe_hooks.finish_step(model, groups, len(batches), losses, updated, model_cfg)
+    losses = moe_hooks.finish_step(model, groups, len(batches), losses, updated, model_cfg, router_losses)
     return losses, grad_norm, lr, updated
 
 
@@ -124,7 +125,7 @@ def write_pipeline_trace(path, trace, groups, model_cfg, num_micro, iteration, s
     spans = [None] * groups.pp_size
     dist.all_gather_object(spans, trace, group=groups.pp)
     if groups.rank == 0:
-        V = model_cfg.virtual_pipeline_model_parallel_size or 1
+        V = groups.layout.chunks
         with open(path, "w") as f:
             json.dump({"schedule": schedule or default_schedule(groups.pp_size, V), "P": groups.pp_size, "M": num_micro,
                        "V": V, "iteration": iteration, "ranks": dict(enumerate(spans))}, f)
@@ -142,12 +143,7 @@ def setup_model_and_optimizer(model_cfg, train_cfg, groups, device, model_provid
         initialize_parameters(model, train_cfg.seed, groups.tp_rank, groups.tp_size,
                               (groups.etp_rank, groups.etp_size))
     with building("the gradient buffers and optimizer state", count, model_cfg.params_dtype, groups.rank):
-        ddp = DistributedDataParallel(model, groups.dp_cp, train_cfg.ddp_bucket_size, train_cfg.overlap_grad_reduce,
-                                      train_cfg.use_distributed_optimizer, train_cfg.overlap_param_gather,
-                                      train_cfg.grad_reduce_in_bf16,
-                                      sharding_strategy=train_cfg.data_parallel_sharding_strategy,
-                                      expert_dp_group=(groups.edp if groups.ep_size > 1 or groups.expert_folded
-                                                       else None))
+        ddp = DistributedDataParallel(model, groups, train_cfg.ddp_config())
         optimizer = get_megatron_optimizer(ddp, groups, train_cfg.lr, train_cfg.weight_decay,
                                            (train_cfg.adam_beta1, train_cfg.adam_beta2), train_cfg.adam_eps,
                                            train_cfg.clip_grad, build_grad_scaler(train_cfg),
@@ -177,10 +173,10 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     predicted = predicted_step_line(model_cfg, train_cfg, groups.world_size, device) if groups.rank == 0 else None
     if predicted:  # on a known GPU: the planner's step time, to read beside the measured ones
         print_rank_0(predicted)
-    schedule = schedule_for_flag(train_cfg.pipeline_schedule, groups.pp_size,
-                                 model_cfg.virtual_pipeline_model_parallel_size or 1)
+    schedule = groups.layout.schedule  # --pipeline-schedule's (resolve.parallel_layout)
     forward_backward_func = functools.partial(get_forward_backward_func(schedule, model_cfg.calculate_per_token_loss),
                                               timers=timers)
+    router_losses = moe_hooks.bind(model)  # what the MoE layers record into, step after step
     model.train()
     set_matmul_precision(model_cfg, train_cfg)
     collector = ManualGC(train_cfg)
@@ -200,7 +196,8 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
         losses, grad_norm, lr, updated = train_step(model, ddp, optimizer, scheduler, batches, spec.forward_step,
                                                     groups, iteration, fb, spec.loss_terms, model_cfg, timers=timers,
                                                     lr_increment=global_batch,
-                                                    empty_cache_level=train_cfg.empty_unused_memory_level)
+                                                    empty_cache_level=train_cfg.empty_unused_memory_level,
+                                                    router_losses=router_losses)
         stats = step_stats(optimizer, train_cfg, updated, timers)
         if trace is not None:
             write_pipeline_trace(train_cfg.pipeline_trace, trace, groups, model_cfg, len(batches), iteration,
@@ -217,7 +214,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                 torch.cuda.synchronize()
             logger.log(iteration, consumed, lr, global_batch, num_floating_point_operations(model_cfg, global_batch),
                        groups.world_size, optimizer.loss_scale if train_cfg.fp16 else None)
-            balance = moe_hooks.balance_line(model_cfg, groups, device)
+            balance = moe_hooks.balance_line(model_cfg, groups, device, router_losses)
             if balance:
                 print_rank_last(f" iteration {iteration:8d} |{balance}")
         if train_cfg.eval_iters > 0 and train_cfg.eval_interval and iteration % train_cfg.eval_interval == 0:

@@ -45,7 +45,7 @@ def _measure_all(groups):
                 vocab_size=64)
             cfg.resolve().validate()
             model_parallel_seed(1, groups.tp_rank, 0, "cpu")
-            block = TransformerBlock(cfg, groups.tp, post_process=False).train()
+            block = TransformerBlock(cfg, groups, post_process=False).train()
             x = torch.randn(S // (t if sp else 1), B, H, dtype=torch.bfloat16, requires_grad=True)
             y, saved = measure(lambda: block(x), list(block.parameters()))
             y.float().sum().backward()  # the saved graph is usable (recompute included)

@@ -9,6 +9,7 @@ from megatron.core.config import TransformerConfig
 from megatron.core.distributed import finalize_model_grads
 from megatron.core.models.gpt import GPTModel
 from megatron.core.optimizer import clip_grads_, get_grad_norm
+from megatron.core.parallel_layout import ParallelLayout
 from megatron.core.tensor_parallel.initialization import initialize_parameters
 from megatron.core.tensor_parallel.random import model_parallel_seed
 from tests.harness import spawn
@@ -18,7 +19,8 @@ def _grad_norms(groups, sp):
     torch.manual_seed(0)
     ids = torch.randint(0, 200, (2, 16))
     singles = [dist.new_group([k]) for k in range(groups.world_size)]
-    one = dataclasses.replace(groups, tp=singles[groups.rank], tp_size=1, tp_rank=0, mp=singles[groups.rank])
+    plan = ParallelLayout(1).plan_groups(0)  # one process, each of its groups this rank's own 1-rank group
+    one = dataclasses.replace(plan, **{n: singles[groups.rank] for n in plan.NAMES if getattr(plan, n) is not None})
     out = []
     for g, tp, seq_par in ((groups, groups.tp_size, sp), (one, 1, False)):
         cfg = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16,
@@ -48,7 +50,7 @@ def _groups_of(groups):
     from megatron.core.distributed import DistributedDataParallel
     from megatron.core.optimizer import MegatronOptimizer
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-    opt = MegatronOptimizer(DistributedDataParallel(model, groups.dp), groups, 1e-3, 0.1)
+    opt = MegatronOptimizer(DistributedDataParallel(model, groups), groups, 1e-3, 0.1)
     return [(g["weight_decay"], sorted(p.numel() for p in g["params"])) for g in opt.param_groups]
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from megatron.core.config import TransformerConfig
-from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.models.gpt import GPTModel
 from megatron.core.optimizer import (
     STATE_NAMES,
@@ -25,7 +25,8 @@ def _build(groups, distributed, seed):
     cfg.validate()
     model = GPTModel(cfg, groups)
     initialize_parameters(model, seed, 0, 1)
-    ddp = DistributedDataParallel(model, groups.dp, bucket_size=3000, use_distributed_optimizer=distributed)
+    ddp = DistributedDataParallel(model, groups, DistributedDataParallelConfig("optim" if distributed else "no_shard",
+                                                                               bucket_size=3000))
     return model, ddp, get_megatron_optimizer(ddp, groups, 1e-2, 0.1, grad_scaler=DynamicGradScaler(2.0 ** 8))
 
 

@@ -78,6 +78,7 @@ def _reference(cfg, groups, batches):
 def _check_schedule(groups, fails, name, layers, V, M, untie):
     tag = f"{name} P={groups.pp_size} V={V} M={M} untie={untie}"
     cfg = _config(groups.pp_size, layers, V, untie_embeddings_and_output_weights=untie)
+    groups = groups.with_pipeline(cfg.virtual_pipeline_model_parallel_size, name)  # V chunks per rank
     batches = _batches(M, seed=M)
     ref_loss, ref_grads = _reference(cfg, groups, batches)
     model = build_model(_provider, cfg, groups, "cpu")
@@ -109,9 +110,10 @@ def _check_schedule(groups, fails, name, layers, V, M, untie):
 
 def _tied_embeddings_stay_equal(groups, fails, V):
     cfg = _config(groups.pp_size, 2 * groups.pp_size * (V or 1), V)
+    groups = groups.with_pipeline(cfg.virtual_pipeline_model_parallel_size)
     model = build_model(_provider, cfg, groups, "cpu")
     initialize_parameters(model, SEED, 0, 1)
-    ddp = DistributedDataParallel(model, groups.dp)
+    ddp = DistributedDataParallel(model, groups)
     opt = MegatronOptimizer(ddp, groups, 1e-2, 0.1)
     sched = LRScheduler(opt, 1e-2, 1e-3, 10, 0)
     mine = [c.word_embeddings.weight for c in as_chunks(model) if hasattr(c, "word_embeddings")]

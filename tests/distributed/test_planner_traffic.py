@@ -19,8 +19,10 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel.random import model_parallel_seed
 from megatron.training.planner.cost import dp_traffic
 from megatron.training.planner.hardware import ring_bytes
-from megatron.training.planner.predict import configs, estimator
+from megatron.training.planner.memory import estimate, stage_params
+from megatron.training.planner.predict import configs
 from megatron.training.planner.traffic import iteration_p2p_sent, iteration_tp_traffic
+from megatron.training.resolve import parallel_layout
 from megatron.training.training import setup_model_and_optimizer, train_step
 from tests.distributed.test_data_parallel import _batches, _step
 from tests.distributed.test_pipeline_parallel import _forward_step
@@ -61,11 +63,10 @@ def _run(groups):
         tp_counted.clear()
         with debug.count_traffic() as sent:
             train_step(model, ddp, opt, sched, _batches(groups), _step, groups, 1)
-        est = estimator()
-        mem = est.estimate(c, t, 4, groups.pp_rank)
-        params, layers = est.stage_params(c, groups.pp_rank)
+        mem = estimate(c, t, 4, groups.pp_rank)
+        params, layers = stage_params(c, t, 4, groups.pp_rank)
         micro = t.global_batch_size // (t.micro_batch_size * groups.dp_size)
-        dp = dp_traffic(mem, groups.dp_size, t.use_distributed_optimizer, t.data_parallel_sharding_strategy, micro)
+        dp = dp_traffic(mem, groups.dp_size, t.data_parallel_sharding_strategy, micro)
         out.append((extra, dict(sent), dp,
                     dict(tp_counted), iteration_tp_traffic(c, t, groups.tp_size, groups.dp_size, params, layers)))
     return out
@@ -96,8 +97,8 @@ def _run_moe(groups):
             c, t, groups, torch.device("cpu"), lambda c_, g, d, **kw: GPTModel(c_, g, device=d, **kw))
         with debug.count_traffic() as sent:
             train_step(model, ddp, opt, sched, _batches(groups), _step, groups, 1)
-        mem = estimator().estimate(c, t, 4)
-        out.append((strategy, dict(sent), dp_traffic(mem, groups.dp_size, True, strategy, 2), mem["expert_dp"][0]))
+        mem = estimate(c, t, 4)
+        out.append((strategy, dict(sent), dp_traffic(mem, groups.dp_size, strategy, 2), mem["expert_dp"][0]))
     return out
 
 
@@ -120,12 +121,14 @@ def _run_pipeline(groups):
     flags = TINY + ["--num-layers", "4", "--pipeline-model-parallel-size", "2", "--sequence-parallel",
                     "--num-layers-per-virtual-pipeline-stage", "1"]
     c, t = configs(flags, 4)
+    layout = parallel_layout(c, t, 4)
+    groups = groups.with_pipeline(layout.vpp, layout.schedule)  # the harness built the groups: 2 chunks per rank
     model_parallel_seed(5, groups.tp_rank, groups.pp_rank, "cpu")
     model, ddp, opt, sched = setup_model_and_optimizer(
         c, t, groups, torch.device("cpu"), lambda c_, g, d, **kw: GPTModel(c_, g, device=d, **kw))
     tp_counted.clear()
     train_step(model, ddp, opt, sched, _batches(groups, n=4), _forward_step, groups, 1, get_forward_backward_func())
-    params, layers = estimator().stage_params(c, groups.pp_rank)
+    params, layers = stage_params(c, t, 4, groups.pp_rank)
     first, last = groups.pp_rank == 0, groups.pp_rank == groups.pp_size - 1
     return (p2p_sent[0], iteration_p2p_sent(c, t, groups.tp_size, groups.dp_size, groups.pp_rank),
             dict(tp_counted), iteration_tp_traffic(c, t, groups.tp_size, groups.dp_size, params, layers, first, last))

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from megatron.core.config import TransformerConfig
 from megatron.core.models.gpt import GPTModel
+from megatron.core.parallel_layout import ParallelLayout
 from megatron.core.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -105,10 +106,10 @@ class Ctx:
     def __init__(self, groups):
         self.groups = groups
         self.tp, self.r, self.group = groups.tp_size, groups.tp_rank, groups.tp
-        # one 1-rank group per rank, for TP=1 reference models. new_group is collective:
-        # every rank creates every group, in the same order.
+        # one 1-rank group per rank, for the one-process reference models (a layout of one rank). new_group
+        # is collective: every rank creates every group, in the same order.
         singles = [dist.new_group([k]) for k in range(groups.world_size)]
-        self.single = dataclasses.replace(groups, tp=singles[groups.rank], tp_size=1, tp_rank=0)
+        self.single = dataclasses.replace(ParallelLayout(1).plan_groups(0), tp=singles[groups.rank])
 
     def all_gather(self, t):
         out = [torch.empty_like(t) for _ in range(self.tp)]
@@ -130,7 +131,7 @@ def _map_copy_to(c):
     X = _rand(S, B, H, seed=1)
     Gs = [_rand(S, B, H, seed=100 + k) for k in range(c.tp)]
     x = X.clone().requires_grad_()
-    y = copy_to_tensor_model_parallel_region(x)
+    y = copy_to_tensor_model_parallel_region(x, c.group)
     yield _equal("forward is the identity", y, X)
     y.backward(Gs[c.r].clone())
     yield _close("backward sums the gradient over the TP group", x.grad, sum(Gs))
@@ -138,7 +139,7 @@ def _map_copy_to(c):
     # (here a residual-style `b + copy_to(b)`): it must not be reduced in place
     a = X.clone().requires_grad_()
     b = a * 2.0
-    (b + copy_to_tensor_model_parallel_region(b)).backward(Gs[c.r].clone())
+    (b + copy_to_tensor_model_parallel_region(b, c.group)).backward(Gs[c.r].clone())
     yield _close("shared incoming gradient not corrupted", a.grad, 2.0 * (Gs[c.r] + sum(Gs)))
 
 
@@ -146,14 +147,14 @@ def _map_reduce_from(c):
     Xs = [_rand(S, B, H, seed=10 + k) for k in range(c.tp)]
     G = _rand(S, B, H, seed=100 + c.r)
     x = Xs[c.r].clone().requires_grad_()
-    y = reduce_from_tensor_model_parallel_region(x)
+    y = reduce_from_tensor_model_parallel_region(x, c.group)
     yield _close("forward sums over the TP group", y, sum(Xs))
     yield _equal("forward leaves its input unchanged", x.detach(), Xs[c.r])
     y.backward(G.clone())
     yield _equal("backward is the identity", x.grad, G)
     # input saved for backward by the op that produced it (exp saves its output)
     a = Xs[c.r].clone().requires_grad_()
-    reduce_from_tensor_model_parallel_region(torch.exp(a)).backward(G.clone())
+    reduce_from_tensor_model_parallel_region(torch.exp(a), c.group).backward(G.clone())
     yield _close("gradient through exp -> reduce_from", a.grad, G * torch.exp(Xs[c.r]))
 
 
@@ -161,7 +162,7 @@ def _map_scatter_to(c):
     X = _rand(S, B, H, seed=2)
     Gs = [_rand(S, B, H // c.tp, seed=200 + k) for k in range(c.tp)]
     x = X.clone().requires_grad_()
-    y = scatter_to_tensor_model_parallel_region(x)
+    y = scatter_to_tensor_model_parallel_region(x, c.group)
     yield _equal("forward keeps this rank's last-dim slice", y, _shard(X, -1, c.r, c.tp))
     y.backward(Gs[c.r].clone())
     yield _equal("backward all-gathers along the last dim", x.grad, torch.cat(Gs, dim=-1))
@@ -171,7 +172,7 @@ def _map_gather_from(c):
     Xs = [_rand(S, B, H // c.tp, seed=20 + k) for k in range(c.tp)]
     G = _rand(S, B, H, seed=300 + c.r)  # rank-specific: backward must use its own
     x = Xs[c.r].clone().requires_grad_()
-    y = gather_from_tensor_model_parallel_region(x)
+    y = gather_from_tensor_model_parallel_region(x, c.group)
     yield _equal("forward all-gathers along the last dim", y, torch.cat(Xs, dim=-1))
     y.backward(G.clone())
     yield _equal("backward keeps this rank's last-dim slice", x.grad, _shard(G, -1, c.r, c.tp))
@@ -181,7 +182,7 @@ def _map_scatter_to_sequence(c):
     X = _rand(S, B, H, seed=3)
     Gs = [_rand(S // c.tp, B, H, seed=400 + k) for k in range(c.tp)]
     x = X.clone().requires_grad_()
-    y = scatter_to_sequence_parallel_region(x)
+    y = scatter_to_sequence_parallel_region(x, c.group)
     yield _equal("forward keeps this rank's sequence slice", y, _shard(X, 0, c.r, c.tp))
     y.backward(Gs[c.r].clone())
     yield _equal("backward all-gathers along the sequence", x.grad, torch.cat(Gs, dim=0))
@@ -192,7 +193,7 @@ def _map_gather_from_sequence(c):
     Gs = [_rand(S, B, H, seed=500 + k) for k in range(c.tp)]
     for partial in (True, False):
         x = Xs[c.r].clone().requires_grad_()
-        y = gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=partial)
+        y = gather_from_sequence_parallel_region(x, c.group, tensor_parallel_output_grad=partial)
         yield _equal(f"[partial={partial}] forward all-gathers along the sequence", y, torch.cat(Xs, dim=0))
         y.backward(Gs[c.r].clone())
         want = _shard(sum(Gs), 0, c.r, c.tp) if partial else _shard(Gs[c.r], 0, c.r, c.tp)
@@ -204,7 +205,7 @@ def _map_reduce_scatter_to_sequence(c):
     Xs = [_rand(S, B, H, seed=40 + k) for k in range(c.tp)]
     Gs = [_rand(S // c.tp, B, H, seed=600 + k) for k in range(c.tp)]
     x = Xs[c.r].clone().requires_grad_()
-    y = reduce_scatter_to_sequence_parallel_region(x)
+    y = reduce_scatter_to_sequence_parallel_region(x, c.group)
     yield _close("forward reduce-scatters along the sequence", y, _shard(sum(Xs), 0, c.r, c.tp))
     yield _equal("forward leaves its input unchanged", x.detach(), Xs[c.r])
     y.backward(Gs[c.r].clone())
@@ -212,7 +213,7 @@ def _map_reduce_scatter_to_sequence(c):
 
 
 def _map_explicit_group_and_errors(c):
-    # passing the group explicitly is the same as the default (this rank's TP group)
+    # the group as a positional argument
     Xs = [_rand(4, c.tp * 2, seed=50 + k) for k in range(c.tp)]
     y = reduce_from_tensor_model_parallel_region(Xs[c.r].clone(), c.group)
     yield _close("reduce_from with explicit group", y, sum(Xs))
@@ -221,7 +222,7 @@ def _map_explicit_group_and_errors(c):
     for what, fn, shape in [("scatter_to", scatter_to_tensor_model_parallel_region, (4, c.tp + 1)),
                             ("scatter_to_sequence", scatter_to_sequence_parallel_region, (c.tp + 1, 4))]:
         try:
-            fn(torch.zeros(shape, dtype=DT))
+            fn(torch.zeros(shape, dtype=DT), c.group)
         except ValueError:
             yield _true(f"{what} rejects an indivisible size", True)
         else:
@@ -374,7 +375,7 @@ def _vocab_parallel_cross_entropy(c):
         (loss_d * w).sum().backward()
         local = _shard(logits, -1, c.r, c.tp)
         x = local.clone().requires_grad_()
-        loss = vocab_parallel_cross_entropy(x, target, vocab_size=vocab_arg)
+        loss = vocab_parallel_cross_entropy(x, target, vocab_arg, c.group)
         yield _true(f"{tag} loss is fp32", loss.dtype == torch.float32, str(loss.dtype))
         yield _close(f"{tag} per-token loss", loss, loss_d, rtol=1e-5, atol=0.0, elementwise=True)
         yield _equal(f"{tag} logits not modified", x.detach(), local)
@@ -389,7 +390,7 @@ def _vocab_parallel_cross_entropy(c):
     # explicit group argument
     logits = _rand(Sx, Bx, 8 * c.tp, seed=95).float()
     target = torch.randint(0, 8 * c.tp, (Sx, Bx), generator=torch.Generator().manual_seed(96))
-    loss = vocab_parallel_cross_entropy(_shard(logits, -1, c.r, c.tp), target, group=c.group)
+    loss = vocab_parallel_cross_entropy(_shard(logits, -1, c.r, c.tp), target, None, c.group)
     yield _close("explicit group", loss, F.cross_entropy(logits.view(-1, 8 * c.tp), target.view(-1),
                                                          reduction="none").view(Sx, Bx), rtol=1e-5, elementwise=True)
 

@@ -23,8 +23,7 @@ class Stage(nn.Module):
 
     def __init__(self, first, last):
         super().__init__()
-        self.config = types.SimpleNamespace(hidden_size=H, sequence_parallel=False, params_dtype=torch.float32,
-                                            pipeline_v_layout=False)
+        self.config = types.SimpleNamespace(hidden_size=H, sequence_parallel=False, params_dtype=torch.float32)
         self.first, self.last, self.input_tensor = first, last, None
         torch.manual_seed(3 + first)  # nn's init draws from the global generator: seed it per stage
         self.norm, self.fc1, self.fc2 = nn.LayerNorm(H), nn.Linear(H, 2 * H), nn.Linear(2 * H, H)

@@ -48,8 +48,7 @@ def _logits(groups, ckpt, ep):
     from megatron.core import parallel_state
     from megatron.core.inference.generation import forward_with_cache, load_model
     from megatron.core.transformer.kv_cache import KVCache
-    parallel_state.destroy_model_parallel()  # the harness built EP 1
-    groups = parallel_state.initialize_model_parallel(1, 1, expert_model_parallel_size=ep)
+    groups = parallel_state.initialize_model_parallel(1, 1, expert_model_parallel_size=ep)  # the harness built EP 1
     model, _, _ = load_model(ckpt, groups, torch.device("cpu"))
     # rank r runs prompt r (one process: all of them), so at EP2 each rank's tokens visit the other's experts
     ids = torch.tensor(PROMPTS[:2] if ep == 1 else [PROMPTS[groups.ep_rank]])

@@ -97,7 +97,7 @@ def _saved(groups):
         cfg = _cfg(num_layers=2, hidden_size=H, num_attention_heads=A, seq_length=S, hidden_dropout=0.1,
                    attention_dropout=0.1, attention_backend=backend, recompute_granularity=rec)
         model_parallel_seed(1, 0, 0, "cuda")
-        block = TransformerBlock(cfg, groups.tp, post_process=False, device="cuda").train()
+        block = TransformerBlock(cfg, groups, post_process=False, device="cuda").train()
         x = torch.randn(S, B, H, dtype=torch.bfloat16, device="cuda", requires_grad=True)
         _, n = measure(lambda: block(x), list(block.parameters()))
         out[(core, rec)] = n / 2

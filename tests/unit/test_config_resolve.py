@@ -51,7 +51,7 @@ def test_default_global_batch_is_micro_times_dp(world_size, dp):
     args = ["--tensor-model-parallel-size", "2"] if world_size == 8 else []
     model_cfg, train_cfg = _resolved(args, world_size)
     assert train_cfg.global_batch_size == 2 * dp
-    assert validate(model_cfg, train_cfg, world_size) == dp  # what the help promises is accepted
+    assert validate(model_cfg, train_cfg, world_size).dp == dp  # what the help promises is accepted
 
 
 def test_validate_assigns_nothing():

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from megatron.core.config import ConfigError, TransformerConfig
-from megatron.core.parallel_state import ParallelConfigError, grid_rank, grid_rank_lists, validate_parallel_sizes
+from megatron.core.parallel_layout import ParallelLayout
+from megatron.core.parallel_state import ParallelConfigError
 from megatron.core.transformer.context_parallel import CPSlice, batch_on_this_cp_rank, local_positions, slice_sequence
 from megatron.core.transformer.ring_attention import merge
 from megatron.core.transformer.ring_kernels import BlockKernel
@@ -36,11 +37,12 @@ def test_batch_is_padded_with_masked_tokens_and_gets_global_positions():
 
 
 def test_sizes_are_checked_before_any_group():
-    assert validate_parallel_sizes(8, 2, 2, None, 2) == 1
-    assert validate_parallel_sizes(8, 1, 1, None, 4) == 2
+    assert ParallelLayout(8, tp=2, cp=2, pp=2).dp == 1
+    assert ParallelLayout(8, cp=4).dp == 2
     with pytest.raises(ParallelConfigError, match="--context-parallel-size 2 x --pipeline-model-parallel-size 2"):
-        validate_parallel_sizes(4, 2, 2, None, 2)
-    assert grid_rank(1, 0, 1, 2, 1, cp_rank=1, cp=2) == 7  # tp + TP (cp + CP (dp + DP pp))
+        ParallelLayout(4, tp=2, cp=2, pp=2)
+    p = ParallelLayout(8, tp=2, cp=2, pp=2).position(7)
+    assert (p.tp, p.cp, p.dp, p.pp) == (1, 1, 0, 1)  # tp + TP (cp + CP (dp + DP pp))
 
 
 def test_config_errors_name_the_flags():
@@ -79,14 +81,14 @@ def test_block_math_matches_autograd(kernel):
 
 
 def test_grid_tp2_cp2_pp2_matches_documented_order():
-    lists = grid_rank_lists(2, 2, 1, 2)
-    assert lists["tp"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
-    assert lists["cp"] == lists["dp_cp"] == [[0, 2], [1, 3], [4, 6], [5, 7]]
-    assert lists["dp"] == [[r] for r in range(8)]
-    assert lists["pp"] == [[0, 4], [1, 5], [2, 6], [3, 7]]
-    assert lists["mp"] == [[0, 1, 4, 5], [2, 3, 6, 7]]  # TP x PP: the CP ranks are not in it
-    assert grid_rank_lists(1, 2, 2, 1)["dp_cp"] == [[0, 1, 2, 3]]
-    assert grid_rank_lists(1, 2, 2, 1)["dp"] == [[0, 2], [1, 3]]
+    lists = ParallelLayout(8, tp=2, cp=2, pp=2).rank_lists
+    assert lists("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert lists("cp") == lists("dp_cp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert lists("dp") == [[r] for r in range(8)]
+    assert lists("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert lists("mp") == [[0, 1, 4, 5], [2, 3, 6, 7]]  # TP x PP: the CP ranks are not in it
+    assert ParallelLayout(4, cp=2).rank_lists("dp_cp") == [[0, 1, 2, 3]]
+    assert ParallelLayout(4, cp=2).rank_lists("dp") == [[0, 2], [1, 3]]
 
 
 def test_estimated_activations_fall_as_one_over_cp():

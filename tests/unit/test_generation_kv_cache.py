@@ -1,6 +1,6 @@
 """Generation with the KV cache equals recomputing the whole sequence, for every GPT the trainer builds.
 
-One process, no process group: a one-rank stand-in TP group (comm.PlanGroup) makes every TP
+One process, no process group: one rank's stand-in groups (ParallelLayout.plan_groups) make every TP
 collective the identity. Tiny fp64 models with random weights (std 0.3, so that the greedy
 tokens depend on the input and a wrong cache would change them): the cached and the whole forward sum
 in other orders, so they compare within the chain bound of tests/rounding.py, and a near tie of two
@@ -8,12 +8,11 @@ logits cannot pick another greedy token on another CPU."""
 import pytest
 import torch
 
-from megatron.core.comm import PlanGroup
 from megatron.core.config import TransformerConfig
 from megatron.core.inference.generation import forward_with_cache, generate
 from megatron.core.models.bert import BertModel
 from megatron.core.models.gpt import GPTModel
-from megatron.core.parallel_state import ProcessGroups
+from megatron.core.parallel_layout import ParallelLayout
 from megatron.core.tensor_parallel.initialization import initialize_parameters
 from megatron.core.transformer.kv_cache import KVCache
 from tests.rounding import CHAIN_RTOL_FP64, assert_within
@@ -34,9 +33,7 @@ VARIANTS = {
 
 
 def _groups():
-    one = PlanGroup(1)
-    return ProcessGroups(tp=one, dp=one, pp=one, mp=one, embd=one, tp_size=1, dp_size=1, pp_size=1, tp_rank=0,
-                         dp_rank=0, pp_rank=0, rank=0, world_size=1, pp_ranks=[0])
+    return ParallelLayout(1).plan_groups(0)
 
 
 def _config(**variant):

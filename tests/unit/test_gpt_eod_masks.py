@@ -1,14 +1,12 @@
 """--eod-mask-loss, --reset-position-ids, --reset-attention-mask: the masks and positions of a
 sample with two end-of-document tokens, by hand, and a model that sees each document alone."""
-import types
-
 import pytest
 import torch
 
-from megatron.core.comm import PlanGroup
 from megatron.core.config import TransformerConfig
 from megatron.core.datasets.gpt_masks import EodOptions, ltor_masks
 from megatron.core.models.gpt import GPTModel
+from megatron.core.parallel_layout import ParallelLayout
 from tests.rounding import assert_chain_close
 
 EOD = 0
@@ -48,7 +46,7 @@ def test_model_sees_each_document_alone(pos):
                             hidden_dropout=0.0, attention_dropout=0.0, position_embedding_type=pos,
                             params_dtype=torch.float64)  # whole and parts sum in other orders: fp64 (tests/rounding.py)
     cfg.validate()
-    groups = types.SimpleNamespace(tp=PlanGroup(1, 0), tp_size=1, tp_rank=0, pp_size=1, pp_rank=0)
+    groups = ParallelLayout(1).plan_groups(0)
     torch.manual_seed(0)
     model = GPTModel(cfg, groups).eval()
     with torch.no_grad():

@@ -1,16 +1,16 @@
 """The loss contract (pipeline_parallel/losses.py) in one process: named terms in, per-term
 (sum, count) out, each term's gradient that of its own mean over the global batch."""
-from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
 
+from megatron.core.parallel_layout import ParallelLayout
 from megatron.core.pipeline_parallel import forward_backward, loss_means
 from megatron.core.pipeline_parallel.losses import masked_sums
 from tests.rounding import assert_within, gamma, unit_roundoff
 
-ONE_RANK = SimpleNamespace(pp_size=1, pp_rank=0, dp_size=1, cp_size=1, tp_size=1, is_last_stage=True)
+ONE_RANK = ParallelLayout(1).plan_groups(0)
 TERMS = {"token loss": "loss_mask", "sample loss": None}
 
 

@@ -7,6 +7,7 @@ import types
 import pytest
 import torch
 
+from megatron.core.distributed import DistributedDataParallelConfig
 from megatron.training import training
 from megatron.training.config import TrainingConfig
 from megatron.training.training import build_scheduler, train_step
@@ -68,7 +69,7 @@ def test_train_iters_from_samples():
 def _fake_step(updates):
     """train_step's collaborators: an empty model, an optimizer whose step() reports `updates` in turn."""
     steps = iter(updates)
-    ddp = types.SimpleNamespace(start_step=lambda n: None, shards_params=False)
+    ddp = types.SimpleNamespace(start_step=lambda n: None, config=DistributedDataParallelConfig())
     opt = types.SimpleNamespace(loss_scale=None, step=lambda timers=None: (next(steps), None))
     return ddp, opt
 

@@ -2,7 +2,6 @@
 through tools/checkpoint/convert.py (HF -> ours -> HF) that gives back every tensor bit for bit."""
 import importlib.util
 import os
-import types
 
 import pytest
 import torch
@@ -10,9 +9,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from megatron.core.checkpointing.hf_mixtral import mixtral_to_ours  # noqa: E402
-from megatron.core.comm import PlanGroup  # noqa: E402
 from megatron.core.config import TransformerConfig  # noqa: E402
 from megatron.core.models.gpt import GPTModel  # noqa: E402
+from megatron.core.parallel_layout import ParallelLayout  # noqa: E402
 from megatron.core.tensor_parallel.param_meta import param_meta  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -35,8 +34,7 @@ def test_mixtral_logits_equal_transformers():
     hf = tiny_mixtral()
     args, tensors = mixtral_to_ours(hf.config, dict(hf.state_dict()))
     config = TransformerConfig(**args, make_vocab_size_divisible_by=1).resolve()
-    groups = types.SimpleNamespace(tp=PlanGroup(1, 0), tp_size=1, tp_rank=0, pp_size=1, pp_rank=0,
-                                   is_first_stage=True, is_last_stage=True)
+    groups = ParallelLayout(1).plan_groups(0)
     ours = GPTModel(config, groups, device="cpu").eval()
     with torch.no_grad():
         for p in ours.parameters():

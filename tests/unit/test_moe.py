@@ -9,9 +9,10 @@ import torch.nn.functional as F
 
 from megatron.core.comm import PlanGroup
 from megatron.core.config import ConfigError, TransformerConfig
+from megatron.core.parallel_layout import ParallelLayout
 from megatron.core.tensor_parallel.initialization import initialize_parameters
 from megatron.core.tensor_parallel.param_meta import is_expert_parallel, set_init_key
-from megatron.core.transformer.moe import aux_losses
+from megatron.core.transformer.moe import aux_losses, step_hooks
 from megatron.core.transformer.moe.grouped_gemm import grouped_mm
 from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.core.transformer.moe.router import topk_routing
@@ -103,21 +104,22 @@ def test_router_loss_gradient_enters_backward():
     config = cfg(moe_aux_loss_coeff=0.1, moe_z_loss_coeff=0.01)
     m = layer(config)
     x = torch.randn(4, 2, 16, generator=torch.Generator().manual_seed(3))
-    aux_losses.start_iteration(1.0, 1)
+    losses = step_hooks.bind(m)
+    assert m.router.losses is losses
+    losses.start_iteration(1.0, 1)
     m(x).sum().backward()
     with_aux = m.router.weight.grad.clone()
+    report = aux_losses.iteration_report(["load_balancing_loss", "z_loss"], _OneRank, 1, 1, "cpu", losses)
+    assert set(report) == {"load_balancing_loss", "z_loss"} and float(report["z_loss"][0]) > 0
     m.zero_grad()
-    aux_losses.start_iteration(0.0, 1)  # scale 0: the router losses add nothing
+    losses.start_iteration(0.0, 1)  # scale 0: the router losses add nothing
     m(x).sum().backward()
     assert not torch.allclose(with_aux, m.router.weight.grad)
-    report = aux_losses.iteration_report(["load_balancing_loss", "z_loss"], _OneRank, 1, 1, "cpu")
-    assert set(report) == {"load_balancing_loss", "z_loss"} and float(report["z_loss"][0]) > 0
+    assert aux_losses.iteration_report(["z_loss"], _OneRank, 1, 1, "cpu", losses)["z_loss"][0] > 0
+    assert not hasattr(aux_losses, "_STATE")  # the loop's RouterLosses, no module state
 
 
-class _OneRank:
-    dp = pp = dp_cp = None
-    expert_folded = False
-    dp_size = pp_size = cp_size = 1
+_OneRank = ParallelLayout(1).plan_groups(0)  # sizes 1: no collective
 
 
 def test_grouped_mm_equals_loop_and_its_gradient():
@@ -213,11 +215,12 @@ def test_flops_count_active_experts_only():
 
 
 def test_expert_groups_carved_out_of_data_parallel_ranks():
-    from megatron.core.parallel_state import ParallelConfigError, expert_rank_lists, validate_expert_parallel_size
-    ep, edp = expert_rank_lists(tp=2, dp=4, pp=1, ep=2)  # the module docstring's example
-    assert sorted(ep) == [[0, 2], [1, 3], [4, 6], [5, 7]]
-    assert sorted(edp) == [[0, 4], [1, 5], [2, 6], [3, 7]]
-    ep, edp = expert_rank_lists(tp=1, dp=2, pp=2, ep=2)
-    assert ep == [[0, 1], [2, 3]] and edp == [[0], [1], [2], [3]]
+    from megatron.core.parallel_layout import ParallelLayout
+    from megatron.core.parallel_state import ParallelConfigError
+    layout = ParallelLayout(8, tp=2, ep=2)  # parallel_layout's example
+    assert sorted(layout.rank_lists("ep")) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert sorted(layout.rank_lists("edp")) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    layout = ParallelLayout(4, pp=2, ep=2)
+    assert layout.rank_lists("ep") == [[0, 1], [2, 3]] and layout.rank_lists("edp") == [[0], [1], [2], [3]]
     with pytest.raises(ParallelConfigError, match="--expert-model-parallel-size"):
-        validate_expert_parallel_size(6, 4)
+        ParallelLayout(6, ep=4)

@@ -1,9 +1,6 @@
 """The MoE layer's saved activations (megatron/core/transformer/moe/activation_memory.py): the formula
 written out here for one layer, equal to the bytes autograd saves at one process (bf16 and fp32, GeLU
-and SwiGLU, plain / gated shared experts), and what tools/estimate_memory.py adds for MoE layers."""
-import importlib.util
-import os
-
+and SwiGLU, plain / gated shared experts), and what the memory estimator adds for MoE layers."""
 import pytest
 import torch
 
@@ -11,6 +8,7 @@ from megatron.core.comm import PlanGroup
 from megatron.core.config import TransformerConfig
 from megatron.core.transformer.moe import activation_memory as am
 from megatron.core.transformer.moe.moe_layer import MoELayer
+from megatron.training.planner import activations
 from tests.activation_memory import measure
 
 S, B, H, E, K, F = 64, 2, 64, 4, 2, 96
@@ -54,10 +52,7 @@ def test_formula_is_what_autograd_saves(dtype, kw):
 
 
 def test_estimate_memory_counts_moe_layers():
-    spec = importlib.util.spec_from_file_location(
-        "estimate_memory", os.path.join(os.path.dirname(__file__), "..", "..", "tools", "estimate_memory.py"))
-    est = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(est)
+    est = activations
     dense = _config(swiglu=True)
     dense.num_experts = None
     korthikanti = S * B * H * (34 + 5 * 4 * S / H)

@@ -1,7 +1,6 @@
 """The MoE expert bias in a checkpoint, one process: written once per layer whatever the layout,
 read back whole, a checkpoint without it starts it at 0 with a warning, and a checkpoint holding
 it is refused by a model without it. (Through the CLI: test_moe_parity's checkpoint test.)"""
-import types
 
 import pytest
 import torch
@@ -10,6 +9,7 @@ from torch import nn
 from megatron.core.checkpointing import CheckpointError, find_checkpoint, open_reader
 from megatron.core.checkpointing.storage import save_global_checkpoint
 from megatron.core.config import TransformerConfig
+from megatron.core.parallel_layout import ParallelLayout
 from megatron.core.tensor_parallel.param_meta import set_init_key
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.training import checkpoint_model_state as cms
@@ -27,8 +27,8 @@ def routers(bias=True):
 
 
 def grid(tp_rank=0, dp_rank=0, cp_rank=0):
-    return types.SimpleNamespace(tp_rank=tp_rank, tp_size=2, dp_rank=dp_rank, dp_size=2, cp_rank=cp_rank, cp_size=2,
-                                 pp_rank=0, dp_cp=None)
+    """The rank at (tp_rank, cp_rank, dp_rank) of TP2 x CP2 x DP2 (stand-in groups: no communication)."""
+    return ParallelLayout(8, tp=2, cp=2).plan_groups(tp_rank + 2 * (cp_rank + 2 * dp_rank))
 
 
 def saved(tmp_path, pieces):

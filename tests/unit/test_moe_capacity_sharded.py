@@ -1,12 +1,10 @@
 """The capacity rule over a micro-batch that several ranks route in parts (context parallelism, MoE
 parallel folding): the parts' keep masks are the whole micro-batch's, each token's row in it is where
 the CP chunks and TP slices put it, and the padded expert input counts the micro-batches that reach it."""
-from types import SimpleNamespace
-
 import pytest
 import torch
 
-from megatron.core.parallel_state import expert_grid_rank_lists, expert_rank_lists
+from megatron.core.parallel_layout import ParallelLayout
 from megatron.core.transformer.context_parallel import slice_sequence
 from megatron.core.transformer.moe.capacity import capacity, keep_over_capacity
 from megatron.core.transformer.moe.token_share import TokenShare, token_share
@@ -51,22 +49,19 @@ def _sources(ranks, micro_batch):
 @pytest.mark.parametrize("tp,cp,dp,etp,ep", [(2, 1, 1, 1, 2), (2, 2, 1, 1, 2), (2, 1, 2, 1, 4), (1, 1, 2, 2, 1),
                                              (2, 1, 2, 4, 1), (2, 1, 3, 1, 3), (4, 1, 1, 2, 2)])
 def test_sources_count_the_micro_batches_reaching_an_expert_folded(tp, cp, dp, etp, ep):
-    lists = expert_grid_rank_lists(tp, cp, dp, 1, etp, ep)
-    feeding = {r: sorted({x for g in lists["ep"] if r in g for y in g for e in lists["etp"] if y in e for x in e})
+    layout = ParallelLayout(tp * cp * dp, tp=tp, cp=cp, ep=ep, etp=etp)
+    ep_lists, etp_lists = layout.rank_lists("ep"), layout.rank_lists("etp")
+    feeding = {r: sorted({x for g in ep_lists if r in g for y in g for e in etp_lists if y in e for x in e})
                for r in range(tp * cp * dp)}
     for r, ranks in feeding.items():
-        i = r  # one stage: the folded index is the global rank
-        g = SimpleNamespace(tp_size=tp, cp_size=cp, etp_size=etp, ep_size=ep, edp_rank=i // (etp * ep),
-                            tp_rank=r % tp, cp_rank=(r // tp) % cp)
-        assert token_share(g, True).sources == _sources(ranks, lambda x: x // (tp * cp)), r
+        assert token_share(layout.plan_groups(r), True).sources == _sources(ranks, lambda x: x // (tp * cp)), r
 
 
 @pytest.mark.parametrize("cp,dp,ep", [(1, 4, 2), (2, 1, 2), (2, 2, 4), (2, 3, 3), (4, 1, 2)])
 def test_sources_count_the_micro_batches_reaching_an_expert(cp, dp, ep):
-    ep_lists, _ = expert_rank_lists(1, dp * cp, 1, ep)  # TP 1: global rank = cp + CP x dp
+    layout = ParallelLayout(cp * dp, cp=cp, ep=ep)  # TP 1: global rank = cp + CP x dp
     for r in range(cp * dp):
-        g = SimpleNamespace(cp_size=cp, ep_size=ep, cp_rank=r % cp, dp_rank=r // cp)
-        group = next(x for x in ep_lists if r in x)
-        share = token_share(g, False)
+        group = layout.group_of("ep", r)
+        share = token_share(layout.plan_groups(r), False)
         assert share.sources == _sources(group, lambda x: x // cp) and share.parts == cp, r
     assert TokenShare(sources=2).padded_rows(128, 2, 4, 0.5) == 2 * capacity(128, 2, 4, 0.5)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from megatron.core.config import ConfigError, TransformerConfig
-from megatron.core.parallel_state import ProcessGroups, expert_rank_lists, grid_rank
+from megatron.core.parallel_layout import ParallelLayout
 from megatron.core.transformer.moe import aux_losses
 
 
@@ -28,16 +28,15 @@ def test_switch_and_z_loss_parts_add_up_to_the_whole():
 
 
 def test_expert_groups_are_carved_out_of_dp_x_cp():
-    tp, cp, dp = 2, 2, 2
-    ep_lists, edp_lists = expert_rank_lists(tp, dp * cp, 1, 2)
-    assert ep_lists == [[0, 2], [4, 6], [1, 3], [5, 7]]  # EP2 pairs the CP ranks of one DP rank
-    assert edp_lists == [[0, 4], [2, 6], [1, 5], [3, 7]]
-    assert grid_rank(1, 1, 0, tp, dp, cp_rank=1, cp=cp) == 7  # the same rank order as the dense grid
+    layout = ParallelLayout(8, tp=2, cp=2, ep=2)  # DP 2
+    assert sorted(layout.rank_lists("ep")) == [[0, 2], [1, 3], [4, 6], [5, 7]]  # EP2 pairs the CP ranks of one DP rank
+    assert sorted(layout.rank_lists("edp")) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    p = layout.position(7)  # the same rank order as the dense grid
+    assert (p.tp, p.cp, p.dp, p.ep, p.edp) == (1, 1, 1, 1, 1)
 
 
 def test_describe_names_context_and_expert_parallelism():
-    g = ProcessGroups(*[None] * 5, tp_size=1, dp_size=1, pp_size=1, tp_rank=0, dp_rank=0, pp_rank=0, rank=0,
-                      world_size=4, pp_ranks=[0], cp_size=2, ep_size=2, edp_size=1)
+    g = ParallelLayout(4, cp=2, ep=2).plan_groups(0)
     assert "CP 2" in g.describe() and "EP 2" in g.describe()
 
 

@@ -5,14 +5,14 @@ import pytest
 import torch
 
 from megatron.core.config import ConfigError, TransformerConfig
-from megatron.core.parallel_state import (
-    ParallelConfigError,
-    ProcessGroups,
-    expert_grid_rank_lists,
-    expert_rank_lists,
-    validate_expert_parallel_size,
-)
+from megatron.core.parallel_layout import ParallelLayout
+from megatron.core.parallel_state import ParallelConfigError
 from megatron.core.tensor_parallel.param_meta import counted_once, set_expert_parallel, tensor_parallel_split
+
+
+def expert_grid_rank_lists(tp, cp, dp, pp, etp, ep):
+    layout = ParallelLayout(tp * cp * dp * pp, tp=tp, cp=cp, pp=pp, etp=etp, ep=ep)
+    return {k: layout.rank_lists(k) for k in ("etp", "ep", "edp", "tp_cp")}
 
 
 def test_folded_rank_lists():
@@ -36,20 +36,24 @@ def test_every_rank_once_and_expert_tp_equal_to_tp_is_the_unfolded_grid(tp, cp, 
     for kind in ("etp", "ep", "edp", "tp_cp"):
         assert sorted(r for ranks in g[kind] for r in ranks) == list(range(world)), kind
     assert {len(r) for r in g["edp"]} == {tp * cp * dp // (etp * ep)}
-    same = expert_grid_rank_lists(tp, cp, dp, pp, tp, 2)  # existing rank assignments unchanged at ETP = TP
-    ep_lists, edp_lists = expert_rank_lists(tp, dp * cp, pp, 2)
-    assert sorted(same["ep"]) == sorted(ep_lists) and sorted(same["edp"]) == sorted(edp_lists)
+    same = ParallelLayout(world, tp=tp, cp=cp, pp=pp, etp=tp, ep=2)  # at ETP = TP: the unfolded grid
+    assert not same.experts_folded and same.edp == dp * cp // 2
+    for kind in ("ep", "edp"):  # EP consecutive DP x CP ranks (CP fastest) hold different experts
+        for ranks in same.rank_lists(kind):
+            i = [same.position(r) for r in ranks]
+            assert len({(p.tp, p.pp) for p in i}) == 1, kind
+            j = [p.cp + cp * p.dp for p in i]
+            assert j == (list(range(j[0], j[0] + 2)) if kind == "ep" else list(range(j[0], dp * cp, 2))), kind
 
 
 def test_sizes_that_do_not_fold_are_refused():
-    validate_expert_parallel_size(2, 4, tp=2, etp=1)
+    ParallelLayout(4, tp=2, etp=1, ep=4)
     with pytest.raises(ParallelConfigError, match="--expert-tensor-parallel-size"):
-        validate_expert_parallel_size(1, 4, tp=2, etp=1)
+        ParallelLayout(2, tp=2, etp=1, ep=4)
 
 
 def _groups(folded, tp_rank):
-    return ProcessGroups(*[None] * 5, tp_size=2, dp_size=1, pp_size=1, tp_rank=tp_rank, dp_rank=0, pp_rank=0, rank=0,
-                         world_size=2, pp_ranks=[0], ep_size=2 if folded else 1, expert_folded=folded)
+    return ParallelLayout(2, tp=2, etp=1 if folded else None, ep=2 if folded else 1).plan_groups(tp_rank)
 
 
 def test_an_expert_parameter_counts_on_every_rank_of_the_folded_grid():

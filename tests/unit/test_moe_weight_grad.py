@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from megatron.core.pipeline_parallel.backward_split import backward_input
-from megatron.core.transformer.moe import aux_losses, grouped_gemm
+from megatron.core.transformer.moe import grouped_gemm, step_hooks
 from megatron.core.transformer.moe.grouped_gemm import grouped_mm
 from tests.split_check import check_split
 from tests.unit.test_moe import cfg, layer
@@ -38,7 +38,7 @@ def test_expert_weight_grads_wait_for_w_and_equal_the_ordinary_backward(name, mo
                 p.copy_(torch.randn(p.shape, generator=g))
     names = [n for n, _ in m.named_parameters()]
     assert any(".local_experts." in n for n in names) and "router.weight" in names
-    aux_losses.start_iteration(1.0, 4)  # the balance losses of both runs of two microbatches
+    step_hooks.bind(m).start_iteration(1.0, 4)  # the balance losses of both runs of two microbatches
     xs = [torch.randn(5, 3, 16, generator=g) for _ in range(2)]
     grads = [torch.randn(5, 3, 16, generator=g) for _ in range(2)]
 

@@ -1,16 +1,15 @@
 """Every parameter of the models has a ParamMeta, and the counted-once and weight-decay rules
-read it (one process, no process group: a PlanGroup stands for TP)."""
+read it (one process, no process group: ParallelLayout.plan_groups' stand-ins)."""
 import dataclasses
 import functools
-import types
 
 import pytest
 import torch
 
-from megatron.core.comm import PlanGroup
 from megatron.core.config import TransformerConfig
 from megatron.core.models.bert import BertModel
 from megatron.core.models.gpt import GPTModel
+from megatron.core.parallel_layout import ParallelLayout
 from megatron.core.tensor_parallel.param_meta import (
     ParamMeta,
     counted_once,
@@ -28,7 +27,8 @@ def _config(**kw):
 
 
 def _groups(tp_rank=0, pp_rank=0, pp_size=1):
-    return types.SimpleNamespace(tp=PlanGroup(1, 0), tp_size=1, tp_rank=tp_rank, pp_size=pp_size, pp_rank=pp_rank)
+    tp, pp = (2 if tp_rank else 1), max(pp_size, pp_rank + 1)
+    return ParallelLayout(tp * pp, tp=tp, pp=pp).plan_groups(tp_rank + tp * pp_rank)
 
 
 @functools.cache

@@ -6,9 +6,11 @@ import pytest
 from megatron.core.pipeline_parallel.schedules import build_schedule
 from megatron.core.pipeline_parallel.simulator import simulate, v_stage
 from megatron.core.pipeline_parallel.zb_v import zb_v
+from megatron.training.arguments import parse_args
 from megatron.training.flops import lookup_peak
-from megatron.training.planner import load_calibration, make_cluster, pipeline_cost, plan, predict
-from megatron.training.planner.predict import PLAN_DEFAULTS, estimator
+from megatron.training.planner import activations, load_calibration, make_cluster, memory, pipeline_cost, plan, predict
+from megatron.training.planner.predict import PLAN_DEFAULTS
+from megatron.training.resolve import resolve, validate
 from tools import plan as plan_cli
 
 TOY = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "128",
@@ -29,22 +31,20 @@ def test_memory_is_the_estimators(layout):
     """The planner's memory per GPU = max over stages of tools/estimate_memory.py's total, parsed
     the way that tool parses its own flags (its parse_args / resolve / validate)."""
     world = 8
-    est = estimator()
-    c, t = est.parse_args(PLAN_DEFAULTS + TOY + layout)
-    est.resolve(c, t, world)
-    est.validate(c, t, world)
-    want = max(est.total_bytes(est.estimate(c, t, world, r)) for r in range(c.pipeline_model_parallel_size))
+    c, t = parse_args(PLAN_DEFAULTS + TOY + layout)
+    resolve(c, t, world)
+    validate(c, t, world)
+    want = max(memory.total_bytes(memory.estimate(c, t, world, r)) for r in range(c.pipeline_model_parallel_size))
     got = predict(TOY + layout, make_cluster("A100-80GB", world)).memory_bytes
     assert got == want
 
 
 def test_recompute_shrinks_the_estimate():
-    est = estimator()
     totals = {}
     for rec in ([], ["--recompute-granularity", "selective"], ["--recompute-granularity", "full"]):
-        c, t = est.parse_args(PLAN_DEFAULTS + TOY + ["--micro-batch-size", "4"] + rec)
-        est.resolve(c, t, 1)
-        totals[tuple(rec)] = est.total_bytes(est.estimate(c, t, 1))
+        c, t = parse_args(PLAN_DEFAULTS + TOY + ["--micro-batch-size", "4"] + rec)
+        resolve(c, t, 1)
+        totals[tuple(rec)] = memory.total_bytes(memory.estimate(c, t, 1))
     full, sel, none = (totals[k] for k in (("--recompute-granularity", "full"),
                                            ("--recompute-granularity", "selective"), ()))
     assert full < sel < none
@@ -122,13 +122,12 @@ def test_estimator_recompute_is_korthikanti(tp, sp):
     """The estimator's kept activations under recompute = Korthikanti et al.'s bytes per layer
     (tests/activation_memory.korthikanti) x layers; full recompute also rebuilds one layer."""
     from tests.activation_memory import korthikanti
-    est = estimator()
     for rec in ("selective", "full"):
         flags = TOY + ["--micro-batch-size", "2", "--tensor-model-parallel-size", str(tp), "--recompute-granularity",
                        rec] + (["--sequence-parallel"] if sp else [])
-        c, t = est.parse_args(PLAN_DEFAULTS + flags)
-        est.resolve(c, t, tp)
-        kept, working = est.kept_activation_bytes(c, 2, tp, 4)
+        c, t = parse_args(PLAN_DEFAULTS + flags)
+        resolve(c, t, tp)
+        kept, working = activations.kept_activation_bytes(c, 2, tp, 4)
         s, h, a = c.seq_length, c.hidden_size, c.num_attention_heads
         assert kept == pytest.approx(4 * korthikanti(s, 2, h, a, tp, sp, rec), rel=1e-9)
         assert working == (pytest.approx(korthikanti(s, 2, h, a, tp, sp, None)) if rec == "full" else 0)

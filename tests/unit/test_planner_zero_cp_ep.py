@@ -4,7 +4,8 @@ import dataclasses
 import pytest
 
 from megatron.training.planner.cost import dp_traffic
-from megatron.training.planner.predict import configs, estimator
+from megatron.training.planner.memory import estimate, stage_params
+from megatron.training.planner.predict import configs
 
 BASE = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
         "--max-position-embeddings", "64", "--vocab-size", "128", "--bf16"]
@@ -19,9 +20,9 @@ def test_zero3_dp_bytes_equal_formula(recompute):
                     "--use-distributed-optimizer", "--data-parallel-sharding-strategy", "optim_grads_params"]
     flags += ["--recompute-granularity", recompute] if recompute else []
     c, t = configs(flags, d)
-    mem = estimator().estimate(c, t, d)
+    mem = estimate(c, t, d)
     params = mem["params"] * d  # the estimator holds the shard; its buffers are padded to d
-    traffic = dp_traffic(mem, d, True, "optim_grads_params", micro, recompute == "full")
+    traffic = dp_traffic(mem, d, "optim_grads_params", micro, recompute == "full")
     gathers = (3 if recompute else 2) * micro
     assert traffic["dp-params"] == gathers * params * (d - 1) / d
     assert traffic["dp-grads"] == 2 * params * (d - 1) / d  # fp32 grads: twice the bf16 parameter bytes
@@ -100,10 +101,10 @@ MOE = ["--num-experts", "4", "--moe-ffn-hidden-size", "32", "--moe-router-topk",
        "alltoall"]
 
 
-def _dense_and_expert_elements(c):
+def _dense_and_expert_elements(c, t, world):
     """(P, E): a rank's dense and (its EP rank's) expert parameter elements, from the model itself."""
     from megatron.core.tensor_parallel.param_meta import is_expert_parallel
-    params, _ = estimator().stage_params(c, 0)
+    params, _ = stage_params(c, t, world, 0)
     E = sum(p.numel() for p in params if is_expert_parallel(p))
     return sum(p.numel() for p in params) - E, E
 
@@ -122,12 +123,12 @@ def test_expert_dp_bytes_equal_formula(strategy, ep, cp):
                           "--expert-model-parallel-size", str(ep), "--context-parallel-size", str(cp),
                           "--use-distributed-optimizer", "--data-parallel-sharding-strategy", strategy]
     c, t = configs(flags, d)
-    P, E = _dense_and_expert_elements(c)
+    P, E = _dense_and_expert_elements(c, t, d)
     assert P % d == 0 and E % d == 0 and E > 0  # no padding: the buffers are exactly P and E elements
-    mem = estimator().estimate(c, t, d)
+    mem = estimate(c, t, d)
     assert mem["grads"] == 4 * (P // d + E // e)  # fp32 gradient shards
     assert mem["params"] == 2 * ((P // d + E // e) if strategy == "optim_grads_params" else P + E)
-    traffic = dp_traffic(mem, d, True, strategy, 1)
+    traffic = dp_traffic(mem, d, strategy, 1)
     moved = P * (d - 1) / d + E * (e - 1) / e
     assert traffic["dp-grads"] == 4 * moved  # fp32 reduce-scatter
     assert traffic["dp-params"] == 2 * (2 if strategy == "optim_grads_params" else 1) * moved  # bf16 gathers

@@ -4,7 +4,6 @@ prompt, so tokens cross ranks), the Hub's per-expert layout read as the fused on
 through tools/checkpoint/convert.py (HF -> ours -> HF) that gives back every tensor bit for bit."""
 import os
 import sys
-import types
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from megatron.core.checkpointing.hf_qwen2_moe import qwen2_moe_to_ours  # noqa: 
 from megatron.core.comm import PlanGroup  # noqa: E402
 from megatron.core.config import TransformerConfig  # noqa: E402
 from megatron.core.models.gpt import GPTModel  # noqa: E402
+from megatron.core.parallel_layout import ParallelLayout  # noqa: E402
 from megatron.core.tensor_parallel.param_meta import param_meta  # noqa: E402
 from tests.harness import spawn  # noqa: E402
 
@@ -48,8 +48,7 @@ def _ours(args, tensors, groups, ep=1):
 @pytest.mark.parametrize("norm_topk_prob", [False, True])
 def test_qwen2_moe_logits_equal_transformers(norm_topk_prob):
     hf = tiny_qwen2_moe(norm_topk_prob)
-    groups = types.SimpleNamespace(tp=PlanGroup(1, 0), tp_size=1, tp_rank=0, pp_size=1, pp_rank=0,
-                                   is_first_stage=True, is_last_stage=True)
+    groups = ParallelLayout(1).plan_groups(0)
     ours = _ours(*qwen2_moe_to_ours(hf.config, dict(hf.state_dict())), groups)
     assert ours.config.moe_router_pre_softmax is not norm_topk_prob and ours.config.add_qkv_bias
     ids = torch.tensor(PROMPTS)
@@ -61,8 +60,7 @@ def test_qwen2_moe_logits_equal_transformers(norm_topk_prob):
 
 def _ep2_logits(groups, args, tensors):
     from megatron.core import parallel_state
-    parallel_state.destroy_model_parallel()  # the harness built EP 1
-    groups = parallel_state.initialize_model_parallel(1, 1, expert_model_parallel_size=2)
+    groups = parallel_state.initialize_model_parallel(1, 1, expert_model_parallel_size=2)  # the harness built EP 1
     ours = _ours(args, tensors, groups, ep=2)
     assert sorted(ours.decoder.layers[0].mlp.experts.local_experts) == [str(2 * groups.ep_rank + e) for e in (0, 1)]
     with torch.no_grad():

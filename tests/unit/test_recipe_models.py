@@ -9,21 +9,21 @@ import torch
 import torch.nn.functional as F
 
 from megatron.core.checkpointing.hf_checks import with_whole_norm_weights
-from megatron.core.comm import PlanGroup
 from megatron.core.config import ConfigError, TransformerConfig
 from megatron.core.models.gpt import GPTModel
 from megatron.core.optimizer import LRScheduler
 from megatron.core.optimizer.megatron_optimizer import MegatronOptimizer
+from megatron.core.parallel_layout import ParallelLayout
 from megatron.core.pipeline_parallel import forward_backward
 from megatron.core.tensor_parallel.initialization import initialize_parameters
 from megatron.core.tensor_parallel.param_meta import is_embedding_or_output
 from megatron.core.transformer.moe import aux_losses
+from megatron.core.transformer.moe.aux_losses import RouterLosses
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.moe.token_dispatcher import weighted_sum
 from megatron.training.checkpoint_args import check_checkpoint_args
 
-GROUPS = types.SimpleNamespace(tp=PlanGroup(1, 0), tp_size=1, tp_rank=0, pp_size=1, pp_rank=0, is_first_stage=True,
-                               is_last_stage=True, dp_size=1, cp_size=1)
+GROUPS = ParallelLayout(1).plan_groups(0)  # one process: every group a stand-in of one rank
 SHAPE = dict(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=8, hidden_dropout=0.0,
              attention_dropout=0.0, normalization="RMSNorm", position_embedding_type="rope", swiglu=True,
              untie_embeddings_and_output_weights=True, make_vocab_size_divisible_by=1)
@@ -108,14 +108,15 @@ def test_several_balance_losses_add_up_with_their_coefficients():
     x = torch.randn(8, 16, generator=torch.Generator().manual_seed(5))
     both = _router(torch.float32, moe_router_load_balancing_type=["aux_loss", "seq_aux_loss"],
                    moe_aux_loss_coeff=[1e-2, 1e-3])
-    aux_losses.start_iteration(1.0, 1)
+    both.losses = RouterLosses()  # what the training loop gives (step_hooks.bind)
+    both.losses.start_iteration(1.0, 1)
     probs, indices, aux = both(x, 4)
     scores = torch.softmax(F.linear(x, both.weight), -1)
     counts = torch.bincount(indices.reshape(-1), minlength=4).float()
     want = (aux_losses.switch_load_balancing_loss(scores, counts, 2, 1e-2)
             + aux_losses.sequence_load_balancing_loss(scores, indices, 4, 2, 1e-3))
     torch.testing.assert_close(aux, want, rtol=1e-6, atol=0)
-    assert set(aux_losses._STATE["sums"]) == {"load_balancing_loss", "seq_load_balancing_loss"}
+    assert set(both.losses.sums) == {"load_balancing_loss", "seq_load_balancing_loss"}
 
 
 def test_decoupled_lr_drives_the_embedding_and_output_layer():

@@ -7,7 +7,8 @@ import torch
 
 from megatron.core.config import ConfigError, TransformerConfig
 from megatron.core.distributed.finalize import allreduce_tied_embedding_grads
-from megatron.core.pipeline_parallel.schedule_flag import use_v_layout
+from megatron.core.parallel_layout import ParallelLayout
+from megatron.core.pipeline_parallel.schedule_flag import check_v_layout, schedule_for_flag
 from megatron.core.pipeline_parallel.split import chunk_roles, stage_layers, v_layer_split
 from megatron.core.tensor_parallel.param_meta import counted_once, set_tied_embedding
 
@@ -27,18 +28,21 @@ def test_v_split_holds_every_layer_once_in_a_v(P, L):
     assert layers == list(range(L))
 
 
-def test_use_v_layout_sets_two_chunks_and_the_roles_put_embedding_and_loss_on_rank_0():
+def test_the_zb_v_layout_has_two_chunks_and_the_roles_put_embedding_and_loss_on_rank_0():
     cfg = _cfg()
-    use_v_layout(cfg, "zb-v")
-    assert cfg.virtual_pipeline_model_parallel_size == 2 and cfg.pipeline_v_layout
-    assert stage_layers(cfg, 4, 3, 0) == (3, 1) and stage_layers(cfg, 4, 3, 1) == (4, 1)
-    assert [chunk_roles(cfg, 4, p, v) for p in (0, 3) for v in (0, 1)] == \
+    check_v_layout(cfg, "zb-v")
+    assert cfg.virtual_pipeline_model_parallel_size is None  # the flag writes no model config
+    layout = ParallelLayout(4, pp=4, schedule=schedule_for_flag("zb-v", 4, 1))
+    assert layout.v_shape and layout.chunks == 2
+    assert stage_layers(cfg, layout, 3, 0) == (3, 1) and stage_layers(cfg, layout, 3, 1) == (4, 1)
+    assert [chunk_roles(layout, p, v) for p in (0, 3) for v in (0, 1)] == \
         [(True, False), (False, True), (False, False), (False, False)]
-    one = _cfg(pp=1)
-    use_v_layout(one, "zb-v")  # one stage: plain gradient accumulation, no V
-    assert not one.pipeline_v_layout and one.virtual_pipeline_model_parallel_size is None
-    plain = _cfg(pp=4, virtual_pipeline_model_parallel_size=2)
-    assert chunk_roles(plain, 4, 3, 1) == (False, True) and chunk_roles(plain, 4, 0, 1) == (False, False)
+    with pytest.raises(ConfigError, match="needs --pipeline-model-parallel-size 2"):
+        schedule_for_flag("zb-v", 1, 1)  # one stage: no bubble to fill, the flag is refused
+    one = ParallelLayout(1, schedule="zb_v")  # a layout given the schedule anyway has no V at one stage
+    assert not one.v_shape and one.chunks == 1
+    plain = ParallelLayout(4, pp=4, vpp=2, schedule="interleaved_1f1b")
+    assert chunk_roles(plain, 3, 1) == (False, True) and chunk_roles(plain, 0, 1) == (False, False)
 
 
 @pytest.mark.parametrize("kw,message", [
@@ -46,9 +50,9 @@ def test_use_v_layout_sets_two_chunks_and_the_roles_put_embedding_and_loss_on_ra
     (dict(virtual_pipeline_model_parallel_size=2), "zb-v places its own two model chunks per rank"),
     (dict(decoder_first_pipeline_num_layers=1, num_layers=9), "zb-v splits the layers evenly"),
 ])
-def test_use_v_layout_names_the_flag_and_the_fix(kw, message):
+def test_the_v_layout_check_names_the_flag_and_the_fix(kw, message):
     with pytest.raises(ConfigError, match=message):
-        use_v_layout(_cfg(**kw), "zb-v")
+        check_v_layout(_cfg(**kw), "zb-v")
 
 
 def test_both_tied_copies_on_rank_0_are_summed_there_and_only_the_input_copy_counts():

@@ -14,6 +14,7 @@ import types
 
 import torch
 
+from ..parallel_layout import ParallelLayout
 from ..tensor_parallel.initialization import take_shard
 from ..tensor_parallel.param_meta import counted_once, set_init_key, set_tensor_parallel
 from .index_reader import IndexedReader, placement_index, read_index
@@ -36,8 +37,9 @@ class Layout:
         return self.tp * self.pp * self.dp
 
     def coords(self, rank):
-        """(tp_rank, pp_rank, dp_rank) of a global rank (TP fastest, then DP, then PP: Megatron's order)."""
-        return rank % self.tp, rank // (self.tp * self.dp), (rank // self.tp) % self.dp
+        """(tp_rank, pp_rank, dp_rank) of a global rank (ParallelLayout's grid: TP fastest, then DP, then PP)."""
+        p = ParallelLayout(self.world, self.tp, pp=self.pp).position(rank)
+        return p.tp, p.pp, p.dp
 
 
 def gpt_tensors(layers, hidden, vocab, seq=2048, vocab_multiple=128):

@@ -10,63 +10,49 @@ Reduction is a sum over the DP group (the loss is already normalised by the glob
 batch's tokens): all-reduce, or reduce-scatter to each rank's shard with the
 distributed optimizer, which then all-gathers the updated parameters per bucket.
 
-sharding_strategy (strategy.py) optim_grads and optim_grads_params keep only the reduced
-gradient shard (and, for the latter, the parameter shard) across the step: sharded_buffer.py
-says what is held when, zero3.py how parameters are gathered per unit.
+The data-parallel sharding strategy (DistributedDataParallelConfig, strategy.py) optim_grads and
+optim_grads_params keep only the reduced gradient shard (and, for the latter, the parameter shard)
+across the step: sharded_buffer.py says what is held when, zero3.py how parameters are gathered per unit.
 """
 import torch
 
 from .. import comm
-from ..tensor_parallel.param_meta import is_expert_parallel, param_meta
+from ..tensor_parallel.param_meta import param_meta
 from . import zero3
-from .param_and_grad_buffer import ParamAndGradBuffer, bucket_layout
-from .sharded_buffer import ShardedBuffer, unit_layout
-from .strategy import HELD, shards_grads, shards_params
-
-DEFAULT_BUCKET_SIZE = 40_000_000
+from .buffers import buffer_groups, buffer_layout
+from .ddp_config import DistributedDataParallelConfig
+from .param_and_grad_buffer import ParamAndGradBuffer
+from .sharded_buffer import ShardedBuffer
+from .strategy import HELD
 
 
 class DistributedDataParallel:
-    """Gradient buffers and DP reductions for `module`'s parameters over `dp_group`.
-
-    bucket_size: elements per bucket (default max(40M, 1M x DP), as Megatron-LM).
-    grad_reduce_in_bf16: keep and reduce the gradients of bf16 parameters in bf16.
-    expert_dp_group: with MoE expert parallelism, the expert-data-parallel group: the parameters of
-    experts (param_meta.is_expert_parallel) get buffers of their own, reduced over it and, with any
-    strategy but no_shard, sharded over it as the dense ones over dp_group (ZeRO-3: gathered over it).
-    sharding_strategy: strategy.SHARDING_STRATEGIES (default optim with use_distributed_optimizer,
-    else no_shard); any but no_shard implies the distributed optimizer.
+    """Gradient buffers and DP reductions for `module`'s parameters over groups.dp_cp, as `config`
+    (DistributedDataParallelConfig) says: bucket size, overlap, the sharding strategy (any but no_shard
+    implies the distributed optimizer). With MoE experts of their own expert-DP group
+    (groups.layout.expert_dp_apart) the experts' parameters get buffers of their own, reduced over
+    groups.edp and, with any strategy but no_shard, sharded over it as the dense ones over DP x CP
+    (ZeRO-3: gathered over it).
     """
 
-    def __init__(self, module, dp_group, bucket_size=None, overlap_grad_reduce=False,
-                 use_distributed_optimizer=False, overlap_param_gather=False, grad_reduce_in_bf16=False,
-                 sharding_strategy=None, expert_dp_group=None):
-        self.module, self.dp_group = module, dp_group
-        self.overlap_grad_reduce = overlap_grad_reduce
-        self.sharding_strategy = sharding_strategy or ("optim" if use_distributed_optimizer else "no_shard")
-        self.shards_grads = shards_grads(self.sharding_strategy)
-        self.shards_params = shards_params(self.sharding_strategy)
-        use_distributed_optimizer = self.sharding_strategy != "no_shard"
-        self.use_distributed_optimizer = use_distributed_optimizer
-        self.overlap_param_gather = overlap_param_gather and use_distributed_optimizer
-        dp = comm.world(dp_group)
-        bucket_size = bucket_size or max(DEFAULT_BUCKET_SIZE, 1_000_000 * dp)
-        by_dtype = {}
-        for p in module.parameters():
-            if p.requires_grad:
-                # MoE experts' parameters get buffers of their own, reduced over the expert-DP group
-                key = (p.dtype, True) if expert_dp_group is not None and is_expert_parallel(p) else p.dtype
-                by_dtype.setdefault(key, []).append(p)
+    def __init__(self, module, groups, config=None):
+        config = config or DistributedDataParallelConfig()
+        self.module, self.config, self.dp_group = module, config, groups.dp_cp
+        self.overlap_grad_reduce = config.overlap_grad_reduce
+        self.overlap_param_gather = config.overlap_param_gather and config.shards_optimizer
+        by_dtype = buffer_groups(module.parameters(), groups.layout.expert_dp_apart)
         self.buffers = []
-        chunk_units = zero3.units(module) if self.shards_params else None
-        for key, params in by_dtype.items():
-            dtype, group = (key[0], expert_dp_group) if isinstance(key, tuple) else (key, dp_group)
-            grad_dtype = torch.bfloat16 if (grad_reduce_in_bf16 and dtype == torch.bfloat16) else torch.float32
-            if self.shards_grads:
-                self.buffers.append(self._sharded_buffer(params, grad_dtype, bucket_size, chunk_units, group))
+        chunk_units = zero3.units(module) if self.config.shards_params else None
+        for (dtype, expert), params in by_dtype.items():
+            group = groups.edp if expert else groups.dp_cp
+            bucket_size = config.bucket_elements(comm.world(groups.dp_cp))
+            grad_dtype = torch.bfloat16 if (config.grad_reduce_in_bf16 and dtype == torch.bfloat16) else torch.float32
+            ordered, offsets, layouts, _ = buffer_layout(params, bucket_size, comm.world(group), config, chunk_units)
+            if self.config.shards_grads:
+                self.buffers.append(ShardedBuffer(ordered, grad_dtype, group, offsets, layouts, config.shards_params))
             else:
-                self.buffers.append(ParamAndGradBuffer(params, grad_dtype, group, bucket_size,
-                                                       use_distributed_optimizer))
+                self.buffers.append(ParamAndGradBuffer(ordered, grad_dtype, group, offsets, layouts,
+                                                       config.shards_optimizer))
         self.buckets = [b for buf in self.buffers for b in buf.buckets]
         self._buffer_of = {id(p): buf for buf in self.buffers for b in buf.buckets for p in b.params}
         # a tied word table's gradient is summed over groups.embd before the DP reduction
@@ -74,21 +60,22 @@ class DistributedDataParallel:
         # nor with the distributed optimizer when both copies are here (ZB-V's rank 0: summed locally,
         # since each copy's shard is a different slice of the table)
         two_copies = sum(param_meta(p).tied_embedding for p in module.parameters()) == 2
-        self._deferred = {id(b) for b in self.buckets if (self.shards_grads or two_copies and use_distributed_optimizer)
-                          and any(param_meta(p).tied_embedding for p in b.params)}
+        deferred = self.config.shards_grads or two_copies and self.config.shards_optimizer
+        self._deferred = {id(b) for b in self.buckets
+                          if deferred and any(param_meta(p).tied_embedding for p in b.params)}
         self.tied_reduced_last = bool(self._deferred)  # finalize_model_grads may sum the tied copies first
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self.gatherer = None
-        if self.shards_params:
+        if self.config.shards_params:
             self.gatherer = zero3.ParamGatherer(
                 [[(m, list({id(b): b for b in (self._bucket_of[id(p)] for p in ps)}.values())) for m, ps in chunk]
-                 for chunk in chunk_units], overlap_param_gather)
+                 for chunk in chunk_units], config.overlap_param_gather)
         self._counts = {}
         self.num_microbatches = 1
         for p in module.parameters():
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(self._on_grad)
-        if self.overlap_param_gather and not self.shards_params:
+        if self.overlap_param_gather and not self.config.shards_params:
             for m in module.modules():
                 if any(True for _ in m.parameters(recurse=False)):
                     m.register_forward_pre_hook(self._wait_params)
@@ -106,7 +93,7 @@ class DistributedDataParallel:
             b.grad_handle = None
 
     def _on_grad(self, param):
-        if self.shards_grads:
+        if self.config.shards_grads:
             self._bucket_of[id(param)].ensure_grad()
         param.main_grad.add_(param.grad)
         param.grad = None
@@ -121,12 +108,12 @@ class DistributedDataParallel:
             self.gatherer.grad_ready(param)
 
     def _start_grad_sync(self, bucket):
-        if self.shards_grads:
+        if self.config.shards_grads:
             for b in self.buckets:  # the earlier ones first: at most two full gradient buckets alive
                 if b.grad_handle is not None:
                     b.finish_reduce()
             bucket.start_reduce("dp-grads")
-        elif self.use_distributed_optimizer:
+        elif self.config.shards_optimizer:
             bucket.grad_handle = comm.reduce_scatter_inplace_async(bucket.grad, bucket.group, tag="dp-grads")
         else:
             bucket.grad_handle = comm.all_reduce_async(bucket.grad, bucket.group, tag="dp-grads")
@@ -139,14 +126,14 @@ class DistributedDataParallel:
         yet started are reduced (with sharded gradients: sums that must precede the DP reduction)."""
         if before_reduce is not None:
             for b in self.buckets:
-                if self.shards_grads and b.pending is not None:
+                if self.config.shards_grads and b.pending is not None:
                     b.ensure_grad()
             before_reduce()
         for b in self.buckets:
             if b.pending is not None:
                 self._start_grad_sync(b)
         for b in self.buckets:
-            if self.shards_grads:
+            if self.config.shards_grads:
                 b.finish_reduce()
             elif b.grad_handle is not None:
                 b.grad_handle.wait()
@@ -192,28 +179,17 @@ class DistributedDataParallel:
     def memory_bytes(self):
         """(parameter bytes, gradient bytes) held in buffers / by the module on this rank across
         the step (sharded_buffer.py: what the sharded strategies hold only for a while)."""
-        if self.shards_grads:
+        if self.config.shards_grads:
             sizes = [buf.memory_bytes() for buf in self.buffers]
             return sum(s[0] for s in sizes), sum(s[1] for s in sizes)
         grads = sum(buf.grad_data.numel() * buf.grad_data.element_size() for buf in self.buffers)
-        if self.use_distributed_optimizer:
+        if self.config.shards_optimizer:
             params = sum(buf.param_data.numel() * buf.param_data.element_size() for buf in self.buffers)
         else:
             params = sum(p.numel() * p.element_size() for p in self.module.parameters())
         return params, grads
 
     # ---- where the optimizer finds its ranges
-    def _sharded_buffer(self, params, grad_dtype, bucket_size, chunk_units, group):
-        dp = comm.world(group)
-        if chunk_units is None:
-            params = list(reversed(params))
-            offsets, layouts, _ = bucket_layout([p.numel() for p in params], bucket_size, dp, True)
-        else:  # one bucket per unit, the last unit first (backward order)
-            per_unit = zero3.layout_units(chunk_units, params)
-            params = [p for ps in per_unit for p in ps]
-            offsets, layouts, _ = unit_layout([[p.numel() for p in ps] for ps in per_unit], dp)
-        return ShardedBuffer(params, grad_dtype, group, offsets, layouts, self.shards_params)
-
     def param_view(self, param, lo, hi):
         """1-D view of where param's flat [lo, hi) persists on this rank (the optimizer writes it)."""
         return self._buffer_of[id(param)].param_view(param, lo, hi)
@@ -225,7 +201,7 @@ class DistributedDataParallel:
     def reduced_grads(self, param):
         """The tensors holding param's DP-summed gradient on this rank: main_grad, or with sharded
         gradients the part of it in this rank's shard (none when it lies outside)."""
-        if not self.shards_grads:
+        if not self.config.shards_grads:
             return [param.main_grad]
         bucket = self._bucket_of[id(param)]
         lo, hi = bucket.shard()
@@ -235,7 +211,8 @@ class DistributedDataParallel:
 
     def describe(self):
         """One start-up log line: the strategy, what it holds, ZeRO-3's gathered working set."""
-        line = f"> data-parallel sharding: {self.sharding_strategy}: {HELD[self.sharding_strategy]}"
+        strategy = self.config.data_parallel_sharding_strategy
+        line = f"> data-parallel sharding: {strategy}: {HELD[strategy]}"
         if self.gatherer is not None:
             line += f"; gathered parameters up to {self.gatherer.working_set_bytes():,} bytes per rank"
         return line

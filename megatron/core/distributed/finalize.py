@@ -86,7 +86,7 @@ def finalize_model_grads(model, groups, ddp=None, timers=None):
     the DP and TP sums commute. timers: core.timers.Timers (level 1: the three sums under
     Megatron-LM's names all-grads-sync, layernorm-grads-all-reduce, embedding-grads-all-reduce), or None.
     """
-    if ddp is not None and ddp.shards_grads:
+    if ddp is not None and ddp.config.shards_grads:
         _finalize_sharded(model, groups, ddp, timers)
         return
     # ZB-V's two tied copies: summed before the DP reduction where it has not started yet (the
@@ -97,7 +97,7 @@ def finalize_model_grads(model, groups, ddp=None, timers=None):
     with phase(timers, "all-grads-sync", 1):
         if ddp is not None:
             ddp.finish_grad_sync()
-        elif groups.dp_size * groups.cp_size > 1:
+        elif groups.layout.dp_cp > 1:
             _all_reduce_coalesced([p.grad for p in model.parameters() if p.grad is not None], groups.dp_cp)
     grad_of = _grad_of(ddp)
     with phase(timers, "layernorm-grads-all-reduce", 1):

@@ -25,7 +25,7 @@ def bucket_layout(numels, bucket_size, dp_size, pad_for_shards):
     """Offsets of each parameter and the buckets, from parameter sizes in layout order.
 
     A bucket closes once it holds at least bucket_size elements. Pure function, shared
-    with tools/estimate_memory.py so its predictions are exact.
+    with the memory estimator (buffers.buffer_layout) so its predictions are exact.
     Returns (offsets, buckets, total elements).
     """
     offsets, buckets = [], []
@@ -70,11 +70,9 @@ class ParamAndGradBuffer:
     becomes a view of param_data too, so all-gathering a bucket updates the model.
     """
 
-    def __init__(self, params, grad_dtype, dp_group, bucket_size, distributed_optimizer):
-        self.params = list(reversed(params))
-        dp = comm.world(dp_group)
-        offsets, layouts, total = bucket_layout([p.numel() for p in self.params], bucket_size,
-                                                dp, distributed_optimizer)
+    def __init__(self, params, grad_dtype, dp_group, offsets, layouts, distributed_optimizer):
+        self.params = params  # in layout order (buffers.buffer_layout)
+        total = layouts[-1].end if layouts else 0
         device = self.params[0].device
         self.grad_data = torch.zeros(total, dtype=grad_dtype, device=device)
         self.param_data = None

@@ -49,7 +49,7 @@ def allocate(t) -> bool:
 def unit_layout(units_numels, dp_size):
     """One bucket per unit (ZeRO-3 gathers and reduces per unit), each padded to a multiple of
     dp_size. units_numels: per unit, its parameters' sizes in layout order. Pure function,
-    shared with tools/estimate_memory.py. Returns (offsets, buckets, total) as bucket_layout."""
+    shared with the memory estimator (buffers.buffer_layout). Returns (offsets, buckets, total) as bucket_layout."""
     offsets, buckets, base, first = [], [], 0, 0
     for numels in units_numels:
         offs, lays, total = bucket_layout(numels, _NO_LIMIT, dp_size, True)

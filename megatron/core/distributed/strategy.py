@@ -8,6 +8,13 @@
 SHARDING_STRATEGIES = ("no_shard", "optim", "optim_grads", "optim_grads_params")
 
 
+def resolve_strategy(strategy, use_distributed_optimizer: bool) -> str:
+    """The strategy given, or from --use-distributed-optimizer (Megatron-LM's alias for optim) when unset."""
+    if strategy is None:
+        return "optim" if use_distributed_optimizer else "no_shard"
+    return strategy
+
+
 def shards_optimizer(strategy: str) -> bool:
     return strategy != "no_shard"
 

@@ -8,7 +8,7 @@ from .megatron_optimizer import STATE_NAMES, MegatronOptimizer, StatePiece
 
 def get_megatron_optimizer(ddp, groups, lr, weight_decay, betas=(0.9, 0.95), eps=1e-8, clip_grad=1.0,
                            grad_scaler=None, cpu_offload_fraction=0.0):
-    """The optimizer for `ddp`: DistributedOptimizer when it was built with use_distributed_optimizer.
+    """The optimizer for `ddp`: DistributedOptimizer when its config shards the optimizer state.
     cpu_offload_fraction: share of the optimizer state kept and updated on the host (cpu_offload.py)."""
-    cls = DistributedOptimizer if ddp.use_distributed_optimizer else MegatronOptimizer
+    cls = DistributedOptimizer if ddp.config.shards_optimizer else MegatronOptimizer
     return cls(ddp, groups, lr, weight_decay, betas, eps, clip_grad, grad_scaler, cpu_offload_fraction)

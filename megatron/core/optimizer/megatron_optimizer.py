@@ -62,9 +62,9 @@ class MegatronOptimizer:
 
     def __init__(self, ddp, groups, lr, weight_decay, betas=(0.9, 0.95), eps=1e-8,
                  clip_grad=1.0, grad_scaler=None, cpu_offload_fraction=0.0):
-        if ddp.use_distributed_optimizer != self.distributed_optimizer:
-            raise ValueError(f"{type(self).__name__} does not match a DDP built with use_distributed_optimizer="
-                             f"{ddp.use_distributed_optimizer}: build it with get_megatron_optimizer")
+        if ddp.config.shards_optimizer != self.distributed_optimizer:
+            raise ValueError(f"{type(self).__name__} does not match a DDP built with sharding strategy "
+                             f"{ddp.config.data_parallel_sharding_strategy}: build it with get_megatron_optimizer")
         self.ddp, self.groups = ddp, groups
         self.clip_grad, self.grad_scaler = clip_grad, grad_scaler
         ranges = self._ranges()
@@ -83,7 +83,7 @@ class MegatronOptimizer:
         self._counted = [counted_once(pc.param, groups) for pc in self._pieces]
         # MoE with EP and replicated optimizer state: experts live on other EP ranks, summed over groups.ep
         self._expert = [is_expert_parallel(pc.param) for pc in self._pieces] \
-            if (groups.ep_size > 1 or groups.expert_folded) and not self.distributed_optimizer else None
+            if groups.layout.expert_dp_apart and not self.distributed_optimizer else None
 
     @staticmethod
     def _adamw(pieces, weight_decay, lr, betas, eps):

@@ -214,8 +214,8 @@ def forward_backward(model, batches, forward_step, groups, loss_terms: LossDecla
     """
     chunks = as_chunks(model)
     P, V, M = groups.pp_size, len(chunks), len(batches)
-    v_shape = P > 1 and chunks[0].config.pipeline_v_layout  # built for ZB-V: only zb_v runs it
-    schedule = "zb_v" if v_shape else schedule or default_schedule(P, V)
+    schedule = schedule or groups.layout.schedule or default_schedule(P, V)  # the layout's when not given
+    v_shape = schedule == "zb_v"  # chunks built in a V (ParallelLayout.v_shape)
     actions = (zb_v if v_shape else SCHEDULES[schedule])(P, M, V, groups.pp_rank, forward_only)
     names = list(loss_terms)
     counts = global_counts(batches, groups, loss_terms)
@@ -228,7 +228,7 @@ def forward_backward(model, batches, forward_step, groups, loss_terms: LossDecla
         comm = P2PCommunicator(groups, shape, cfg.params_dtype, counts.device, grad_channel=v_shape)
     total = run_actions(actions, chunks, batches, forward_step, groups, comm, divisors, names, forward_only, trace,
                         stats, loss_scale, v_shape, before_weight, timers)
-    if groups.pp_rank == (0 if v_shape else P - 1) and groups.dp_size * groups.cp_size > 1:
+    if groups.pp_rank == (0 if v_shape else P - 1) and groups.layout.dp_cp > 1:
         with waiting("all-reduce (losses)", groups.dp_cp):
             dist.all_reduce(total, group=groups.dp_cp)
     if v_shape:  # the sums to every pipeline rank: the last stage keeps reporting them (logs, NaN check)

@@ -65,7 +65,7 @@ def global_counts(batches: Sequence[dict], groups, declared: LossDeclaration) ->
     of the count; it runs before the schedule, as backward needs the counts).
     """
     counts = _local_counts(batches, declared).sum(0)
-    if groups.dp_size * groups.cp_size > 1:  # CP ranks hold parts of the same samples
+    if groups.layout.dp_cp > 1:  # CP ranks hold parts of the same samples
         with waiting("all-reduce (loss counts)", groups.dp_cp):
             dist.all_reduce(counts, group=groups.dp_cp)
     return counts

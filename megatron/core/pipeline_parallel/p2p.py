@@ -32,8 +32,8 @@ def channel_groups(groups, grad_channel: bool) -> list:
     if not grad_channel:
         return [groups.pp]
     if groups.pp_grad is None:
-        raise ValueError("ZB-V sends its gradients over groups.pp_grad: build it with initialize_model_parallel("
-                         "..., pipeline_grad_group=True) or parallel_state.add_pipeline_grad_group(groups)")
+        raise ValueError("ZB-V sends its gradients over groups.pp_grad: build the groups from a ParallelLayout "
+                         "with schedule zb_v (--pipeline-schedule zb-v)")
     return [groups.pp, groups.pp_grad]
 
 

@@ -10,9 +10,9 @@ _NAMES = {"1f1b": "1f1b", "interleaved": "interleaved_1f1b", "zb-h1": "zb_h1", "
 
 
 def schedule_for_flag(flag: Optional[str], P: int, V: int) -> str:
-    """The SCHEDULES name for --pipeline-schedule `flag` with P pipeline ranks and V model
-    chunks per rank (None: the default for the layout; zb-v: after use_v_layout). Raises ConfigError
-    naming the flag."""
+    """The SCHEDULES name for --pipeline-schedule `flag` with P pipeline ranks and V interleaved model
+    chunks per rank (None: the default for the layout; zb-v: its own two chunks in a V, check_v_layout).
+    Raises ConfigError naming the flag. Run once, for the ParallelLayout (training/resolve.py)."""
     if flag is None:
         return default_schedule(P, V)
     if flag not in _NAMES and flag != "zb-v":
@@ -21,7 +21,7 @@ def schedule_for_flag(flag: Optional[str], P: int, V: int) -> str:
         raise ConfigError(f"--pipeline-schedule {flag} needs --pipeline-model-parallel-size 2 or more: with one "
                           "stage there is no pipeline bubble to fill; drop the flag")
     if flag == "zb-v":
-        return "zb_v"  # V = 2 is use_v_layout's
+        return "zb_v"  # its two chunks per rank: ParallelLayout.chunks
     if flag == "interleaved" and V == 1:
         raise ConfigError("--pipeline-schedule interleaved needs more than one model chunk per rank: "
                           "give --num-layers-per-virtual-pipeline-stage (or --virtual-pipeline-model-parallel-size)")
@@ -33,9 +33,10 @@ def schedule_for_flag(flag: Optional[str], P: int, V: int) -> str:
     return _NAMES[flag]
 
 
-def use_v_layout(model_cfg, flag: Optional[str]) -> None:
-    """With --pipeline-schedule zb-v and more than one pipeline rank: two model chunks per rank in
-    a V (model_cfg.pipeline_v_layout, split.v_layer_split). Raises ConfigError naming the flag."""
+def check_v_layout(model_cfg, flag: Optional[str]) -> None:
+    """With --pipeline-schedule zb-v and more than one pipeline rank the layers go in a V, two model chunks
+    per rank (ParallelLayout.v_shape, split.v_layer_split): ConfigError, naming the flag, for flags that
+    place the layers otherwise or layers that do not split into 2P stages. Writes nothing."""
     P = model_cfg.pipeline_model_parallel_size
     if flag != "zb-v" or P == 1:
         return
@@ -46,4 +47,3 @@ def use_v_layout(model_cfg, flag: Optional[str]) -> None:
         raise ConfigError("--pipeline-schedule zb-v splits the layers evenly over 2P stages: drop "
                           "--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers")
     v_layer_split(model_cfg.num_layers, P)  # the layers must divide into 2P stages
-    model_cfg.virtual_pipeline_model_parallel_size, model_cfg.pipeline_v_layout = 2, True

@@ -8,7 +8,7 @@ chunks p, P + p, 2P + p, ... Example, 8 layers, P = 2, V = 2 (layers counted fro
     rank 0: chunk 0 -> layers 0-1, chunk 1 -> layers 4-5
     rank 1: chunk 0 -> layers 2-3, chunk 1 -> layers 6-7
 
-ZB-V (--pipeline-schedule zb-v, config.pipeline_v_layout) has 2P equal stages in a V instead:
+ZB-V (--pipeline-schedule zb-v, ParallelLayout.v_shape) has 2P equal stages in a V instead:
 rank p holds stage p as chunk 0 and stage 2P - 1 - p as chunk 1 (v_layer_split).
 
 Uneven splits: the first and/or last stage may get their own layer count
@@ -91,19 +91,19 @@ def v_layer_split(num_layers: int, pp: int) -> list[list[tuple[int, int]]]:
     return [[(p * n, n), ((2 * pp - 1 - p) * n, n)] for p in range(pp)]
 
 
-def chunk_roles(config, pp_size: int, pp_rank: int, chunk: int) -> tuple[bool, bool]:
-    """(pre_process, post_process) of one model chunk: the embedding on the first virtual stage, the
-    output layer and loss on the last; in the V layout both are on rank 0 (chunks 0 and 1)."""
-    V = config.virtual_pipeline_model_parallel_size or 1
-    if config.pipeline_v_layout:
+def chunk_roles(layout, pp_rank: int, chunk: int) -> tuple[bool, bool]:
+    """(pre_process, post_process) of one model chunk of `layout` (ParallelLayout): the embedding on the
+    first virtual stage, the output layer and loss on the last; in the V layout both are on rank 0
+    (chunks 0 and 1)."""
+    if layout.v_shape:
         return pp_rank == 0 and chunk == 0, pp_rank == 0 and chunk == 1
-    return pp_rank == 0 and chunk == 0, pp_rank == pp_size - 1 and chunk == V - 1
+    return pp_rank == 0 and chunk == 0, pp_rank == layout.pp - 1 and chunk == layout.chunks - 1
 
 
-def stage_layers(config, pp_size: int, pp_rank: int, vp_stage: Optional[int] = None) -> tuple[int, int]:
-    """(layer_offset, num_layers) of one model chunk, from a TransformerConfig."""
-    if config.pipeline_v_layout:
-        return v_layer_split(config.num_layers, pp_size)[pp_rank][vp_stage or 0]
-    split = layer_split(config.num_layers, pp_size, config.virtual_pipeline_model_parallel_size,
-                        config.decoder_first_pipeline_num_layers, config.decoder_last_pipeline_num_layers)
+def stage_layers(config, layout, pp_rank: int, vp_stage: Optional[int] = None) -> tuple[int, int]:
+    """(layer_offset, num_layers) of one model chunk, from a TransformerConfig and its ParallelLayout."""
+    if layout.v_shape:
+        return v_layer_split(config.num_layers, layout.pp)[pp_rank][vp_stage or 0]
+    split = layer_split(config.num_layers, layout.pp, layout.vpp, config.decoder_first_pipeline_num_layers,
+                        config.decoder_last_pipeline_num_layers)
     return split[pp_rank][vp_stage or 0]

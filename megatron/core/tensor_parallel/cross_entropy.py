@@ -9,7 +9,6 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
-from ..parallel_state import get_process_groups
 
 
 class _VocabParallelCE(torch.autograd.Function):
@@ -18,7 +17,7 @@ class _VocabParallelCE(torch.autograd.Function):
         ctx.dtype = logits.dtype
         logits = logits.float()
         per_rank = logits.shape[-1]
-        start = per_rank * dist.get_rank(group)
+        start = per_rank * comm.rank(group)
         if vocab_size is not None and start + per_rank > vocab_size:
             logits = logits.clone()
             logits[..., max(vocab_size - start, 0):] = float("-inf")
@@ -62,11 +61,10 @@ class _VocabParallelCE(torch.autograd.Function):
         return grad.to(ctx.dtype), None, None, None
 
 
-def vocab_parallel_cross_entropy(logits, target, vocab_size=None, group=None):
+def vocab_parallel_cross_entropy(logits, target, vocab_size, group):
     """Per-token loss [s, b] from logits [s, b, V_padded/TP] and target ids [s, b].
 
-    vocab_size: the unpadded vocabulary; columns beyond it are ignored. Talks to the
-    TP group (default: this rank's). Math in fp32; the gradient has the logits' dtype.
+    vocab_size: the unpadded vocabulary (None: no padding); columns beyond it are ignored. Talks to
+    the TP group `group`. Math in fp32; the gradient has the logits' dtype.
     """
-    group = group if group is not None else get_process_groups().tp
     return _VocabParallelCE.apply(logits, target, vocab_size, group)

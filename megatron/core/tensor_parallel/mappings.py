@@ -12,17 +12,12 @@ Sequence parallel (activations [s, b, h] split along s, dim 0):
     gather_from_sequence  fwd all-gather dim 0   bwd reduce-scatter dim 0 (or split)
     reduce_scatter_to_sequence  fwd reduce-scatter dim 0  bwd all-gather dim 0
 
-`group` defaults to this rank's TP group from parallel_state.
+Every function takes the group it talks to: the caller's (a layer is given its groups when built).
 """
 import torch
 import torch.distributed as dist
 
 from .. import comm
-from ..parallel_state import get_process_groups
-
-
-def _tp(group):
-    return group if group is not None else get_process_groups().tp
 
 
 def _split_last(x, group):
@@ -141,47 +136,40 @@ class _ReduceScatterSeq(torch.autograd.Function):
         return comm.all_gather_dim0(g, ctx.group), None
 
 
-def copy_to_tensor_model_parallel_region(x, group=None):
+def copy_to_tensor_model_parallel_region(x, group):
     """Identity forward; all-reduce of the gradient over the TP group. Any shape."""
-    group = _tp(group)
     return x if comm.world(group) == 1 else _Copy.apply(x, group)
 
 
-def reduce_from_tensor_model_parallel_region(x, group=None):
+def reduce_from_tensor_model_parallel_region(x, group):
     """All-reduce (sum) over the TP group forward; identity backward. Any shape."""
-    group = _tp(group)
     return x if comm.world(group) == 1 else _Reduce.apply(x, group)
 
 
-def scatter_to_tensor_model_parallel_region(x, group=None):
+def scatter_to_tensor_model_parallel_region(x, group):
     """[..., h] -> this rank's [..., h/TP]; backward all-gathers over the TP group."""
-    group = _tp(group)
     return x if comm.world(group) == 1 else _ScatterLast.apply(x, group)
 
 
-def gather_from_tensor_model_parallel_region(x, group=None):
+def gather_from_tensor_model_parallel_region(x, group):
     """[..., h/TP] -> [..., h] all-gathered over the TP group; backward keeps this rank's slice."""
-    group = _tp(group)
     return x if comm.world(group) == 1 else _GatherLast.apply(x, group)
 
 
-def scatter_to_sequence_parallel_region(x, group=None):
+def scatter_to_sequence_parallel_region(x, group):
     """[s, ...] -> this rank's [s/TP, ...]; backward all-gathers along dim 0 (TP group)."""
-    group = _tp(group)
     return x if comm.world(group) == 1 else _ScatterSeq.apply(x, group)
 
 
-def gather_from_sequence_parallel_region(x, group=None, tensor_parallel_output_grad=True):
+def gather_from_sequence_parallel_region(x, group, tensor_parallel_output_grad=True):
     """[s/TP, ...] -> [s, ...] all-gathered over the TP group.
 
     Backward reduce-scatters when the consumer is TP-parallel (each rank holds a
     partial gradient of the full sequence), else keeps this rank's slice.
     """
-    group = _tp(group)
     return x if comm.world(group) == 1 else _GatherSeq.apply(x, group, tensor_parallel_output_grad)
 
 
-def reduce_scatter_to_sequence_parallel_region(x, group=None):
+def reduce_scatter_to_sequence_parallel_region(x, group):
     """[s, ...] partial sums -> this rank's [s/TP, ...] of the TP-group sum; backward all-gathers."""
-    group = _tp(group)
     return x if comm.world(group) == 1 else _ReduceScatterSeq.apply(x, group)

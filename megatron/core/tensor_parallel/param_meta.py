@@ -103,7 +103,7 @@ def data_parallel_replica(param, groups):
     experts), else the DP x CP ranks (groups.dp_cp: CP ranks hold the same parameters)."""
     if param_meta(param).expert_parallel:
         return groups.edp_rank, groups.edp_size, groups.edp
-    return groups.cp_rank + groups.cp_size * groups.dp_rank, groups.dp_size * groups.cp_size, groups.dp_cp
+    return groups.dp_cp_rank, groups.layout.dp_cp, groups.dp_cp
 
 
 def tensor_parallel_split(param, groups) -> tuple[int, int]:

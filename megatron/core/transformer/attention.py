@@ -5,7 +5,6 @@ from torch import nn
 
 from .. import comm
 from ..fusions import rope as rope_front
-from ..parallel_state import get_process_groups
 from ..tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from ..tensor_parallel.random import checkpoint
 from .core_attention import CoreAttention
@@ -14,7 +13,8 @@ from .model_options import recomputes
 
 
 class SelfAttention(nn.Module):
-    """[s(/TP with SP), b, h] -> same shape. Talks to the TP group `tp_group`.
+    """[s(/TP with SP), b, h] -> same shape. Talks to the TP group `tp_group`, and with context
+    parallelism its core to the CP group `cp_group` (None without).
 
     The fused QKV weight is laid out per query group, [q_1..q_k, k, v] for each group,
     so splitting its rows evenly over TP gives each rank whole groups. The attention core
@@ -23,7 +23,7 @@ class SelfAttention(nn.Module):
     the s x s activations, yet costs few of the layer's FLOPs.
     """
 
-    def __init__(self, config, tp_group, device=None, layer_number=1):
+    def __init__(self, config, tp_group, device=None, layer_number=1, cp_group=None):
         super().__init__()
         tp = comm.world(tp_group)
         self.layer_number = layer_number
@@ -39,8 +39,6 @@ class SelfAttention(nn.Module):
             config.hidden_size, qkv_size, group=tp_group, bias=config.add_bias_linear or config.add_qkv_bias,
             init_std=config.init_method_std, sequence_parallel=config.sequence_parallel,
             params_dtype=config.params_dtype, device=device)
-        # context parallelism: the CP group from the one grid (parallel_state), as only attention talks to it
-        cp_group = get_process_groups().cp if config.context_parallel_size > 1 else None
         self.core_attention = CoreAttention(config, tp_group, layer_number, device, cp_group)
         self.linear_proj = RowParallelLinear(
             config.num_attention_heads * config.kv_channels, config.hidden_size, group=tp_group,

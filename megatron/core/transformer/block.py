@@ -10,20 +10,20 @@ from .norm import build_norm
 class TransformerBlock(nn.Module):
     """Layers layer_offset+1 .. layer_offset+num_layers of the model, on this pipeline stage.
 
-    [s(/TP), b, h] -> same; final_layernorm only where post_process (last stage) and the
-    layers are pre-norm (post-norm layers end with a norm already).
+    [s(/TP), b, h] -> same (groups: this rank's ProcessGroups); final_layernorm only where post_process
+    (last stage) and the layers are pre-norm (post-norm layers end with a norm already).
     With --recompute-granularity full only the inputs of checkpointed chunks are kept:
     uniform checkpoints every chunk of recompute_num_layers layers; block checkpoints the
     first recompute_num_layers layers of this stage one by one and keeps the rest.
     """
 
-    def __init__(self, config, tp_group, num_layers=None, layer_offset=0, post_process=True, device=None):
+    def __init__(self, config, groups, num_layers=None, layer_offset=0, post_process=True, device=None):
         super().__init__()
         self.config = config
         n = config.num_layers if num_layers is None else num_layers
         self.layer_offset = layer_offset
         self.layers = nn.ModuleList(
-            TransformerLayer(config, tp_group, layer_offset + i + 1, device) for i in range(n))
+            TransformerLayer(config, groups, layer_offset + i + 1, device) for i in range(n))
         self.final_layernorm = build_norm(config, device) if post_process and not config.post_norm else None
 
     def _chunk(self, start, end):

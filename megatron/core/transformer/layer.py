@@ -26,18 +26,19 @@ def hidden_dropout(x, p, training, sequence_parallel):
 
 
 class TransformerLayer(nn.Module):
-    """[s(/TP), b, h] -> same. layer_number counts from 1 over the whole model."""
+    """[s(/TP), b, h] -> same. layer_number counts from 1 over the whole model. groups: this rank's
+    ProcessGroups (TP for the layers, CP for attention, the expert groups for an MoE layer)."""
 
-    def __init__(self, config, tp_group, layer_number, device=None):
+    def __init__(self, config, groups, layer_number, device=None):
         super().__init__()
         self.config, self.layer_number = config, layer_number
         # the names say where each norm sits (checkpoints and HF conversion rely on them)
         first, second = ("post_attention_layernorm", "post_mlp_layernorm") if config.post_norm \
             else ("input_layernorm", "pre_mlp_layernorm")
         setattr(self, first, build_norm(config, device))
-        self.self_attention = SelfAttention(config, tp_group, device, layer_number)
+        self.self_attention = SelfAttention(config, groups.tp, device, layer_number, groups.cp)
         setattr(self, second, build_norm(config, device))
-        self.mlp = build_mlp(config, tp_group, layer_number, device)
+        self.mlp = build_mlp(config, groups, layer_number, device)
         self.norms = (getattr(self, first), getattr(self, second))
         # --recompute-modules mlp / moe: the feed-forward block recomputed in the backward pass
         self.recompute_mlp = recomputes(config, "moe" if config.is_moe_layer(layer_number) else "mlp")

@@ -10,6 +10,7 @@ added after it, minus what --overlap-grad-reduce hides behind the last backward.
 import dataclasses
 from typing import NamedTuple
 
+from ...core.distributed.strategy import shards_grads, shards_optimizer, shards_params
 from .hardware import Cluster, all_to_all_time, collective_time, gemm_time, memory_time, p2p_time, ring_bytes
 from .moe_cost import expert_parallel_time, moe_fraction, moe_mlp_costs
 from .pipeline_cost import pipeline_time
@@ -144,18 +145,18 @@ def tp_time(cluster: Cluster, ops, tp):
     return sum(collective_time(cluster, kind, nbytes, tp, 1) for kind, nbytes in ops)
 
 
-def dp_collectives(mem, distributed_optimizer, strategy="optim", shards=1, micro=1, full_recompute=False) -> dict:
+def dp_collectives(mem, strategy, shards=1, micro=1, full_recompute=False) -> dict:
     """{comm.py tag: (collective, full buffer bytes, calls per iteration)} of one iteration's
-    data-parallel traffic over `shards` ranks (DP x CP). no_shard: the gradient buffers (estimate()'s
-    'grads') all-reduced once. optim / optim_grads (ZeRO-1/2): reduce-scattered once, then the
-    parameter buffers all-gathered once. optim_grads_params (ZeRO-3): the gradients reduce-scattered
-    once, the parameters all-gathered before every microbatch's forward and backward (and its
-    recomputed forward under full recompute), docs/zero.md. Sharded buffers are estimate()'s shard
-    bytes x shards."""
-    if not distributed_optimizer:
+    data-parallel traffic over `shards` ranks (DP x CP) under the sharding `strategy`. no_shard: the
+    gradient buffers (estimate()'s 'grads') all-reduced once. optim / optim_grads (ZeRO-1/2):
+    reduce-scattered once, then the parameter buffers all-gathered once. optim_grads_params (ZeRO-3):
+    the gradients reduce-scattered once, the parameters all-gathered before every microbatch's forward
+    and backward (and its recomputed forward under full recompute), docs/zero.md. Sharded buffers are
+    estimate()'s shard bytes x shards."""
+    if not shards_optimizer(strategy):
         return {"dp-grads": ("all_reduce", mem["grads"], 1)}
-    grads = mem["grads"] * (shards if strategy in ("optim_grads", "optim_grads_params") else 1)
-    if strategy != "optim_grads_params":
+    grads = mem["grads"] * (shards if shards_grads(strategy) else 1)
+    if not shards_params(strategy):
         return {"dp-grads": ("reduce_scatter", grads, 1), "dp-params": ("all_gather", mem["params"], 1)}
     gathers = (3 if full_recompute else 2) * micro
     return {"dp-grads": ("reduce_scatter", grads, 1), "dp-params": ("all_gather", mem["params"] * shards, gathers)}
@@ -172,13 +173,12 @@ def dp_groups(mem, dp) -> list:
             (e, {"params": params, "grads": grads})]
 
 
-def dp_traffic(mem, dp, distributed_optimizer, strategy="optim", micro=1, full_recompute=False) -> dict:
+def dp_traffic(mem, dp, strategy, micro=1, full_recompute=False) -> dict:
     """{tag: bytes one rank sends in an iteration} of dp_collectives() over each of dp_groups() (the
     dense buffers over dp ranks, the experts over expert-DP), to compare with debug.count_traffic()."""
     out = {}
     for n, part in dp_groups(mem, dp):
-        for tag, (kind, nbytes, calls) in dp_collectives(part, distributed_optimizer, strategy, n, micro,
-                                                         full_recompute).items():
+        for tag, (kind, nbytes, calls) in dp_collectives(part, strategy, n, micro, full_recompute).items():
             out[tag] = out.get(tag, 0.0) + calls * ring_bytes(kind, nbytes, n)
     return out
 
@@ -189,17 +189,17 @@ def _dp_exposed(cluster, t, mem, dp, tp, micro, fwd, bwd_rec, full_recompute):
     parameters: the next forward hides them with --overlap-param-gather. ZeRO-3 parameters: each
     unit's gather is prefetched behind the previous unit's compute, so per pass the first of
     layers + 1 units (the root) shows, or what exceeds the pass's compute."""
-    strategy = t.data_parallel_sharding_strategy or "optim"
+    ddp = t.ddp_config()
     shown, tags = 0.0, {}
     for n, part in dp_groups(mem, dp):  # expert-DP ranks are tp x EP apart; their time adds to the dense one's
-        for tag, (kind, nbytes, calls) in dp_collectives(part, t.use_distributed_optimizer, strategy, n, micro,
+        for tag, (kind, nbytes, calls) in dp_collectives(part, ddp.data_parallel_sharding_strategy, n, micro,
                                                           full_recompute).items():
             tags[tag] = (tags.get(tag, (0.0,))[0] + collective_time(cluster, kind, nbytes, n, tp * dp // n), calls)
     for tag, (took, calls) in tags.items():
         if tag == "dp-grads":
-            window, overlap, parts = mem["layers"] * bwd_rec, t.overlap_grad_reduce, 8
+            window, overlap, parts = mem["layers"] * bwd_rec, ddp.overlap_grad_reduce, 8
         else:
-            window, overlap, parts = mem["layers"] * fwd, t.overlap_param_gather, 8
+            window, overlap, parts = mem["layers"] * fwd, ddp.overlap_param_gather, 8
         if calls == 1:
             shown += max(took - window, took / parts) if overlap else took
             continue
@@ -210,23 +210,23 @@ def _dp_exposed(cluster, t, mem, dp, tp, micro, fwd, bwd_rec, full_recompute):
     return shown
 
 
-def step_time(c, t, cluster: Cluster, tp, pp, dp, mems, sp_grad_bytes=0) -> StepTime:
-    """Seconds of one iteration. mems: tools/estimate_memory.py's estimate() of each pipeline stage
-    (its grad and parameter buffer bytes are what the DP collectives move); the slowest stage counts.
+def step_time(c, t, cluster: Cluster, layout, mems, sp_grad_bytes=0) -> StepTime:
+    """Seconds of one iteration on `layout` (ParallelLayout). mems: memory.estimate() of each pipeline
+    stage (its grad and parameter buffer bytes are what the DP collectives move); the slowest stage counts.
     sp_grad_bytes: traffic.sequence_parallel_grad_bytes of the stage holding the most."""
-    b = t.micro_batch_size
+    tp, pp, dp, b = layout.tp, layout.pp, layout.dp, t.micro_batch_size
     fwd, bwd, rec, _ = layer = layer_costs(c, b, cluster, tp)
-    makespan, bubble, schedule = pipeline_time(c, t, cluster, tp, pp, dp, layer, head_costs(c, b, cluster, tp),
+    makespan, bubble, schedule = pipeline_time(c, t, cluster, layout, layer, head_costs(c, b, cluster, tp),
                                                embedding_costs(c, b, cluster, tp))
-    elt, cp = _elt(c), c.context_parallel_size
+    elt = _elt(c)
     micro = t.global_batch_size // (t.micro_batch_size * dp)
     exposed = optimizer = 0.0
     for mem in mems:  # DP x CP ranks, tp apart (rank order tp-cp-dp-pp)
-        exposed = max(exposed, _dp_exposed(cluster, t, mem, dp * cp, tp, micro, fwd, bwd + rec,
+        exposed = max(exposed, _dp_exposed(cluster, t, mem, layout.dp_cp, tp, micro, fwd, bwd + rec,
                                            c.recompute_granularity == "full"))
-        zero3 = t.data_parallel_sharding_strategy == "optim_grads_params"  # params already the shard
-        owned = sum(part["params"] / elt / (n if t.use_distributed_optimizer and not zero3 else 1)
-                    for n, part in dp_groups(mem, dp * cp))
+        ddp = t.ddp_config()  # ZeRO-3: the params held are the shard already
+        owned = sum(part["params"] / elt / (n if ddp.shards_optimizer and not ddp.shards_params else 1)
+                    for n, part in dp_groups(mem, layout.dp_cp))
         # Adam on fp32 main params: main, m, v read and written, the fp32 grad read, the param written
         optimizer = max(optimizer, memory_time(cluster, owned * (3 * 2 * 4 + 4 + elt)))
     emb = collective_time(cluster, "all_reduce", sp_grad_bytes, tp, 1)

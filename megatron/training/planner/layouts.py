@@ -9,6 +9,9 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Callable
 
+from ...core.errors import ParallelConfigError
+from ...core.parallel_layout import ParallelLayout, data_parallel_size
+
 
 @dataclasses.dataclass(frozen=True)
 class Space:
@@ -37,7 +40,17 @@ def _divisors(n):
 
 def data_parallel(space: Space, layout: dict) -> int:
     """GPUs over the model-parallel ones (TP x PP x CP; EP splits the experts over DP x CP instead)."""
-    return space.num_gpus // (layout["tp"] * layout["pp"] * layout.get("cp", 1))
+    return data_parallel_size(space.num_gpus, layout["tp"], layout.get("cp", 1), layout["pp"])
+
+
+def _fits(space: Space, layout: dict, **sizes) -> bool:
+    """The ParallelLayout of the choices so far (and `sizes`) can be built on the cluster's GPUs."""
+    try:
+        ParallelLayout(space.num_gpus, layout["tp"], sizes.get("cp", layout.get("cp", 1)), layout["pp"],
+                       ep=sizes.get("ep", 1))
+    except ParallelConfigError:
+        return False
+    return True
 
 
 def _tp(space, _):
@@ -52,10 +65,9 @@ def _pp(space, lay):
 def _cp(space, lay):
     """Context parallel sizes (powers of two up to 8 splitting the sequence into 2 C chunks); by
     default only for sequences of 8192 tokens or more, where the s x s attention starts to dominate."""
-    rest = space.num_gpus // (lay["tp"] * lay["pp"])
     if not space.full and space.seq_length < 8192:
         return [1]
-    return [c for c in (1, 2, 4, 8) if rest % c == 0 and space.seq_length % (2 * c) == 0]
+    return [c for c in (1, 2, 4, 8) if _fits(space, lay, cp=c) and space.seq_length % (2 * c) == 0]
 
 
 def _cp_comm(space, lay):
@@ -68,8 +80,7 @@ def _ep(space, lay):
     """Expert parallel sizes of an MoE model: powers of two dividing the experts and DP x CP."""
     if not space.num_experts:
         return [1]
-    dp_cp = data_parallel(space, lay) * lay["cp"]
-    return [e for e in (1, 2, 4, 8, 16, 32, 64) if space.num_experts % e == 0 and dp_cp % e == 0]
+    return [e for e in (1, 2, 4, 8, 16, 32, 64) if space.num_experts % e == 0 and _fits(space, lay, ep=e)]
 
 
 def _vpp(space, lay):

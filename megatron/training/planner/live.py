@@ -34,8 +34,8 @@ def prediction_line(model_cfg, train_cfg, world_size, gpu, gpus_per_node) -> str
 
 def predicted_step_line(model_cfg, train_cfg, world_size, device) -> Optional[str]:
     """prediction_line for this run's GPU; None off CUDA or on a GPU the calibration lacks. The
-    prediction is information only: whatever goes wrong in it (a layout the model cannot price, the
-    estimator's file absent from an installed copy, a bug) gives one '> planner: no prediction
+    prediction is information only: whatever goes wrong in it (a layout the model cannot price, a bug)
+    gives one '> planner: no prediction
     (reason)' line instead, and the run goes on."""
     device = torch.device(device)
     if device.type != "cuda":

@@ -1,12 +1,11 @@
-"""The pipeline part of a step on paper: the schedule training runs (--pipeline-schedule, named as
-schedule_flag.schedule_for_flag names it; ZB-V's action lists from zb_v) run by the simulator
+"""The pipeline part of a step on paper: the schedule training runs (--pipeline-schedule, the
+ParallelLayout's schedule; ZB-V's action lists from zb_v) run by the simulator
 (megatron/core/pipeline_parallel/simulator.py) with every action costed for its rank and model
 chunk: F the chunk's forward, B its backward's input gradient (and a full recompute's forward), W its
 weight gradients (cost.PassCosts.weight); in a schedule without W actions B does both. A comm action
 costs its sends. The makespan holds the bubble of that very schedule: ZB-H1 / ZB-H2 / ZB-V fill
 theirs with W, which a closed-form 1F1B bubble cannot show.
 """
-from ...core.pipeline_parallel.schedule_flag import schedule_for_flag
 from ...core.pipeline_parallel.schedules import build_schedule
 from ...core.pipeline_parallel.simulator import loop_stage, simulate, v_stage
 from ...core.pipeline_parallel.split import chunk_roles, stage_layers
@@ -17,24 +16,23 @@ from .traffic import p2p_message_bytes
 _SIM_ACTIONS = 60_000  # simulate at most this many actions; beyond, extrapolate the steady state
 
 
-def schedule_of(c, t, pp):
-    """(name, build(M) -> {rank: [Action]}, stage_of, streams) of the schedule training runs."""
-    V = c.virtual_pipeline_model_parallel_size or 1
-    name = schedule_for_flag(t.pipeline_schedule, pp, V)
+def schedule_of(layout):
+    """(name, build(M) -> {rank: [Action]}, stage_of, streams) of the schedule training runs on `layout`."""
+    pp, V, name = layout.pp, layout.chunks, layout.schedule
     if name == "zb_v":  # chunks in a V, activations and gradients on their own channels (executor.py)
         return name, lambda m: {r: zb_v(pp, m, V, r) for r in range(pp)}, v_stage, True
     return name, lambda m: build_schedule(pp, m, V, name), loop_stage, False
 
 
-def chunk_costs(c, pp, layer, head, embedding, split):
+def chunk_costs(c, layout, layer, head, embedding, split):
     """{(rank, chunk): {"F": s, "B": s, "W": s}} from cost.PassCosts of one layer, the head and the
     embedding, by the layers and roles each chunk holds (split.stage_layers / chunk_roles); split:
     the schedule has W actions (else B is the whole backward and W costs nothing)."""
     out = {}
-    for rank in range(pp):
-        for chunk in range(c.virtual_pipeline_model_parallel_size or 1):
-            n = stage_layers(c, pp, rank, chunk)[1]
-            parts = [(n, layer)] + [(1, p) for p, on in zip((embedding, head), chunk_roles(c, pp, rank, chunk)) if on]
+    for rank in range(layout.pp):
+        for chunk in range(layout.chunks):
+            n = stage_layers(c, layout, rank, chunk)[1]
+            parts = [(n, layer)] + [(1, p) for p, on in zip((embedding, head), chunk_roles(layout, rank, chunk)) if on]
             f = sum(k * p.forward for k, p in parts)
             backward = sum(k * (p.backward + p.recompute) for k, p in parts)
             w = sum(k * p.weight for k, p in parts) if split else 0.0
@@ -42,14 +40,15 @@ def chunk_costs(c, pp, layer, head, embedding, split):
     return out
 
 
-def pipeline_time(c, t, cluster: Cluster, tp, pp, dp, layer, head, embedding):
+def pipeline_time(c, t, cluster: Cluster, layout, layer, head, embedding):
     """(makespan s, bubble fraction, schedule name) of one iteration's microbatches through the
-    schedule; layer / head / embedding: cost.PassCosts of one microbatch."""
-    M = t.global_batch_size // (t.micro_batch_size * dp)
-    name, build, stage_of, streams = schedule_of(c, t, pp)
+    schedule of `layout` (ParallelLayout); layer / head / embedding: cost.PassCosts of one microbatch."""
+    tp, pp = layout.tp, layout.pp
+    M = t.global_batch_size // (t.micro_batch_size * layout.dp)
+    name, build, stage_of, streams = schedule_of(layout)
     split = any(a.kind == "W" for a in build(min(M, 2 * pp))[0])
-    table = chunk_costs(c, pp, layer, head, embedding, split)
-    crosses = tp * c.context_parallel_size * dp >= cluster.gpus_per_node  # stages are tp cp dp ranks apart
+    table = chunk_costs(c, layout, layer, head, embedding, split)
+    crosses = layout.stage_ranks >= cluster.gpus_per_node  # stages are TP x CP x DP ranks apart
     send = p2p_time(cluster, p2p_message_bytes(c, t.micro_batch_size, tp), crosses) if pp > 1 else 0.0
 
     def cost(rank, action):

@@ -3,47 +3,31 @@
     cluster = make_cluster("A100-80GB", num_gpus=64)
     best = plan(["--num-layers", "24", ..., "--global-batch-size", "512"], cluster)[0]
 
-Memory is tools/estimate_memory.py's, called as is (so the two never disagree); time is cost.py's.
+Memory is memory.py's (tools/estimate_memory.py's), called as is (so the two never disagree); time is cost.py's.
 predict_resolved() takes the resolved configs training already holds, so a training log can print
 the predicted step time beside the measured one.
 """
 import dataclasses
-import importlib.util
-import os
 from typing import Optional
 
 from ...core.errors import MegatronUserError
 from ..arguments import parse_args
 from ..flops import num_floating_point_operations
-from ..resolve import resolve, validate
+from ..resolve import parallel_layout, resolve, validate
 from .cost import StepTime, step_time
 from .hardware import Cluster
 from .layouts import Space, describe, enumerate_layouts, layout_flags
+from .memory import estimate, stage_params, total_bytes
 from .traffic import sequence_parallel_grad_bytes
 
 # flags training requires that do not change the plan; the user's own come after them and win
 PLAN_DEFAULTS = ["--mock-data", "--lr", "1e-4", "--train-iters", "1"]
-_ESTIMATOR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))), "tools", "estimate_memory.py")
-_estimator = None
-
-
-def estimator():
-    """The module tools/estimate_memory.py (estimate(), total_bytes()), loaded once from this checkout."""
-    global _estimator
-    if _estimator is None:
-        spec = importlib.util.spec_from_file_location("estimate_memory", _ESTIMATOR)
-        _estimator = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(_estimator)
-    return _estimator
-
-
 @dataclasses.dataclass
 class Prediction:
     label: str
     flags: list
     step: StepTime
-    memory_bytes: int            # the most loaded pipeline stage, = estimate_memory's total of that stage
+    memory_bytes: int            # the most loaded pipeline stage, = memory.total_bytes of that stage
     fits: bool
     tokens_per_s: float
     tflops_per_gpu: float        # hardware FLOPs (activation recompute counted, as Narayanan et al. count)
@@ -66,13 +50,12 @@ def hardware_flops(c, batch):
 
 def predict_resolved(c, t, world_size, cluster: Cluster, label="", flags=()) -> Prediction:
     """Prediction for resolved and validated configs (resolve() + validate() done) on `cluster`."""
-    est = estimator()
-    tp, pp = c.tensor_model_parallel_size, c.pipeline_model_parallel_size
-    dp = world_size // (tp * pp * c.context_parallel_size)
-    mems = [est.estimate(c, t, world_size, r) for r in range(pp)]
-    memory = max(est.total_bytes(m) for m in mems)
-    sp_bytes = max(sequence_parallel_grad_bytes(est.stage_params(c, r)[0], tp) for r in range(pp))
-    step = step_time(c, t, cluster, tp, pp, dp, mems, sp_bytes)
+    layout = parallel_layout(c, t, world_size)
+    tp, pp = layout.tp, layout.pp
+    mems = [estimate(c, t, world_size, r) for r in range(pp)]
+    memory = max(total_bytes(m) for m in mems)
+    sp_bytes = max(sequence_parallel_grad_bytes(stage_params(c, t, world_size, r)[0], tp) for r in range(pp))
+    step = step_time(c, t, cluster, layout, mems, sp_bytes)
     gbs, secs = t.global_batch_size, step.total
     model = num_floating_point_operations(c, gbs) / secs / world_size
     return Prediction(label, list(flags), step, memory, memory <= cluster.memory_bytes,

@@ -115,7 +115,7 @@ def sequence_parallel_grad_bytes(params, tp):
 
 def iteration_tp_traffic(c, t, tp, dp, params, layers, first=True, last=True) -> dict:
     """{kind: bytes one rank of a stage sends over its TP group in one iteration}: every microbatch's
-    stage_collectives plus the SP grads' all-reduce; `params` the stage's (estimate_memory.stage_params)."""
+    stage_collectives plus the SP grads' all-reduce; `params` the stage's (memory.stage_params)."""
     M = t.global_batch_size // (t.micro_batch_size * dp)
     fwd, bwd = stage_collectives(c, t.micro_batch_size, tp, layers, first, last)
     out = {}

@@ -46,7 +46,7 @@ class LanguageModule(nn.Module):
         self.share_embeddings = not config.untie_embeddings_and_output_weights
         self.input_tensor = None
         if num_layers is None:
-            layer_offset, num_layers = stage_layers(config, groups.pp_size, groups.pp_rank, vp_stage)
+            layer_offset, num_layers = stage_layers(config, groups.layout, groups.pp_rank, vp_stage)
         tp = groups.tp
         if pre_process or (post_process and self.share_embeddings):
             # with pipelining the last stage keeps its own copy of the tied table
@@ -63,7 +63,7 @@ class LanguageModule(nn.Module):
             self.position_embeddings = nn.Parameter(torch.empty(
                 config.max_position_embeddings, config.hidden_size, dtype=config.params_dtype, device=device))
             set_init(self.position_embeddings, "normal", config.init_method_std)
-        self.decoder = TransformerBlock(config, tp, num_layers, layer_offset, post_process, device)
+        self.decoder = TransformerBlock(config, groups, num_layers, layer_offset, post_process, device)
         if post_process and not self.share_embeddings:
             self.output_layer = ColumnParallelLinear(
                 config.hidden_size, config.padded_vocab_size, group=tp, bias=False,

@@ -1,4 +1,4 @@
-"""Saved-activation bytes of an MoE layer's feed-forward part, for tools/estimate_memory.py.
+"""Saved-activation bytes of an MoE layer's feed-forward part, for the memory estimator (planner/activations.py).
 
 Korthikanti et al. 2022 count a dense layer's MLP (16-bit activations, 1-byte dropout mask, ffn 4h) as
     19 s b h without TP, 3 s b h + 16 s b h / t with TP t, 19 s b h / t with TP and SP

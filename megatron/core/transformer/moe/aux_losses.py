@@ -4,16 +4,39 @@ The losses are formed inside each MoE layer, on every pipeline stage, so they ca
 last stage's loss terms (pipeline_parallel/losses.py) for backward. As Megatron-Core does,
 each is attached to the layer's output by an autograd function that is the identity forward
 and, backward, gives the loss the gradient `backward_scale` (the iteration's loss scale over
-the number of microbatches in the global batch, set by start_iteration). The values are
-recorded here, detached, and reported after the iteration as named terms in the
-ReducedLosses form ({name: (sum, count)}), so the log and the metrics file treat them
-like "lm loss".
+the number of microbatches in the global batch, RouterLosses.start_iteration). The values are
+recorded, detached, in the RouterLosses the training loop gives the model's MoE layers
+(step_hooks.bind) and reported after the iteration as named terms in the ReducedLosses form
+({name: (sum, count)}), so the log and the metrics file treat them like "lm loss".
 """
+import dataclasses
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-_STATE = {"scale": 1.0, "sums": {}, "layers": set(), "tokens": {}}
+
+@dataclasses.dataclass
+class RouterLosses:
+    """What the MoE layers of one model record, shared by them: the router losses' backward scale, each
+    loss's sum over this iteration's micro-batches and layers, and the tokens per expert of each layer
+    over the log interval. Made and passed by the training loop (step_hooks); no module holds one."""
+    scale: float = 1.0
+    sums: dict = dataclasses.field(default_factory=dict)
+    tokens: dict = dataclasses.field(default_factory=dict)
+
+    def start_iteration(self, loss_scale, microbatches_in_global_batch):
+        """Before forward_backward: the router losses' gradient scale; clears the loss sums."""
+        self.scale = float(loss_scale) / microbatches_in_global_batch
+        self.sums = {}
+
+    def record(self, name, value):
+        """Add one micro-batch's loss value of one layer (detached) to this iteration's sums."""
+        self.sums[name] = self.sums.get(name, 0.0) + value.detach().float()
+
+    def record_tokens(self, layer_number, tokens_per_expert):
+        """Add a micro-batch's tokens per expert [E] of one layer to the counts of the log interval."""
+        self.tokens[layer_number] = self.tokens.get(layer_number, 0) + tokens_per_expert.detach().float()
 
 
 def switch_load_balancing_loss(scores, tokens_per_expert, topk, coeff, total_tokens=None):
@@ -55,55 +78,37 @@ def z_loss(logits, coeff, parts=1):
 
 class _AttachLoss(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, out, loss):
-        ctx.shape, ctx.dtype = loss.shape, loss.dtype
+    def forward(ctx, out, loss, scale):
+        ctx.shape, ctx.dtype, ctx.scale = loss.shape, loss.dtype, scale
         return out
 
     @staticmethod
     def backward(ctx, g):
-        return g, torch.full(ctx.shape, _STATE["scale"], dtype=ctx.dtype, device=g.device)
+        return g, torch.full(ctx.shape, ctx.scale, dtype=ctx.dtype, device=g.device), None
 
 
-def attach(out, loss):
-    """out, with `loss`'s gradient (backward_scale) joining backward through it."""
-    return _AttachLoss.apply(out, loss)
-
-
-def start_iteration(loss_scale, microbatches_in_global_batch):
-    """Before forward_backward: the router losses' gradient scale; clears the records."""
-    _STATE["scale"] = float(loss_scale) / microbatches_in_global_batch
-    _STATE["sums"], _STATE["layers"] = {}, set()
-
-
-def record(name, layer_number, value):
-    """Add one micro-batch's loss value of one layer (detached) to this iteration's sums."""
-    sums = _STATE["sums"]
-    sums[name] = sums.get(name, 0.0) + value.detach().float()
-    _STATE["layers"].add(layer_number)
-
-
-def record_tokens(layer_number, tokens_per_expert):
-    """Add a micro-batch's tokens per expert [E] of one layer to the counts of the log interval."""
-    tokens = _STATE["tokens"]
-    tokens[layer_number] = tokens.get(layer_number, 0) + tokens_per_expert.detach().float()
+def attach(out, loss, scale):
+    """out, with `loss`'s gradient (`scale`, RouterLosses.scale) joining backward through it."""
+    return _AttachLoss.apply(out, loss, scale)
 
 
 def token_groups(groups):
     """[(group, size)] over which the ranks of a pipeline stage route different tokens: groups.dp_cp, and
     groups.tp when the experts are folded (each TP rank routes its own share; parallel_state)."""
-    found = [(groups.dp_cp, groups.dp_size * groups.cp_size)]
+    found = [(groups.dp_cp, groups.layout.dp_cp)]
     return found + [(groups.tp, groups.tp_size)] if groups.expert_folded else found
 
 
-def iteration_report(names, groups, microbatches_in_global_batch, moe_layers, device):
+def iteration_report(names, groups, microbatches_in_global_batch, moe_layers, device, losses=None):
     """{name: (sum, count)} of each router loss over the global batch: summed over this rank's
-    micro-batches and layers, all-reduced over token_groups (the CP, and folded the TP, ranks' parts
-    add up to the loss) and groups.pp; count = micro-batches x MoE layers, so the mean is per layer and
-    micro-batch. Every rank calls it (collective)."""
+    micro-batches and layers (`losses`, this rank's RouterLosses; None on a stage without MoE layers),
+    all-reduced over token_groups (the CP, and folded the TP, ranks' parts add up to the loss) and
+    groups.pp; count = micro-batches x MoE layers, so the mean is per layer and micro-batch. Every rank
+    calls it (collective)."""
     if not names:
         return {}
-    sums = torch.stack([torch.as_tensor(_STATE["sums"].get(n, 0.0), device=device, dtype=torch.float32)
-                        for n in names])
+    sums = losses.sums if losses is not None else {}
+    sums = torch.stack([torch.as_tensor(sums.get(n, 0.0), device=device, dtype=torch.float32) for n in names])
     for group, size in token_groups(groups) + [(groups.pp, groups.pp_size)]:
         if size > 1:
             dist.all_reduce(sums, group=group)
@@ -111,13 +116,15 @@ def iteration_report(names, groups, microbatches_in_global_batch, moe_layers, de
     return {n: (sums[i], count) for i, n in enumerate(names)}
 
 
-def tokens_balance(groups, num_layers, num_experts, device):
-    """(min, max) over MoE layers and experts of the tokens routed since the last call, summed over
-    token_groups and groups.pp (collective); clears the counts. None when nothing was routed."""
+def tokens_balance(groups, num_layers, num_experts, device, losses=None):
+    """(min, max) over MoE layers and experts of the tokens routed since the last call (`losses`, this
+    rank's RouterLosses), summed over token_groups and groups.pp (collective); clears the counts. None
+    when nothing was routed."""
     table = torch.zeros(num_layers, num_experts, device=device)
-    for layer, counts in _STATE["tokens"].items():
-        table[layer - 1] += counts.to(device)
-    _STATE["tokens"] = {}
+    if losses is not None:
+        for layer, counts in losses.tokens.items():
+            table[layer - 1] += counts.to(device)
+        losses.tokens = {}
     for group, size in token_groups(groups) + [(groups.pp, groups.pp_size)]:
         if size > 1:
             dist.all_reduce(table, group=group)

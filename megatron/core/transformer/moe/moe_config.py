@@ -8,6 +8,7 @@ from typing import Optional
 
 from ...config_fields import flag_namer, opt
 from ...errors import ConfigError
+from ...parallel_layout import experts_folded
 from ...ranges import NON_NEGATIVE, POSITIVE, check_ranges
 from .layer_pattern import every_n, moe_freq
 
@@ -124,7 +125,7 @@ def check_moe(cfg) -> None:
     if etp is not None and etp < 1:
         raise ConfigError(f"{f('expert_tensor_parallel_size')} ({etp}) must be positive (leave it out: "
                           f"{f('tensor_model_parallel_size')})")
-    if etp is not None and etp != cfg.tensor_model_parallel_size:
+    if experts_folded(cfg.tensor_model_parallel_size, etp):
         check_folding(cfg, f)
     if cfg.moe_pad_expert_input_to_capacity and cfg.moe_expert_capacity_factor is None:
         raise ConfigError(f"{f('moe_pad_expert_input_to_capacity')} needs {f('moe_expert_capacity_factor')}")

@@ -25,9 +25,9 @@ class MoELayer(nn.Module):
     Experts are split over `ep_group` (None: all here) in blocks of E / EP, this rank
     holding block `ep_rank`. The router's losses join backward through the output; with context
     parallelism its statistics are reduced over `cp_group` (router.py).
-    Folded (config.expert_tensor_parallel_size != TP, parallel_state's folded grid): each TP rank routes
-    its own tokens (folding.py), `cp_group` is then the TP x CP group, the experts are split over
-    `etp_group` and the groups are the folded grid's.
+    Folded (an `etp_group` given: the layout's expert TP differs from TP, parallel_layout.py): each TP
+    rank routes its own tokens (folding.py), `cp_group` is then the TP x CP group, the experts are split
+    over `etp_group` and the groups are the folded expert grid's.
     share: this rank's part of the micro-batch (token_share.py; default: all of it, EP micro-batches
     reaching the experts), for the capacity rule and the padded expert input.
     """
@@ -37,10 +37,10 @@ class MoELayer(nn.Module):
         super().__init__()
         self.config, self.tp_group = config, tp_group
         self.tp_size = comm.world(tp_group)
-        self.folded = config.expert_tensor_parallel_size not in (None, self.tp_size)
+        self.folded = etp_group is not None
         self.etp = ExpertTPGather(etp_group) if self.folded and comm.world(etp_group) > 1 else None
-        # expert TP 1: whole experts on every TP rank, no TP collective around them
-        self.expert_tp = tp_group if config.expert_tensor_parallel_size != 1 and self.tp_size > 1 else None
+        # not folded, the experts are split over TP like the dense MLP (TP 1: no TP collective around them)
+        self.expert_tp = tp_group if not self.folded and self.tp_size > 1 else None
         ep = comm.world(ep_group) if ep_group is not None else 1
         count = config.num_experts // ep
         self.ep, self.share = ep, share or TokenShare(sources=ep)
@@ -96,7 +96,7 @@ class MoELayer(nn.Module):
     def _finish(self, out, hidden, aux):
         if self.shared_experts is not None:
             out = out + self.shared_experts(hidden)
-        return aux_losses.attach(out, aux) if aux is not None else out
+        return aux_losses.attach(out, aux, self.router.backward_scale) if aux is not None else out
 
     def _folded_forward(self, hidden, sp):
         x = own_tokens(hidden, self.tp_group, sp)
@@ -113,33 +113,17 @@ class MoELayer(nn.Module):
         return self._finish(out, hidden, aux)
 
 
-def build_mlp(config, tp_group, layer_number, device=None):
-    """The feed-forward block of layer `layer_number`: an MoELayer where config.is_moe_layer, else
-    the dense MLP. The expert-parallel group is read from parallel_state when EP > 1 (a PlanGroup on
-    the meta device, for planning), the context-parallel group when CP > 1 (none on meta: no forward);
-    folded (expert TP != TP), the expert-TP group and the TP x CP group in place of the CP one."""
+def build_mlp(config, groups, layer_number, device=None):
+    """The feed-forward block of layer `layer_number`: an MoELayer where config.is_moe_layer, else the
+    dense MLP, with this rank's groups (ProcessGroups; stand-ins from ParallelLayout.plan_groups to build
+    a shard on the meta device): EP when EP > 1, CP when CP > 1; folded, the expert-TP group and the
+    TP x CP group in place of the CP one."""
     if not config.is_moe_layer(layer_number):
-        return MLP(config, tp_group, device)
-    ep_group, ep_rank, ep = None, 0, config.expert_model_parallel_size
-    if ep > 1 and str(device) == "meta":  # planning (tools/estimate_memory.py): EP rank 0's experts
-        ep_group = comm.PlanGroup(ep, 0)
-    elif ep > 1:
-        from ...parallel_state import get_process_groups
-        groups = get_process_groups()
-        ep_group, ep_rank = groups.ep, groups.ep_rank
-    cp_group = None
-    if config.context_parallel_size > 1 and str(device) != "meta":
-        from ...parallel_state import get_process_groups
-        cp_group = get_process_groups().cp
-    etp_group = None
-    if config.expert_tensor_parallel_size not in (None, config.tensor_model_parallel_size):  # folded
-        if str(device) == "meta":
-            etp_group = comm.PlanGroup(config.expert_tensor_parallel_size, 0)
-        else:
-            from ...parallel_state import get_process_groups
-            etp_group, cp_group = get_process_groups().etp, get_process_groups().tp_cp
-    share = None
-    if str(device) != "meta" and (ep > 1 or cp_group is not None):  # another rank routes part of the tokens
-        from ...parallel_state import get_process_groups
-        share = token_share(get_process_groups(), etp_group is not None)
-    return MoELayer(config, tp_group, layer_number, ep_group, ep_rank, device, cp_group, etp_group, share)
+        return MLP(config, groups.tp, device)
+    folded = groups.expert_folded
+    cp_group = groups.tp_cp if folded else groups.cp
+    ep_group = groups.ep if groups.ep_size > 1 else None
+    # another rank routes part of the tokens
+    share = token_share(groups, folded) if ep_group is not None or cp_group is not None else None
+    return MoELayer(config, groups.tp, layer_number, ep_group, groups.ep_rank, device, cp_group,
+                    groups.etp if folded else None, share)

@@ -4,6 +4,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ... import comm
 from ...tensor_parallel.param_meta import param_meta, set_init
 from . import aux_losses
 from .capacity import drop_over_capacity
@@ -54,7 +55,8 @@ class TopKRouter(nn.Module):
     def __init__(self, config, layer_number, device=None, cp_group=None):
         super().__init__()
         self.config, self.layer_number, self.cp_group = config, layer_number, cp_group
-        self.cp_size = dist.get_world_size(cp_group) if cp_group is not None else 1
+        self.losses = None  # the RouterLosses the training loop gives (step_hooks.bind); None: nothing recorded
+        self.cp_size = comm.world(cp_group) if cp_group is not None else 1
         E = config.num_experts
         self.weight = nn.Parameter(torch.empty(E, config.hidden_size, dtype=config.params_dtype, device=device))
         set_init(self.weight, "normal", config.init_method_std)
@@ -81,7 +83,8 @@ class TopKRouter(nn.Module):
                                                 rows)
         losses = []
         if torch.is_grad_enabled():  # training (recompute: only the pass that builds the graph)
-            aux_losses.record_tokens(self.layer_number, counts)
+            if self.losses is not None:
+                self.losses.record_tokens(self.layer_number, counts)
             if self.expert_bias is not None:
                 self.bias_tokens += counts.float()
             for kind, coeff, name in c.balance_losses():  # several types add up, each with its coefficient
@@ -94,13 +97,22 @@ class TopKRouter(nn.Module):
                 else:
                     loss = aux_losses.sequence_load_balancing_loss(scores, chosen, seq_len, c.moe_router_topk,
                                                                    coeff, self.cp_group)
-                aux_losses.record(name, self.layer_number, loss)
+                self._record(name, loss)
                 losses.append(loss)
             if c.moe_z_loss_coeff:
                 loss = aux_losses.z_loss(logits, c.moe_z_loss_coeff, self.cp_size)
-                aux_losses.record("z_loss", self.layer_number, loss)
+                self._record("z_loss", loss)
                 losses.append(loss)
         return probs, indices, (sum(losses) if losses else None)
+
+    def _record(self, name, loss):
+        if self.losses is not None:
+            self.losses.record(name, loss)
+
+    @property
+    def backward_scale(self) -> float:
+        """The router losses' gradient (RouterLosses.scale; 1 when no training loop gave one)."""
+        return self.losses.scale if self.losses is not None else 1.0
 
     def bias_state(self):
         """[(layout-free key, expert_bias [E] fp32)], or [] without the bias. The key is the router

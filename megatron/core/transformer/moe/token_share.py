@@ -55,7 +55,7 @@ def token_share(groups, folded: bool) -> TokenShare:
         first = groups.edp_rank * block
     else:
         share, block = groups.cp_size, groups.ep_size
-        j = groups.cp_rank + groups.cp_size * groups.dp_rank
+        j = groups.dp_cp_rank
         first = j - j % block
     sources = (first + block - 1) // share - first // share + 1
     tp_rank, tp_size = (groups.tp_rank, groups.tp_size) if folded else (0, 1)

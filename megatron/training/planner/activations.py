@@ -1,0 +1,47 @@
+"""Saved-activation bytes per layer (Korthikanti et al. 2022), after activation recompute: the
+activations part of the memory estimate (memory.py)."""
+import torch
+
+from ...core.transformer import context_parallel
+from ...core.transformer.moe.activation_memory import moe_extra_bytes_per_layer
+
+
+def activation_bytes_per_layer(c, micro_batch, tp, sp):
+    """Korthikanti et al. eq. 1-3 for 16-bit activations: s b h (34 + 5 a s / h) without TP,
+    s b h (10 + 24/t + 5 a s/(h t)) with TP, s b h/t (34 + 5 a s/h) with TP and SP.
+    fp32 activations (no --bf16/--fp16) double it. With --context-parallel-size C: the same on s / C
+    tokens, with the CP attention's log-sum-exp instead of the s x s terms (context_parallel.py).
+    MoE layers replace the MLP's share by theirs (moe/activation_memory.py), averaged over the layers."""
+    s, b, h, a = c.seq_length, micro_batch, c.hidden_size, c.num_attention_heads
+    if c.context_parallel_size > 1:
+        return context_parallel.activation_bytes_per_layer(s, b, h, a, tp, sp, c.context_parallel_size,
+                                                           2 if c.params_dtype != torch.float32 else 4) \
+            + moe_extra_bytes_per_layer(c, s * b / c.context_parallel_size, tp, sp, c.params_dtype.itemsize)
+    if tp == 1:
+        per = s * b * h * (34 + 5 * a * s / h)
+    elif sp:
+        per = s * b * h * (34 + 5 * a * s / h) / tp
+    else:
+        per = s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))
+    return per * (1 if c.params_dtype != torch.float32 else 2) + moe_extra_bytes_per_layer(
+        c, s * b, tp, sp, c.params_dtype.itemsize)
+
+
+def kept_activation_bytes(c, micro_batch, tp, layers):
+    """(bytes kept per microbatch in flight, bytes of the one recomputed chunk being worked on) for
+    `layers` layers, after --recompute-granularity: full keeps each chunk's 16-bit input (2 s b h, /t
+    with SP) and rebuilds one chunk of layers at a time; selective drops the 5 a s / h t score term."""
+    full = activation_bytes_per_layer(c, micro_batch, tp, c.sequence_parallel)
+    if c.recompute_granularity is None or layers == 0:
+        return int(full * layers), 0
+    s, b, h = c.seq_length, micro_batch, c.hidden_size
+    rep = s * b * h / (tp if c.sequence_parallel else 1) * (2 if c.params_dtype != torch.float32 else 4)
+    if c.recompute_granularity == "selective":
+        scores = s * b * h * 5 * c.num_attention_heads * s / (h * tp)
+        if c.context_parallel_size > 1:  # the CP attention keeps no s x s scores to drop
+            scores = 0
+        return int((full - scores * (1 if c.params_dtype != torch.float32 else 2)) * layers), 0
+    k = min(c.recompute_num_layers or 1, layers)
+    if c.recompute_method == "block":  # the first k layers of the stage recomputed, the rest kept
+        return int(rep * k + full * (layers - k)), int(full)
+    return int(rep * -(-layers // k)), int(full * k)

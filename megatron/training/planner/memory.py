@@ -1,0 +1,111 @@
+"""The memory each rank holds, predicted without running: parameters, gradients and optimizer state
+exact (the model built on the meta device from the rank's stand-in groups, and DDP's own buffer
+grouping and bucket layout, core/distributed/buffers.py) and activations (activations.py).
+tools/estimate_memory.py is its command line; the planner (predict.py) calls it as is."""
+import torch
+from torch import nn
+
+from ...core.distributed import zero3
+from ...core.distributed.buffers import buffer_groups, buffer_layout
+from ...core.models.gpt import GPTModel
+from ..resolve import parallel_layout
+from .activations import kept_activation_bytes
+
+_built = {}  # (config, world, stage) -> its meta chunks: a planner asks for the same stage many times
+
+
+def stage_chunks(model_cfg, t, world_size, pp_rank):
+    """The model chunks (meta tensors) of pipeline stage pp_rank's first rank (TP, CP, DP, EP rank 0), in
+    training.build_model's order, built once per config from its stand-in groups (ParallelLayout.plan_groups)."""
+    layout = parallel_layout(model_cfg, t, world_size)
+    key = (repr(model_cfg), repr(layout), pp_rank)
+    if key not in _built:
+        groups = layout.plan_groups(layout.group_of("pp", 0)[pp_rank])
+        V = layout.chunks
+        _built[key] = [GPTModel(model_cfg, groups, pre_process=groups.is_first_stage and v == 0,
+                                post_process=groups.is_last_stage and v == V - 1, device="meta", vp_stage=v)
+                       for v in range(V)]
+    return _built[key]
+
+
+def stage_params(model_cfg, t, world_size, pp_rank):
+    """(trainable parameters (meta tensors) of pipeline stage pp_rank, its layers)."""
+    chunks = stage_chunks(model_cfg, t, world_size, pp_rank)
+    return [p for c in chunks for p in c.parameters() if p.requires_grad], sum(len(c.decoder.layers) for c in chunks)
+
+
+def estimate(model_cfg, t, world_size, pp_rank=0):
+    """{'params', 'grads', 'optimizer', 'activations', 'working', 'layers', 'in_flight', 'gathered'} for
+    a rank of pipeline stage pp_rank (DP rank 0, TP rank 0: other TP ranks hold the same). params,
+    grads and optimizer: bytes held across the step (with --data-parallel-sharding-strategy
+    optim_grads the gradient shard, optim_grads_params the parameter shard too); expert_dp (MoE with
+    its own expert buffers only): (expert-DP size, the experts' part of params, of grads); gathered: ZeRO-3's
+    largest working set of full parameters (a chunk's root unit and one layer, two with
+    --overlap-param-gather), 0 otherwise; working: the recomputed chunk's activations."""
+    layout = parallel_layout(model_cfg, t, world_size)
+    t.validate(layout.dp)
+    ddp = t.ddp_config()
+    params, layers = stage_params(model_cfg, t, world_size, pp_rank)
+    chunks = stage_chunks(model_cfg, t, world_size, pp_rank)
+    chunk_units = zero3.units(nn.ModuleList(chunks)) if ddp.shards_params else None
+    bucket_size = ddp.bucket_elements(layout.dp_cp)  # DDP and the distributed optimizer work over DP x CP
+    out = {"params": 0, "grads": 0, "optimizer": 0, "gathered": 0}
+    unit_bytes = {}  # ZeRO-3: (chunk, unit) -> padded bytes over its buffers (a MoE layer: dense + experts)
+    for (dtype, expert), ps in buffer_groups(params, layout.expert_dp_apart).items():
+        shards = layout.edp if expert else layout.dp_cp  # MoE experts (this EP rank's) over expert-DP
+        held = out["params"], out["grads"]
+        ordered, offsets, buckets, total = buffer_layout(ps, bucket_size, shards, ddp, chunk_units)
+        numels = [p.numel() for p in ordered]
+        elt = torch.empty((), dtype=dtype).element_size()
+        grad_elt = 2 if (ddp.grad_reduce_in_bf16 and dtype == torch.bfloat16) else 4
+        out["grads"] += total * grad_elt // (shards if ddp.shards_grads else 1)
+        if ddp.shards_optimizer:
+            out["params"] += total * elt // (shards if chunk_units is not None else 1)
+            # padding in a shard holds no parameter: no main copy, no Adam state for it
+            owned = _owned_real(offsets, numels, buckets, shards)
+        else:
+            out["params"] += sum(numels) * elt
+            owned = sum(numels)
+        out["optimizer"] += owned * (8 + (4 if dtype != torch.float32 else 0))
+        if expert:  # (expert-DP size, params, grads): the planner moves these bytes over expert-DP
+            _, p_bytes, g_bytes = out.get("expert_dp", (shards, 0, 0))
+            out["expert_dp"] = (shards, p_bytes + out["params"] - held[0], g_bytes + out["grads"] - held[1])
+        if chunk_units is not None and shards > 1:  # over one rank the shard is the whole, never gathered
+            for key, n in _unit_sizes(chunk_units, ps, buckets).items():
+                unit_bytes[key] = unit_bytes.get(key, 0) + n * elt
+    if chunk_units is not None:
+        out["gathered"] = zero3.working_set([[unit_bytes.get((c, u), 0) for u in range(len(chunk))]
+                                             for c, chunk in enumerate(chunk_units)], ddp.overlap_param_gather)
+    out["layers"] = layers
+    out["activations"], out["working"] = kept_activation_bytes(model_cfg, t.micro_batch_size, layout.tp, layers)
+    num_micro = t.global_batch_size // (t.micro_batch_size * layout.dp)
+    out["in_flight"] = min(layout.pp - pp_rank, num_micro) if layout.pp > 1 else 1  # 1F1B warm-up depth
+    return out
+
+
+def total_bytes(est):
+    """Peak bytes of a rank from estimate(): states + kept activations of every microbatch in
+    flight + the recomputed chunk's activations during its backward + ZeRO-3's gathered parameters."""
+    return (est["params"] + est["grads"] + est["optimizer"] + est["activations"] * est["in_flight"]
+            + est["working"] + est["gathered"])
+
+
+def _unit_sizes(chunk_units, ps, buckets):
+    """{(chunk, unit): padded elements of its bucket} of one buffer of `ps` laid out by
+    zero3.layout_units (the last unit first, units without any of `ps` left out)."""
+    mine = {id(p) for p in ps}
+    keys = [(c, u) for c in reversed(range(len(chunk_units))) for u in reversed(range(len(chunk_units[c])))
+            if any(id(p) in mine for p in chunk_units[c][u][1])]
+    return {key: b.end - b.start for key, b in zip(keys, buckets)}
+
+
+def _owned_real(starts, numels, buckets, dp, rank=0):
+    """Parameter elements (padding excluded) in DP rank `rank`'s shard of every bucket; starts:
+    each parameter's buffer offset (the layout's)."""
+    offsets = [(s, s + n) for s, n in zip(starts, numels)]
+    owned = 0
+    for b in buckets:
+        k = (b.end - b.start) // dp
+        lo, hi = b.start + rank * k, b.start + (rank + 1) * k
+        owned += sum(max(0, min(e, hi) - max(s, lo)) for s, e in (offsets[i] for i in b.params))
+    return owned
