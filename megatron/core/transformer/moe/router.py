@@ -1,4 +1,6 @@
 """Top-k router: scores every token against every expert and picks k experts per token."""
+import functools
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -8,6 +10,7 @@ from ...tensor_parallel import weight_grad
 from ...tensor_parallel.param_meta import param_meta, set_init
 from . import aux_losses
 from .capacity import drop_over_capacity
+from .token_counts import tokens_per_expert
 
 
 def topk_routing(logits, topk, score_function="softmax", pre_softmax=False, expert_bias=None):
@@ -69,7 +72,7 @@ class TopKRouter(nn.Module):
         probs, indices, scores = topk_routing(logits, c.moe_router_topk, c.moe_router_score_function,
                                               c.moe_router_pre_softmax, self.expert_bias)
         chosen = indices  # the balance losses and counts see the choice before any drop
-        counts = torch.bincount(chosen.reshape(-1), minlength=c.num_experts)
+        counts = tokens_per_expert(chosen, c.num_experts).float()  # exact below 2^24 pairs
         if c.moe_expert_capacity_factor is not None:
             probs, indices = drop_over_capacity(probs, indices, c.num_experts, c.moe_expert_capacity_factor,
                                                 c.moe_token_drop_policy, self.cp_group if rows is not None else None,
@@ -78,7 +81,7 @@ class TopKRouter(nn.Module):
         if torch.is_grad_enabled():  # training (recompute: only the pass that builds the graph)
             aux_losses.record_tokens(self.layer_number, counts)
             if self.expert_bias is not None:
-                self.bias_tokens += counts.float()
+                self.bias_tokens += counts
             if c.moe_router_load_balancing_type != "none" and c.moe_aux_loss_coeff > 0:
                 if c.moe_router_load_balancing_type == "aux_loss":
                     whole = counts.to(scores.dtype)
@@ -95,7 +98,7 @@ class TopKRouter(nn.Module):
                 loss = aux_losses.z_loss(logits, c.moe_z_loss_coeff, self.cp_size)
                 aux_losses.record("z_loss", self.layer_number, loss)
                 losses.append(loss)
-        return probs, indices, (sum(losses) if losses else None)
+        return probs, indices, (functools.reduce(torch.add, losses) if losses else None)
 
     def bias_state(self):
         """[(layout-free key, expert_bias [E] fp32)], or [] without the bias. The key is the router
