@@ -69,5 +69,6 @@ class TokenCounts:
     def groups(self, rows):
         """[rows] int64 on the device: the expert of each row (rows = the total, known to the caller)."""
         if self._groups is None:
-            self._groups = torch.searchsorted(self.ends, torch.arange(rows, device=self.ends.device), right=True)
+            rows = torch.arange(rows, device=self.ends.device, dtype=self.ends.dtype)  # one dtype: CUDA's kernel
+            self._groups = torch.searchsorted(self.ends, rows, right=True)
         return self._groups
