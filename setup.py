@@ -1,5 +1,5 @@
 """Install with `pip install -e .` (add `[test]` for the test suite, `[hf]` for HuggingFace conversion,
-`[tiktoken]` for --tokenizer-type TikTokenizer).
+`[tiktoken]` for --tokenizer-type TikTokenizer, `[wandb]` for --wandb-project).
 
 Two optional extensions; a failed build of either is a warning, not a failed install:
 - csrc/helpers.cpp (dataset index helpers, pybind11) -> megatron.core.datasets.helpers_cpp;
@@ -41,7 +41,8 @@ def fused_cuda_kernels():
         return [], None
     if torch.version.cuda is None or CUDA_HOME is None:
         return [], None
-    sources = sorted(glob.glob("csrc/fused/*.cu")) + ["csrc/fused/bindings.cpp"]
+    # the same list as megatron/core/fusions/_ext.py sources(): every kernel and binding file (not cpu_stub/)
+    sources = sorted(glob.glob("csrc/fused/*.cu")) + sorted(glob.glob("csrc/fused/*.cpp"))
     # the module records the hash of its sources; the loader rebuilds it when csrc/fused changes
     spec = importlib.util.spec_from_file_location("source_hash", "megatron/core/fusions/source_hash.py")
     source_hash = importlib.util.module_from_spec(spec)
@@ -81,14 +82,16 @@ setup(
     version="0.1.0",
     description="3D-parallel (tensor x pipeline x data) GPT/BERT pretraining on PyTorch, tested on CPU",
     packages=find_packages(include=["megatron", "megatron.*"]),
-    package_data={"megatron.training.planner": ["*.toml"]},  # the planner's calibration and validation tables
+    # the planner's calibration and validation tables; the per-GPU kernel choices
+    package_data={"megatron.training.planner": ["*.toml"], "megatron.core.fusions": ["kernel_table.json"]},
     py_modules=["pretrain_gpt"],
     ext_modules=dataset_helpers() + cuda_exts,
     cmdclass={"build_ext": OptionalBuildExt},
     python_requires=">=3.9",
     install_requires=["torch>=2.4", "numpy", "sentencepiece", "tensorboard", "regex"],
     # hf: HuggingFace tokenizers (--tokenizer-type HuggingFaceTokenizer) and checkpoint conversion
-    # (tools/checkpoint/convert.py); tiktoken: --tokenizer-type TikTokenizer; the tests that need them skip without them
-    extras_require={"test": ["pytest", "pytest-timeout", "transformers", "ruff", "tiktoken"],
-                    "hf": ["tokenizers", "transformers"], "tiktoken": ["tiktoken"]},
+    # (tools/checkpoint/convert.py); tiktoken: --tokenizer-type TikTokenizer; wandb: --wandb-project (W&B); the tests
+    # that need them skip without them
+    extras_require={"test": ["pytest", "pytest-timeout", "transformers", "ruff", "tiktoken", "wandb"],
+                    "hf": ["tokenizers", "transformers"], "tiktoken": ["tiktoken"], "wandb": ["wandb"]},
 )

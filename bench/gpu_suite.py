@@ -30,7 +30,8 @@ MOE = ("--num-layers 6 --hidden-size 384 --num-attention-heads 8 --ffn-hidden-si
        "--moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --moe-token-dispatcher-type alltoall --moe-grouped-gemm "
        "--disable-bias-linear")
 RUN = ("--mock-data --tokenizer-type NullTokenizer --lr 1e-4 --bf16 --hidden-dropout 0 --attention-dropout 0 "
-       "--eval-iters 0 --eval-interval 100000 --log-interval 5 --micro-batch-size 4 --global-batch-size 16")
+       "--eval-iters 0 --eval-interval 100000 --log-interval 5 --micro-batch-size 4 --global-batch-size 16 "
+       "--log-throughput")
 # speed switches Megatron-LM's own GPU recipes pass; used where this checkout has them
 SPEED_FLAGS = ["--cross-entropy-loss-fusion"]
 OVERHEAD13 = ("--device cuda --dtype bf16 --layers 24 --hidden 2048 --heads 16 --seq 2048 --vocab 50304 "
@@ -48,7 +49,9 @@ def steps(out, help_text):
         kernel_args += f" --json {kjson}"
     if "--write-table" in help_text["kernels"]:
         kernel_args += f" --write-table {table}"
-    env = f"MEGATRON_KERNEL_TABLE={table} " if "--write-table" in help_text["kernels"] else ""
+    # the figures the kernels step just measured, when it wrote them (a table named but missing is an error)
+    env = (f"env $(test -f {table} && echo MEGATRON_KERNEL_TABLE={table}) " if "--write-table" in help_text["kernels"]
+           else "")
     pre = f"{env}{PY} pretrain_gpt.py {RUN}"
     ovh = help_text["overhead"]
     sanitizer = "compute-sanitizer" if subprocess.run("command -v compute-sanitizer", shell=True,
@@ -59,8 +62,11 @@ def steps(out, help_text):
         # test_kernel_speed times what the kernels step times (with torch.compile: minutes): not twice
         ("tests/gpu", 200, f"{PY} -m pytest -q -p no:cacheprovider -n 4 tests/gpu "
                            "--ignore tests/gpu/test_kernel_speed.py"),
-        ("sanitizer", 120, (f"{sanitizer} --tool memcheck --print-limit 10 {PY} -m pytest -q -p no:cacheprovider "
-                            "tests/gpu/test_kernels.py -k errors") if sanitizer else (None, "no compute-sanitizer")),
+        ("sanitizer", 120, (f"{sanitizer} --tool memcheck --target-processes all --print-limit 10 "
+                            f"{PY} -m pytest -q -p no:cacheprovider "
+                            + ("tests/gpu/test_kernel_bindings.py" if has("tests/gpu/test_kernel_bindings.py")
+                               else "tests/gpu/test_kernels.py -k errors"))
+                           if sanitizer else (None, "no compute-sanitizer")),
         ("kernels", 150, f"{PY} bench/kernels.py --out {out}/kernels.md{kernel_args}"),
         ("gpt1.3b ours", 120, f"{pre} {GPT13} --vocab-size 50304 --train-iters 15 {flags}"),
         ("gpt1.3b ours vs plain", 150, f"{env}{PY} bench/overhead.py {OVERHEAD13} --no-write"),

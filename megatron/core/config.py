@@ -15,6 +15,7 @@ from . import config_checks
 from .config_fields import flag_of as flag_of  # re-exported (as ConfigError): importers name this module
 from .config_fields import opt
 from .errors import ConfigError as ConfigError
+from .transformer.model_options import ModelOptions, check_options, resolve_options
 from .transformer.moe.moe_config import MoEConfig
 
 
@@ -40,7 +41,7 @@ class ModelParallelConfig:
 
 
 @dataclass
-class TransformerConfig(ModelParallelConfig, MoEConfig):
+class TransformerConfig(ModelParallelConfig, MoEConfig, ModelOptions):
     num_layers: int = opt(4, "Number of transformer layers.")
     decoder_first_pipeline_num_layers: Optional[int] = opt(
         None, "Layers on the first pipeline stage (uneven split; the other stages share the rest evenly).")
@@ -76,8 +77,9 @@ class TransformerConfig(ModelParallelConfig, MoEConfig):
     # fused kernels (megatron/core/fusions): each flag forces the plain-torch path of one op
     attention_backend: str = opt(
         "auto", "Core attention: auto (flash-attn, else Transformer Engine, else torch SDPA, whichever is "
-        "installed and fits), flash, fused or te (Transformer Engine), sdpa, or local or unfused (explicit "
-        "scores and the masked-softmax kernel).",
+        "installed and fits), flash, te (Transformer Engine), fused (Transformer Engine's fused attention; without "
+        "it, torch SDPA with its cuDNN backend first), sdpa, or local or unfused (explicit scores and the "
+        "masked-softmax kernel).",
         choices=["auto", "flash", "fused", "te", "sdpa", "local", "unfused"])
     attention_softmax_in_fp32: bool = opt(
         False, "With bf16 / fp16, compute the unfused attention's torch softmax in fp32 (the fused softmax "
@@ -95,6 +97,12 @@ class TransformerConfig(ModelParallelConfig, MoEConfig):
                             flag="--no-norm-fusion")
     apply_rope_fusion: bool = opt(True, "Use torch for the rotary embedding instead of a fused kernel.",
                                   flag="--no-rope-fusion")
+    fused_kernels: str = opt(
+        "auto", "This project's (not in Megatron-LM): where no --no-*-fusion flag is given, auto runs our csrc "
+        "kernel for an op only where a GPU measurement on file shows it faster than eager torch and "
+        "torch.compile on this GPU model (megatron/core/fusions/kernel_table.json, or the table "
+        "$MEGATRON_KERNEL_TABLE names), torch otherwise; csrc runs our kernels wherever they can run. The "
+        "start-up log says which each op runs and why.", choices=["auto", "csrc"])
     # activation recompute (Korthikanti et al. 2022)
     recompute_granularity: Optional[str] = opt(
         None, "Recompute activations in the backward pass instead of keeping them: full (whole layers, only "
@@ -114,7 +122,8 @@ class TransformerConfig(ModelParallelConfig, MoEConfig):
     SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "num_layers", "hidden_size",
              "num_attention_heads", "seq_length", "ffn_hidden_size", "kv_channels", "num_query_groups",
              "max_position_embeddings", "make_vocab_size_divisible_by", "vocab_size",
-             "virtual_pipeline_model_parallel_size", "num_layers_per_virtual_pipeline_stage")
+             "virtual_pipeline_model_parallel_size", "num_layers_per_virtual_pipeline_stage",
+             "context_parallel_size", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size")
 
     def __post_init__(self):
         if self.num_query_groups is None or not self.group_query_attention:
@@ -158,6 +167,8 @@ class TransformerConfig(ModelParallelConfig, MoEConfig):
             self.virtual_pipeline_model_parallel_size = chunks
         if self.virtual_pipeline_model_parallel_size == 1 and chunks in (None, 1):
             self.virtual_pipeline_model_parallel_size = None
+        resolve_options(self)  # --recompute-activations, the recomputed modules (model_options.py)
+        self.resolve_moe()  # --moe-layer-freq given as a pattern (moe_config.py)
         if self.recompute_granularity == "full":
             self.recompute_method, self.recompute_num_layers = config_checks.recompute_defaults(self)
         if self.transformer_impl == "transformer_engine" and self.attention_backend == "auto":
@@ -174,3 +185,4 @@ class TransformerConfig(ModelParallelConfig, MoEConfig):
     def validate(self) -> None:
         """Check the (resolved) configuration; assigns nothing. Raises ConfigError (config_checks.py)."""
         config_checks.validate(self)
+        check_options(self)

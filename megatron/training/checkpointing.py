@@ -4,8 +4,9 @@ layout-free format of megatron/core/checkpointing.
 
 What is saved: every parameter as its fp32 master value ("param"), Adam's exp_avg and
 exp_avg_sq per parameter, Adam's step count and the loss scaler's state, the RNG states of
-every rank, the iteration and consumed samples (data resumes at the next sample), and the
-arguments. The LR schedule's position is saved (fp16-skipped iterations do not advance it).
+every rank with its layout position (checkpoint_rng.py), the iteration and consumed samples
+(data resumes at the next sample), and the arguments. The LR schedule's position is saved
+(fp16-skipped iterations do not advance it).
 So is the model's non-trained state, e.g. the MoE expert bias (checkpoint_model_state.py).
 
 Who writes what (no piece is written twice): the optimizer's state pieces (whole parameters,
@@ -31,14 +32,14 @@ from ..core.checkpointing import (
     local_shard,
     make_piece,
     open_reader,
-    rank_file,
+    save_step,
     write_rank_file,
 )
 from ..core.optimizer import STATE_NAMES, StatePiece
 from ..core.tensor_parallel.param_meta import counted_once, data_parallel_replica, param_meta, tensor_parallel_split
-from ..core.tensor_parallel.random import get_rng_tracker
 from .checkpoint_args import find_source
 from .checkpoint_model_state import load_model_state, missing_model_state, model_state_keys, model_state_pieces
+from .checkpoint_rng import layout_position, layout_sizes, restore_or_reseed, rng_payload
 from .log import print_rank_0
 
 
@@ -64,15 +65,7 @@ def _config_dict(cfg):
 
 
 def _layout(groups, train_cfg):
-    return {"tp": groups.tp_size, "pp": groups.pp_size, "dp": groups.dp_size, "vpp": groups.vpp_size,
-            "distributed_optimizer": bool(train_cfg.use_distributed_optimizer)}
-
-
-def _rng_state(device):
-    state = {"torch": torch.get_rng_state(), "tracker": get_rng_tracker().get_states()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
+    return dict(layout_sizes(layout_position(groups)), distributed_optimizer=bool(train_cfg.use_distributed_optimizer))
 
 
 def save_checkpoint(root, iteration, consumed, model, optimizer, groups, model_cfg, train_cfg, device, scheduler=None,
@@ -92,7 +85,7 @@ def save_checkpoint(root, iteration, consumed, model, optimizer, groups, model_c
             pieces += [make_piece(key, name, sp.param, tp_rank, tp, lo, hi, value[lo - sp.start:hi - sp.start])
                        for name, value in sp.tensors.items()]
     pieces += model_state_pieces(model, groups)
-    payload = {"pieces": pieces, "rng": _rng_state(device)}
+    payload = {"pieces": pieces, "rng": rng_payload(groups, device)}
     metadata = copy.deepcopy({  # taken now: training goes on while a background save writes
         "consumed_samples": consumed,
         "lr_scheduler": scheduler.state_dict() if scheduler is not None else None,
@@ -101,15 +94,13 @@ def save_checkpoint(root, iteration, consumed, model, optimizer, groups, model_c
         "optimizer": optimizer.scalar_state(),
     }) if groups.rank == 0 else None
 
-    def write(group=None):
-        if groups.rank == 0:
-            begin_save(root, iteration)
-        dist.barrier(group=group)
-        write_rank_file(root, iteration, groups.rank, payload)
-        dist.barrier(group=group)
-        if groups.rank == 0:
-            commit(root, iteration, metadata, groups.world_size)
-        dist.barrier(group=group)
+    def write(group=None):  # a step that fails on one rank fails on all, after it (agreement.py)
+        rank0 = groups.rank == 0
+        save_step(lambda: rank0 and begin_save(root, iteration), root, iteration, groups.rank, group)
+        save_step(lambda: write_rank_file(root, iteration, groups.rank, payload, remove_partial=False), root,
+                  iteration, groups.rank, group)
+        save_step(lambda: rank0 and commit(root, iteration, metadata, groups.world_size), root, iteration,
+                  groups.rank, group)
         print_rank_0(f"> saved checkpoint at iteration {iteration} to {root} ({time.perf_counter() - start:.1f} s)")
 
     if saver is None:
@@ -120,22 +111,30 @@ def save_checkpoint(root, iteration, consumed, model, optimizer, groups, model_c
                  f"(of which {waited:.3f} s waiting for the previous save); writing in the background (--async-save)")
 
 
-def _check_keys(reader, model):
-    """Every model tensor is in the checkpoint, and every checkpoint tensor in the model
-    (the union over all ranks: a pipeline stage holds only its layers). Returns the non-trained
-    state keys the checkpoint lacks (checkpoint_model_state.missing_model_state)."""
+def _check_keys(reader, model, strictness="raise_all"):
+    """Model tensors the checkpoint lacks and checkpoint tensors the model lacks (the union over all ranks: a
+    pipeline stage holds only its layers), handled as --dist-ckpt-strictness says (Megatron-LM's names:
+    its "unexpected" keys are the model's the checkpoint lacks). -> (the non-trained state keys the
+    checkpoint lacks (checkpoint_model_state.missing_model_state), the model tensors to leave as initialised)."""
     mine = {param_meta(p).init_key for p in model.parameters()}
-    for key in sorted(mine):
-        if not reader.has(key):
-            raise CheckpointError(f"checkpoint {reader.path} has no tensor {key!r} "
-                                  "(was it saved with other model flags?)")
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, (sorted(mine), model_state_keys(model)))
-    extra = set(reader.keys()) - {key for keys, _ in every for key in keys}
-    if extra:
-        raise CheckpointError(f"checkpoint tensor {sorted(extra)[0]!r} is not in the model "
+    wanted = {key for keys, _ in every for key in keys}  # every rank decides alike
+    absent = sorted(key for key in wanted if not reader.has(key))
+    extra = sorted(set(reader.keys()) - wanted)
+    if absent and strictness in ("assume_ok_unexpected", "raise_unexpected", "raise_all"):
+        raise CheckpointError(f"checkpoint {reader.path} has no tensor {absent[0]!r} "
+                              "(was it saved with other model flags?)")
+    if extra and strictness == "raise_all":
+        raise CheckpointError(f"checkpoint tensor {extra[0]!r} is not in the model "
                               f"({len(extra)} such; was it saved with other model flags?)")
-    return missing_model_state(reader, [state for _, state in every])
+    if absent:  # log_*, return_*, ignore_all: those keep their initial values
+        print_rank_0(f"> warning: checkpoint {reader.path} has no tensor {absent[0]!r} ({len(absent)} such): "
+                     f"left as initialised (--dist-ckpt-strictness {strictness})")
+    if extra and strictness == "log_all":
+        print_rank_0(f"> warning: checkpoint tensor {extra[0]!r} is not in the model ({len(extra)} such): not read "
+                     "(--dist-ckpt-strictness log_all)")
+    return missing_model_state(reader, [state for _, state in every]), set(absent)
 
 
 def _read_shard(reader, key, state, param, groups, ranges, fully_parallel):
@@ -164,16 +163,17 @@ def load_checkpoint(path, model, optimizer, groups, train_cfg, device, scheduler
     """
     reader = open_reader(path)  # with an index: only this rank's byte ranges
     meta = reader.metadata
-    no_state = _check_keys(reader, model)
+    no_state, absent = _check_keys(reader, model, train_cfg.dist_ckpt_strictness)
     load_optim = not (train_cfg.finetune or train_cfg.no_load_optim) and meta.get("optimizer") is not None \
         and reader.complete("exp_avg")
     ranges_of = {}
     for sp in optimizer.state_pieces():
         ranges_of.setdefault(id(sp.param), []).append((sp.start, sp.end))
-    for p in model.parameters():  # shapes are checked (local_shard) before anything changes
+    params = [p for p in model.parameters() if param_meta(p).init_key not in absent]
+    for p in params:  # shapes are checked (local_shard) before anything changes
         shape = reader.shape(param_meta(p).init_key)
         local_shard(torch.empty(shape, device="meta"), p, *tensor_parallel_split(p, groups))
-    for p in model.parameters():
+    for p in params:
         key = param_meta(p).init_key
         value = _read_shard(reader, key, "param", p, groups, None, train_cfg.ckpt_fully_parallel_load)
         p.data.copy_(value)
@@ -187,7 +187,8 @@ def load_checkpoint(path, model, optimizer, groups, train_cfg, device, scheduler
     if load_optim:
         optimizer.load_scalar_state(meta["optimizer"])
     load_model_state(reader, model, groups, no_state)
-    _maybe_load_rng(reader, meta, groups, train_cfg, device)
+    if not (train_cfg.finetune or train_cfg.no_load_rng):
+        restore_or_reseed(reader, groups, train_cfg, device, meta["iteration"])
     reader.close()
     iteration, consumed = (0, 0) if train_cfg.finetune else (meta["iteration"], meta["consumed_samples"])
     # the schedule skips fp16-skipped iterations, so its position is saved rather than derived
@@ -196,22 +197,6 @@ def load_checkpoint(path, model, optimizer, groups, train_cfg, device, scheduler
     print_rank_0(f"> loaded checkpoint {path} (saved at {meta['layout']}) at iteration {iteration}, "
                  f"{consumed} consumed samples; optimizer state {'loaded' if load_optim else 'NOT loaded'}")
     return iteration, consumed
-
-
-def _maybe_load_rng(reader, meta, groups, train_cfg, device):
-    if train_cfg.finetune or train_cfg.no_load_rng:
-        return
-    saved = meta["layout"]
-    same = (saved["tp"], saved["pp"], saved["dp"]) == (groups.tp_size, groups.pp_size, groups.dp_size)
-    rng = reader.rng_state(rank_file(groups.rank)) if same else None
-    if rng is None:
-        # per-rank dropout streams do not map onto another layout; the seeds restart them
-        print_rank_0("> RNG states not restored (the layout differs from the checkpoint's)")
-        return
-    torch.set_rng_state(rng["torch"])
-    get_rng_tracker().set_states(rng["tracker"])
-    if device.type == "cuda" and "cuda" in rng:
-        torch.cuda.set_rng_state(rng["cuda"], device)
 
 
 class Checkpointer:

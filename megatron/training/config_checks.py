@@ -1,5 +1,6 @@
 """Checks of TrainingConfig (config.py): sizes positive, the learning-rate schedule, precision, checkpoint
 and data flags. They only read the config and raise ConfigError naming the flags and the fix."""
+from ..core.checkpointing import same_dir
 from ..core.config_fields import flag_namer
 from ..core.datasets import DatasetError, parse_blend, parse_split
 from ..core.errors import ConfigError
@@ -32,7 +33,8 @@ def check_schedule(cfg) -> None:
         raise ConfigError("--lr is required (the peak learning rate; Megatron-LM has no default either), "
                           "e.g. --lr 3e-4")
     if cfg.train_samples is not None:
-        resolved = cfg.global_batch_size and cfg.train_iters == cfg.train_samples // cfg.global_batch_size
+        resolved = cfg.train_iters_derived or (cfg.global_batch_size and
+                                               cfg.train_iters == cfg.train_samples // cfg.global_batch_size)
         if cfg.train_iters is not None and not resolved:
             raise ConfigError("give --train-iters or --train-samples, not both")
         given = [f for f, v in (("--lr-decay-iters", cfg.lr_decay_iters), ("--lr-warmup-iters",
@@ -82,6 +84,9 @@ def validate(cfg, dp_size: int) -> None:
         raise ConfigError("--grad-reduce-in-bf16 needs --bf16")
     if not 0.0 <= cfg.optimizer_offload_fraction <= 1.0:
         raise ConfigError(f"--optimizer-offload-fraction must be in [0, 1], got {cfg.optimizer_offload_fraction}")
+    if cfg.optimizer_offload_fraction != 1.0 and not cfg.optimizer_cpu_offload:
+        raise ConfigError(f"--optimizer-offload-fraction {cfg.optimizer_offload_fraction} goes with "
+                          "--optimizer-cpu-offload (without it nothing is offloaded); add it or drop the fraction")
     if cfg.overlap_param_gather and not cfg.use_distributed_optimizer:
         raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
     if cfg.hysteresis < 1 or cfg.loss_scale_window < 1 or (cfg.loss_scale is not None and cfg.loss_scale <= 0):
@@ -90,12 +95,22 @@ def validate(cfg, dp_size: int) -> None:
         raise ConfigError("--save-interval must be at least 1")
     if cfg.save_interval and not cfg.save:
         raise ConfigError("--save-interval needs --save DIR")
+    _validate_finetune(cfg)
     if cfg.distributed_timeout_minutes < 1:
         raise ConfigError(f"{f('distributed_timeout_minutes')} must be at least 1, "
                           f"got {cfg.distributed_timeout_minutes}")
     if cfg.ddp_bucket_size is not None and cfg.ddp_bucket_size < 1:
         raise ConfigError("--ddp-bucket-size must be at least 1")
     _validate_data(cfg)
+
+
+def _validate_finetune(cfg):
+    """--finetune saving into its own --load directory would make the finetune's checkpoints that
+    directory's latest: the pretraining command would then resume from them and overwrite its own."""
+    if cfg.finetune and same_dir(cfg.load, cfg.save):
+        raise ConfigError(f"--finetune with --save the same directory as --load ({cfg.load}): the finetune's "
+                          "checkpoints would become the pretraining run's latest; give another --save (to resume "
+                          f"the finetune later: --load that directory --pretrained-checkpoint {cfg.load})")
 
 
 def _validate_schedule(cfg, f):
@@ -157,6 +172,8 @@ def validate_tokenizer(cfg) -> None:
                           "tools/preprocess_data.py used")
     if tok == "NullTokenizer" and (cfg.null_vocab_size is None or cfg.null_vocab_size < 1):
         raise ConfigError("--tokenizer-type NullTokenizer needs --vocab-size N (N >= 1)")
-    if tok not in ("NullTokenizer", "TikTokenizer") and cfg.null_vocab_size is not None:
+    # HuggingFaceTokenizer: Megatron-LM's recipes give --vocab-size beside it and Megatron-LM ignores it
+    # (the tokenizer's vocabulary is the model's); the start-up line says so (no_effect.py)
+    if tok not in ("NullTokenizer", "TikTokenizer", "HuggingFaceTokenizer") and cfg.null_vocab_size is not None:
         raise ConfigError(f"--vocab-size goes with --tokenizer-type NullTokenizer (or TikTokenizer), not {tok} "
                           "(whose files define the vocabulary)")

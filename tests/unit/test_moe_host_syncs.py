@@ -20,7 +20,7 @@ import torch
 from bench.host_syncs import HostSyncs
 from megatron.core import parallel_state
 from megatron.core.config import TransformerConfig
-from megatron.core.tensor_parallel import weight_grad
+from megatron.core.pipeline_parallel.backward_split import backward_input
 from megatron.core.tensor_parallel.initialization import initialize_parameters
 from megatron.core.tensor_parallel.param_meta import set_init_key
 from megatron.core.transformer.moe import aux_losses, grouped_gemm, step_hooks
@@ -54,20 +54,20 @@ CASES = {  # name: (config, forward budget, backward budget)
 
 
 def _passes(m, x, split=False):
-    """(syncs in forward, in backward[, in W]) of one micro-batch through m; where each came from on failure."""
+    """HostSyncs of the forward and the backward of one micro-batch through m (split: the zero-bubble B,
+    then W: pipeline_parallel/backward_split.py)."""
     aux_losses.start_iteration(1.0, 1)
-    with HostSyncs() as fwd, weight_grad.splitting(split):
+    with HostSyncs() as fwd:
         y = m(x)
     with HostSyncs() as bwd:
         if split:
-            with weight_grad.splitting(), weight_grad.deferring() as work:
-                y.backward(torch.ones_like(y))
+            work = backward_input(y, torch.ones_like(y), x, {id(p): i for i, p in enumerate(m.parameters())})
         else:
             y.backward(torch.ones_like(y))
     counts = [fwd, bwd]
     if split:
         with HostSyncs() as w:
-            weight_grad.apply(work)
+            work.run()
         counts.append(w)
     return counts
 

@@ -28,6 +28,8 @@ import argparse
 import os
 import sys
 
+import torch
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from megatron.core.checkpointing import (
@@ -42,6 +44,7 @@ from megatron.core.checkpointing import (
 )
 from megatron.core.checkpointing import hf_conversion as hc
 from megatron.core.checkpointing.dcp_interop import load_dcp, save_dcp, split_buffers
+from megatron.core.checkpointing.hf_checks import with_whole_norm_weights
 from megatron.core.checkpointing.hf_files import read_config_json, read_state_dict
 from megatron.core.errors import MegatronUserError
 
@@ -59,6 +62,15 @@ def _transformers():
     return transformers
 
 
+def refuse_non_finite(tensors, source):
+    """A weight holding NaN or inf (damaged bytes read as floats) would convert into a model that
+    only produces NaN: refuse it, naming the first such tensor."""
+    bad = sorted(k for k, v in tensors.items() if v.is_floating_point() and not torch.isfinite(v).all())
+    if bad:
+        raise CheckpointError(f"{source}: tensor {bad[0]} holds NaN or inf values ({len(bad)} such tensor"
+                              f"{'s' if len(bad) > 1 else ''}): the weight files are damaged; restore them")
+
+
 def load_hf(path, model_type="GPT"):
     """-> (model args, {init_key: tensor}, config.json dict) from a local HF model directory."""
     tf = _transformers()
@@ -70,6 +82,7 @@ def load_hf(path, model_type="GPT"):
     convert = {"gpt2": hc.gpt2_to_ours, "llama": hc.llama_to_ours, "bert": hf_bert.bert_to_ours,
                "mixtral": hf_mixtral.mixtral_to_ours, "qwen2_moe": hf_qwen2_moe.qwen2_moe_to_ours}[raw["model_type"]]
     sd = read_state_dict(path)
+    refuse_non_finite(sd, path)  # under the file's own names
     try:
         args, tensors = convert(config, sd)
     except RuntimeError as e:  # a reshape of a tensor whose shape config.json does not describe
@@ -79,6 +92,7 @@ def load_hf(path, model_type="GPT"):
 
 def save_hf(path, args, tensors, training, model_type="GPT"):
     tf = _transformers()
+    tensors = with_whole_norm_weights(args, tensors)  # --apply-layernorm-1p stores w - 1
     if model_type == "BERT":
         cfg, sd, binary = hf_bert.ours_to_bert(args, tensors)
         config, cls = tf.BertConfig(**cfg), tf.BertForPreTraining if binary else tf.BertForMaskedLM
@@ -106,7 +120,7 @@ def save_hf(path, args, tensors, training, model_type="GPT"):
     if missing or unexpected:
         raise CheckpointError(f"conversion bug: missing {missing}, unexpected {unexpected}")
     os.makedirs(path, exist_ok=True)
-    special = hf_tokenizer.to_hf(training, path)
+    special = hf_tokenizer.to_hf(training, path, args.get("vocab_size"))
     for k in hf_tokenizer.SPECIAL:
         setattr(config, k, special.get(k))
         if model.can_generate():  # encoders have no generation_config
@@ -155,6 +169,8 @@ def main(argv=None):
             args, training = reader.metadata["args"]["model"], reader.metadata["args"].get("training", {})
             tensors = {k: reader.global_tensor(k) for k in reader.keys("param")}
             buffers = {k: reader.global_tensor(k, "buffer") for k in reader.keys("buffer")}
+        if a.loader != "hf":
+            refuse_non_finite(tensors, a.load_dir)
         if a.saver == "hf":
             refuse_nonzero_buffers(buffers)
             save_hf(a.save_dir, args, tensors, training, a.model_type)

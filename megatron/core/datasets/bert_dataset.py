@@ -38,10 +38,12 @@ class BertDatasetConfig:
     mask_id: int
     pad_id: int
     cache_dir: Optional[str] = None  # None: build the mapping in memory every time
+    tokenizer: Optional[dict] = None  # the run's tokenizer record: a dataset's own must match (tokenizer_record.py)
     masked_lm_prob: float = 0.15    # share of the non-special tokens masked (at least one)
     short_seq_prob: float = 0.1     # share of samples with a shorter random target length
     binary_head: bool = True        # sentence pairs (A, B) with is_random; False: one segment
     binary_head_task: str = "sop"   # "sop": B A order swapped; "nsp": B from another document
+    mmap_bin_files: bool = True       # False: the .bin files are read with file reads (--no-mmap-bin-files)
 
     def __post_init__(self):
         if self.binary_head_task not in ("sop", "nsp"):

@@ -7,6 +7,9 @@ CoreAttention in megatron/core/transformer/core_attention.py. Backends (--attent
   flash    flash-attn's flash_attn_func;       te   Transformer Engine's DotProductAttention;
   sdpa     torch.nn.functional.scaled_dot_product_attention (picks its own flash /
            memory-efficient / cuDNN / math kernel);
+  fused    Megatron-LM's name for Transformer Engine's fused (cuDNN) attention: te where Transformer
+           Engine is installed, else torch SDPA with its cuDNN backend first (the same cuDNN
+           fused-attention kernels; "cudnn"), else, without CUDA, plain SDPA;
   unfused  explicit scores, the masked-softmax front (our kernel, apex or torch), dropout and
            a second matmul: Megatron-LM's "local" attention, the layer Korthikanti et al.
            count activations for (it keeps the s x s probabilities, the others do not).
@@ -21,11 +24,13 @@ from ..tensor_parallel.random import get_rng_tracker
 from . import softmax as softmax_front
 from ._common import HALF_DTYPES, importable
 
-BACKENDS = ("auto", "flash", "te", "sdpa", "unfused")
-# Megatron-LM's --attention-backend names: fused is TE's fused attention, local its own unfused layer
-ALIASES = {"fused": "te", "local": "unfused"}
+BACKENDS = ("auto", "flash", "te", "sdpa", "cudnn", "unfused")
+# Megatron-LM's --attention-backend names: local is its own unfused layer (fused: select_fused)
+ALIASES = {"local": "unfused"}
 NAMES = {"flash": "flash-attn flash_attn_func", "te": "transformer_engine DotProductAttention",
-         "sdpa": "torch scaled_dot_product_attention", "unfused": "unfused (matmul + masked softmax + matmul)"}
+         "sdpa": "torch scaled_dot_product_attention", "unfused": "unfused (matmul + masked softmax + matmul)",
+         "cudnn": "torch scaled_dot_product_attention with its cuDNN backend first (--attention-backend fused "
+                  "without Transformer Engine)"}
 
 
 def available(backend, device, dtype):
@@ -45,8 +50,18 @@ def available(backend, device, dtype):
     return True, None
 
 
+def select_fused(device, dtype):
+    """Megatron-LM's --attention-backend fused: Transformer Engine's fused attention where it runs, else
+    torch SDPA with cuDNN's fused attention first on CUDA, else (CPU) SDPA."""
+    if available("te", device, dtype)[0]:
+        return "te"
+    return "cudnn" if torch.device(device).type == "cuda" else "sdpa"
+
+
 def select(backend, device, dtype):
     """The backend CoreAttention uses: an explicit choice as given (Megatron-LM's names mapped), 'auto' resolved."""
+    if backend == "fused":
+        return select_fused(device, dtype)
     if backend != "auto":
         return ALIASES.get(backend, backend)
     for candidate in ("flash", "te"):
@@ -64,6 +79,15 @@ def sdpa(q, k, v, attn_mask, p):
         kwargs["enable_gqa"] = True
     out = F.scaled_dot_product_attention(q, k, v, **kwargs)
     return out.permute(2, 0, 1, 3).reshape(s, b, heads * d)
+
+
+def sdpa_cudnn(q, k, v, attn_mask, p):
+    """torch SDPA with its cuDNN backend tried first (then flash, memory-efficient, math: SDPA falls back where
+    cuDNN does not take the inputs)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    with sdpa_kernel(order, set_priority=True):
+        return sdpa(q, k, v, attn_mask, p)
 
 
 def flash(q, k, v, p, scale):
@@ -88,9 +112,11 @@ def build_te(config, tp_group, layer_number):
         return None
 
 
-def unfused(q, k, v, attn_mask, p, scale, softmax_impl, softmax_in_fp32=False):
-    """Explicit scores, the masked-softmax front (softmax_impl from softmax.select), dropout, matmul.
+def unfused(q, k, v, attn_mask, p, scale, softmax_impl, softmax_in_fp32=False, masked_softmax_impl=None):
+    """Explicit scores, the masked-softmax front (softmax_impl from softmax.select(causal=True) for the causal
+    mask, masked_softmax_impl from causal=False for a bool mask; default the same), dropout, matmul.
     softmax_in_fp32: half-precision scores go through torch's softmax in fp32 (the kernels already do)."""
+    masked_softmax_impl = masked_softmax_impl or softmax_impl
     s, b, heads, d = q.shape
     sk, groups = k.shape[0], k.shape[2]
     if groups != heads:  # query head i uses key/value group i // (heads / groups), as SDPA's GQA
@@ -100,14 +126,15 @@ def unfused(q, k, v, attn_mask, p, scale, softmax_impl, softmax_in_fp32=False):
     kt = k.permute(1, 2, 3, 0).reshape(b * heads, d, sk)
     v = v.permute(1, 2, 0, 3).reshape(b * heads, sk, d)
     scores = torch.bmm(q, kt).view(b, heads, s, sk)
-    if softmax_in_fp32 and scores.dtype in HALF_DTYPES and softmax_impl == "torch":
+    impl = softmax_impl if attn_mask is None else masked_softmax_impl
+    if softmax_in_fp32 and scores.dtype in HALF_DTYPES and impl == "torch":
         scores = scores.float()
     if attn_mask is None:
         probs = softmax_front.scaled_upper_triang_masked_softmax(scores, scale, softmax_impl)
     elif attn_mask.dtype == torch.bool:
         # kernels take [b, 1, sq, sk]; a padding mask comes as [b, 1, 1, sk]
         masked = ~attn_mask.expand(attn_mask.shape[0], 1, s, sk)
-        probs = softmax_front.scaled_masked_softmax(scores, masked, scale, softmax_impl)
+        probs = softmax_front.scaled_masked_softmax(scores, masked, scale, masked_softmax_impl)
     else:
         probs = torch.softmax(scores * scale + attn_mask, dim=-1)
     probs = probs.to(v.dtype)

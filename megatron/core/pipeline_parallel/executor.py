@@ -4,13 +4,12 @@ Per microbatch and chunk it keeps only what backward needs: the received input (
 whose .grad is sent back) and the output's autograd graph (its storage is freed once
 sent, p2p.free_output). On the last virtual stage the output is the scaled loss.
 The loss contract (named terms, their counts and sums) is in losses.py.
-A schedule with W actions (zero_bubble.py) runs its forwards with the layers' weight
-gradients split off (tensor_parallel/weight_grad.py): B keeps that work, W does it.
+A schedule with W actions (zero_bubble.py) splits each backward on its autograd graph
+(backward_split.py): B computes the input gradient and keeps what W needs, W the weight gradients.
 ZB-V (zb_v.py, v_shape): the loss is on rank 0's chunk 1; on the last rank chunk 0's output is
 chunk 1's input, and chunk 1's input gradient chunk 0's output gradient, without a message;
 activations and gradients travel on two ordered channels (groups.pp and groups.pp_grad, p2p.py).
 """
-import contextlib
 import functools
 import time
 from typing import Optional
@@ -19,9 +18,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..tensor_parallel import weight_grad
+from ..timers import NULL_TIMER
 from ..watchdog import waiting
-from .losses import TOKEN_LOSS, LossDeclaration, ReducedLosses, global_counts, masked_sums
+from .backward_split import backward_input
+from .losses import TOKEN_LOSS, LossDeclaration, ReducedLosses, global_counts, loss_divisors, masked_sums
 from .p2p import ACTIVATIONS, GRADIENTS, P2PCommunicator, backward_through, free_output
 from .schedules import SCHEDULES, default_schedule
 from .zb_v import zb_v
@@ -44,17 +44,20 @@ class _Rank:
     input (a leaf whose .grad goes back), the output (its storage freed once sent; on the
     last virtual stage the scaled loss), the received output gradient and the input
     gradient waiting to be sent; each entry is dropped as soon as it is used.
-    num_tokens: [terms] global counts of the loss terms `names`, in that order."""
+    num_tokens: what each microbatch's loss sums are divided by (losses.loss_divisors): [terms], or
+    [microbatches, terms] per microbatch, for the loss terms `names` in that order."""
 
     def __init__(self, chunks, batches, forward_step, groups, comm, num_tokens, names, forward_only, loss_scale,
-                 v_shape=False):
+                 v_shape=False, before_weight=None):
         self.chunks, self.batches, self.forward_step = chunks, batches, forward_step
         self.loss_scale, self.names = loss_scale, names
         self.comm, self.num_tokens, self.forward_only = comm, num_tokens, forward_only
         self.inputs, self.outputs, self.out_grads, self.in_grads = {}, {}, {}, {}
-        self.weight_work, self.split = {}, False  # split: B defers the weight gradients to W
+        self.weight_work, self.split = {}, False  # split: B leaves the weight gradients to W
+        self.before_weight = before_weight
+        self.order = {}  # chunk -> {id(parameter): index}: W's order
         self.unwaited_sends = []
-        self.total = torch.zeros(num_tokens.shape, device=num_tokens.device)
+        self.total = torch.zeros(num_tokens.shape[-1:], device=num_tokens.device)
         self.last_chunk = len(chunks) - 1 if groups.is_last_stage else None  # the chunk with the loss
         self.v_shape, self.turn = v_shape, v_shape and groups.is_last_stage  # turn: chunk 0 feeds chunk 1 here
         if v_shape:
@@ -67,7 +70,8 @@ class _Rank:
         if v == self.last_chunk:
             sums = masked_sums(out, self.names)
             self.total += sums.detach()
-            out = None if self.forward_only else (sums * (self.loss_scale / self.num_tokens)).sum()
+            divisor = self.num_tokens[mb] if self.num_tokens.dim() == 2 else self.num_tokens
+            out = None if self.forward_only else (sums * (self.loss_scale / divisor)).sum()
         if out is not None:
             self.outputs[key] = out
         if self.turn and v == 0:
@@ -80,21 +84,23 @@ class _Rank:
     def backward(self, v, mb):
         key = (v, mb)
         out, inp = self.outputs.pop(key), self.inputs.pop(key, None)
-        # splitting on in B too: a recomputed forward (activation checkpointing) defers its W as well
-        with weight_grad.splitting(self.split), weight_grad.deferring() if self.split else _nothing() as work:
-            if v == self.last_chunk:
-                out.backward()
-            else:
-                backward_through(out, self.out_grads.pop(key))
+        grad = None if v == self.last_chunk else self.out_grads.pop(key)
         if self.split:
-            self.weight_work[key] = work
+            if v not in self.order:
+                params = self.chunks[v].parameters() if isinstance(self.chunks[v], nn.Module) else ()
+                self.order[v] = {id(p): i for i, p in enumerate(params)}
+            self.weight_work[key] = backward_input(out, grad, inp, self.order[v])
+        elif grad is None:
+            out.backward()
+        else:
+            backward_through(out, grad)
         if inp is not None:
             self.in_grads[key] = inp.grad
         if self.turn and v == 1:
             self.out_grads[(0, mb)] = self.in_grads.pop(key)
 
     def weight(self, v, mb):
-        weight_grad.apply(self.weight_work.pop((v, mb)))
+        self.weight_work.pop((v, mb)).run(self.before_weight)
 
     def communicate(self, ops, async_sends=False):
         posted, received = [], []
@@ -128,12 +134,9 @@ class _Rank:
         return sum(o.numel() for (v, _), o in self.outputs.items() if v != self.last_chunk)
 
 
-_nothing = contextlib.nullcontext
-
-
 def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P2PCommunicator],
                 num_tokens, names, forward_only=False, trace: Optional[list] = None, stats: Optional[dict] = None,
-                loss_scale=1.0, v_shape=False):
+                loss_scale=1.0, v_shape=False, before_weight=None, timers=None):
     """Execute `actions` on this rank. Returns sum(loss x mask) over this rank's microbatches
     per loss term of `names` ([terms] fp32; zero unless this rank holds the last virtual stage).
 
@@ -143,25 +146,29 @@ def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P
     not yet backwarded, or not yet through W where the schedule has W's) and
     peak_kept_output_elems (elements of sent outputs still held); a callable stats["probe"] is
     called after every action with what the rank holds: outputs {(chunk, mb): tensor whose graph
-    backward needs} and weight work {(chunk, mb): weight_grad work} (bench/pipeline_memory.py).
-    v_shape: the actions are zb_v's (chunks in a V, the loss on rank 0's chunk 1).
+    backward needs} and weight work {(chunk, mb): backward_split.WeightWork} (bench/pipeline_memory.py).
+    v_shape: the actions are zb_v's (chunks in a V, the loss on rank 0's chunk 1). before_weight: called
+    with parameters before a W action computes their gradients (DistributedDataParallel.before_weight_grads).
+    timers: core.timers.Timers; at level 2 each action is timed under Megatron-LM's name (Action.timer_name).
     """
-    r = _Rank(chunks, batches, forward_step, groups, comm, num_tokens, names, forward_only, loss_scale, v_shape)
+    r = _Rank(chunks, batches, forward_step, groups, comm, num_tokens, names, forward_only, loss_scale, v_shape,
+              before_weight)
     r.split = any(a.kind == "W" for a in actions)
     peak = peak_elems = 0
     probe = stats.get("probe") if stats is not None else None
     sync = trace is not None and num_tokens.device.type == "cuda"
+    per_action = timers is not None and timers.log_level >= 2
     for a in actions:
         t0 = time.perf_counter() if trace is not None else 0.0
-        if a.kind == "F":
-            with weight_grad.splitting(r.split):
+        with timers(a.timer_name(), 2) if per_action else NULL_TIMER:
+            if a.kind == "F":
                 r.forward(a.chunk, a.mb)
-        elif a.kind == "B":
-            r.backward(a.chunk, a.mb)
-        elif a.kind == "W":
-            r.weight(a.chunk, a.mb)
-        else:
-            r.communicate(a.ops, a.async_sends)
+            elif a.kind == "B":
+                r.backward(a.chunk, a.mb)
+            elif a.kind == "W":
+                r.weight(a.chunk, a.mb)
+            else:
+                r.communicate(a.ops, a.async_sends)
         if stats is not None:
             peak = max(peak, len(r.outputs.keys() | r.weight_work.keys()))  # held until B, or W
             if a.kind == "comm":  # outputs are sent at the next comm: count what stays after it
@@ -184,7 +191,8 @@ def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P
 
 
 def forward_backward(model, batches, forward_step, groups, loss_terms: LossDeclaration = TOKEN_LOSS,
-                     forward_only=False, schedule=None, trace=None, stats=None, loss_scale=1.0) -> ReducedLosses:
+                     forward_only=False, schedule=None, trace=None, stats=None, loss_scale=1.0,
+                     before_weight=None, timers=None, per_token_loss=True) -> ReducedLosses:
     """Run one iteration's microbatches through this rank's model chunks with a schedule.
 
     model: a model or a list of chunks (virtual stages, in order); batches: this DP rank's
@@ -194,11 +202,15 @@ def forward_backward(model, batches, forward_step, groups, loss_terms: LossDecla
     Returns {term: (sum of loss x mask, count)} over the global batch (summed over groups.dp);
     the sums are 0 off the last pipeline stage, the counts are right on every stage. Each
     term's backward is its sum over its global count (so the mean per element of the global
-    batch, whatever the layout), the terms' means are added, and what is backpropagated is
-    multiplied by loss_scale (fp16 loss scaling). Gradients accumulate (DDP buffer or .grad).
+    batch, whatever the layout; per_token_loss=False: Megatron-LM's default, the mean over the global
+    batch's microbatches of each microbatch's mean, losses.loss_divisors), the terms' means are added,
+    and what is backpropagated is multiplied by loss_scale (fp16 loss scaling). Gradients accumulate
+    (DDP buffer or .grad).
     Collectives: one all-reduce of the counts over groups.dp before the schedule, p2p over
     groups.pp during it (ZB-V: gradients over groups.pp_grad), one all-reduce of the sums over
-    groups.dp on the last stage after.
+    groups.dp on the last stage after. before_weight(params): called before a zero-bubble W computes
+    params' gradients (ZeRO-3 gathers them there: DistributedDataParallel.before_weight_grads). timers:
+    core.timers.Timers for level 2's per-action timers, or None.
     """
     chunks = as_chunks(model)
     P, V, M = groups.pp_size, len(chunks), len(batches)
@@ -207,14 +219,15 @@ def forward_backward(model, batches, forward_step, groups, loss_terms: LossDecla
     actions = (zb_v if v_shape else SCHEDULES[schedule])(P, M, V, groups.pp_rank, forward_only)
     names = list(loss_terms)
     counts = global_counts(batches, groups, loss_terms)
+    divisors = counts if per_token_loss or forward_only else loss_divisors(batches, groups, loss_terms, False)
     comm = None
     if P > 1:  # a communicator is a few fields: one per call, no state kept between calls
         b, s = batches[0]["tokens"].shape
         cfg = chunks[0].config
         shape = (s // groups.tp_size if cfg.sequence_parallel else s, b, cfg.hidden_size)
         comm = P2PCommunicator(groups, shape, cfg.params_dtype, counts.device, grad_channel=v_shape)
-    total = run_actions(actions, chunks, batches, forward_step, groups, comm, counts, names, forward_only, trace,
-                        stats, loss_scale, v_shape)
+    total = run_actions(actions, chunks, batches, forward_step, groups, comm, divisors, names, forward_only, trace,
+                        stats, loss_scale, v_shape, before_weight, timers)
     if groups.pp_rank == (0 if v_shape else P - 1) and groups.dp_size * groups.cp_size > 1:
         with waiting("all-reduce (losses)", groups.dp_cp):
             dist.all_reduce(total, group=groups.dp_cp)
@@ -224,7 +237,7 @@ def forward_backward(model, batches, forward_step, groups, loss_terms: LossDecla
     return {name: (total[i], counts[i]) for i, name in enumerate(names)}
 
 
-def get_forward_backward_func(schedule: Optional[str] = None):
+def get_forward_backward_func(schedule: Optional[str] = None, per_token_loss: bool = True):
     """The function that runs one iteration's microbatches on this rank:
 
         forward_backward(model, batches, forward_step, groups, loss_terms, forward_only=False, ...)
@@ -234,4 +247,4 @@ def get_forward_backward_func(schedule: Optional[str] = None):
     number of model chunks (a list or nn.ModuleList of chunks gives V > 1), unless
     `schedule` names one of SCHEDULES. See forward_backward.
     """
-    return functools.partial(forward_backward, schedule=schedule)
+    return functools.partial(forward_backward, schedule=schedule, per_token_loss=per_token_loss)

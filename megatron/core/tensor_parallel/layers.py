@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import comm
-from . import weight_grad
+from ..backward_needs import needs_grad
 from .mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_tensor_model_parallel_region,
@@ -27,7 +27,9 @@ class _SequenceParallelLinear(torch.autograd.Function):
     Sequence parallelism's memory saving is that activations outside TP regions hold s/TP
     tokens; gathering and then calling F.linear would keep the gathered [s, b, in] for the
     weight gradient instead. As Megatron-LM does, we keep the shard and gather it again
-    in the backward: one more all-gather per layer, for 1/TP of the input's memory.
+    in the backward: one more all-gather per layer, for 1/TP of the input's memory. Each part of
+    the backward runs only where the running backward uses it (backward_needs.py): under a
+    zero-bubble split the reduce-scatter is in B, the all-gather and the weight GEMM in W.
     """
 
     @staticmethod
@@ -39,11 +41,14 @@ class _SequenceParallelLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
-        total = comm.all_gather_dim0(x, ctx.group).reshape(-1, x.shape[-1])
         g = grad.reshape(-1, grad.shape[-1])
-        grad_x = comm.reduce_scatter_dim0(grad.matmul(weight), ctx.group)  # partial sums over TP
-        grad_weight = g.t().mm(total) if ctx.needs_input_grad[1] else None
-        grad_bias = g.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        grad_x = grad_weight = grad_bias = None
+        if needs_grad(ctx, 0):
+            grad_x = comm.reduce_scatter_dim0(grad.matmul(weight), ctx.group)  # partial sums over TP
+        if needs_grad(ctx, 1):
+            grad_weight = g.t().mm(comm.all_gather_dim0(x, ctx.group).reshape(-1, x.shape[-1]))
+        if ctx.has_bias and needs_grad(ctx, 2):
+            grad_bias = g.sum(0)
         return grad_x, grad_weight, grad_bias, None
 
 
@@ -83,18 +88,13 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x):
         bias = None if self.skip_bias_add else self.bias
-        if weight_grad.split_enabled():  # zero-bubble schedules: weight gradients in a later W action
-            sp = self.sequence_parallel and self.tp > 1
-            x = x if sp else copy_to_tensor_model_parallel_region(x, self.group)
-            y = weight_grad.linear(x, self.weight, bias, self.group if sp else None,
-                                   added_later=self.bias if self.skip_bias_add else None)
-        elif self.sequence_parallel and self.tp > 1:
+        if self.sequence_parallel and self.tp > 1:
             y = _SequenceParallelLinear.apply(x, self.weight, bias, self.group)
         else:
             y = F.linear(copy_to_tensor_model_parallel_region(x, self.group), self.weight, bias)
         if self.gather_output:
             y = gather_from_tensor_model_parallel_region(y, self.group)
-        return y, (weight_grad.detached_while_splitting(self.bias) if self.skip_bias_add else None)
+        return y, (self.bias if self.skip_bias_add else None)
 
 
 class RowParallelLinear(nn.Module):
@@ -129,15 +129,13 @@ class RowParallelLinear(nn.Module):
     def forward(self, x):
         if not self.input_is_parallel:
             x = scatter_to_tensor_model_parallel_region(x, self.group)
-        y = (weight_grad.linear if weight_grad.split_enabled() else F.linear)(x, self.weight)
+        y = F.linear(x, self.weight)
         if self.sequence_parallel:
             y = reduce_scatter_to_sequence_parallel_region(y, self.group)
         else:
             y = reduce_from_tensor_model_parallel_region(y, self.group)
         if self.skip_bias_add:
-            return y, weight_grad.skipped_bias(self.bias)
-        if self.bias is not None and weight_grad.split_enabled():
-            return weight_grad.add_bias(y, self.bias), None
+            return y, self.bias
         return (y + self.bias if self.bias is not None else y), None
 
 
@@ -163,13 +161,12 @@ class VocabParallelEmbedding(nn.Module):
         set_init(self.weight, "normal", init_std)
 
     def forward(self, ids):
-        embed = weight_grad.embedding if weight_grad.split_enabled() else F.embedding
         if self.tp > 1:
             outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
             local = (ids - self.vocab_start).masked_fill(outside, 0)
-            out = embed(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+            out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
         else:
-            out = embed(ids, self.weight)
+            out = F.embedding(ids, self.weight)
         if self.reduce_scatter_embeddings:
             return reduce_scatter_to_sequence_parallel_region(out, self.group)
         return reduce_from_tensor_model_parallel_region(out, self.group)

@@ -34,6 +34,7 @@ class ParamMeta:
     tied_output_copy: bool = False     # that table's copy the output layer uses (not counted, not saved)
     no_weight_decay: bool = False      # AdamW leaves it undecayed
     expert_parallel: bool = False      # one MoE expert's: held by one expert-parallel rank, reduced over expert-DP
+    embedding_or_output: bool = False  # the word embedding or the output layer's weight (--decoupled-lr)
 
 
 def _default(param):
@@ -81,6 +82,15 @@ def set_expert_parallel(param):
     """A parameter of one MoE expert: only its expert-parallel rank holds it; its gradient is summed
     over the expert-data-parallel group (groups.edp), not groups.dp."""
     _update(param, expert_parallel=True)
+
+
+def set_embedding_or_output(param):
+    """The word embedding or the output layer's weight: --decoupled-lr / --decoupled-min-lr apply to it."""
+    _update(param, embedding_or_output=True)
+
+
+def is_embedding_or_output(param) -> bool:
+    return param_meta(param).embedding_or_output
 
 
 def is_expert_parallel(param) -> bool:

@@ -13,10 +13,16 @@ import torch
 from torch import nn
 
 from ...pipeline_parallel.split import stage_layers
-from ...tensor_parallel import mappings, weight_grad
+from ...tensor_parallel import mappings
 from ...tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from ...tensor_parallel.layers import ColumnParallelLinear, VocabParallelEmbedding
-from ...tensor_parallel.param_meta import set_init, set_init_key, set_tensor_parallel, set_tied_embedding
+from ...tensor_parallel.param_meta import (
+    set_embedding_or_output,
+    set_init,
+    set_init_key,
+    set_tensor_parallel,
+    set_tied_embedding,
+)
 from ...transformer.block import TransformerBlock
 from ...transformer.layer import hidden_dropout
 from ...transformer.rope import rope_cos_sin
@@ -48,6 +54,7 @@ class LanguageModule(nn.Module):
                 config.padded_vocab_size, config.hidden_size, group=tp, unpadded_vocab_size=config.vocab_size,
                 init_std=config.init_method_std, reduce_scatter_embeddings=config.sequence_parallel,
                 params_dtype=config.params_dtype, device=device)
+            set_embedding_or_output(self.word_embeddings.weight)
             if self.share_embeddings and pre_process != post_process:
                 # the tied table lives on the first and the last stage: finalize_model_grads sums
                 # its grads over groups.embd; the grad norm counts it once (param_meta.counted_once)
@@ -63,6 +70,7 @@ class LanguageModule(nn.Module):
                 init_std=config.init_method_std, sequence_parallel=config.sequence_parallel,
                 params_dtype=config.params_dtype, device=device)
             set_tensor_parallel(self.output_layer.weight, 0, unpadded_size=config.vocab_size)
+            set_embedding_or_output(self.output_layer.weight)
 
     def _assign_init_keys(self):
         """Layout-free parameter names: layers numbered over the whole model (for PP)."""
@@ -86,13 +94,8 @@ class LanguageModule(nn.Module):
         x = self.word_embeddings(input_ids.t())
         added = extra
         if config.position_embedding_type == "learned_absolute":
-            if weight_grad.split_enabled():  # zero-bubble schedules: the table's gradient in a later W action
-                ids = position_ids.t() if position_ids is not None else torch.arange(
-                    position_offset, position_offset + input_ids.shape[1], device=input_ids.device).unsqueeze(1)
-                added = weight_grad.embedding(ids, self.position_embeddings)  # [s, 1 or b, h]
-            else:
-                added = self.position_embeddings[position_offset: position_offset + input_ids.shape[1]].unsqueeze(1) \
-                    if position_ids is None else self.position_embeddings[position_ids.t()]
+            added = self.position_embeddings[position_offset: position_offset + input_ids.shape[1]].unsqueeze(1) \
+                if position_ids is None else self.position_embeddings[position_ids.t()]
             if extra is not None:
                 added = added + extra
         if added is None:
@@ -128,8 +131,6 @@ class LanguageModule(nn.Module):
                 hidden = mappings.gather_from_sequence_parallel_region(hidden, self.groups.tp)
             else:
                 hidden = mappings.copy_to_tensor_model_parallel_region(hidden, self.groups.tp)
-            if weight_grad.split_enabled():  # zero-bubble schedules: the table's gradient in a later W action
-                return weight_grad.linear(hidden, self.word_embeddings.weight)
             return torch.nn.functional.linear(hidden, self.word_embeddings.weight)
         return self.output_layer(hidden)[0]
 

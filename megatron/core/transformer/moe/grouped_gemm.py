@@ -6,15 +6,15 @@ loop of matmuls: the same products, so the same numbers. Its group offsets are a
 once. The backward is written here (torch's own fails on CPU): the input gradient grouped, and every
 expert's weight gradient g_e^T x_e as one grouped matmul of two 2D operands (the row blocks are the
 contracted dimension), [G, out, in], the parameters' own layout, so each expert's gradient is a
-contiguous view that autograd takes as it is; a loop where torch refuses that form.
-Under zero-bubble schedules (weight_grad.splitting) the weights' gradients are deferred to the W action.
+contiguous view that autograd takes as it is; a loop where torch refuses that form. Each part runs
+only where the running backward uses it (backward_needs.py: a zero-bubble B the input's, W the weights').
 """
 import functools
 
 import torch
 import torch.nn.functional as F
 
-from ...tensor_parallel import weight_grad
+from ...backward_needs import needs_grad
 from .token_counts import TokenCounts
 
 _HAS_GROUPED = hasattr(torch, "_grouped_mm")
@@ -68,63 +68,53 @@ def weight_grads(x, g, counts, grouped=True):
 
 
 class _GroupedLinear(torch.autograd.Function):
-    """x [N, in] sorted by group (counts: TokenCounts) -> [N, out], row block g through weights[g] [out, in].
-
-    params None: `weights` are the parameters and their gradients are returned. Else (zero-bubble
-    splitting) `weights` are detached copies, params the parameters, whose gradients go through
-    weight_grad.now_or_later (inside a B action they wait for W); anchor keeps the output in the graph."""
+    """x [N, in] sorted by group -> [N, out], row block g through weights[g] [out, in]; the last argument
+    is the TokenCounts (after the tensors: backward_needs indexes the tensor inputs' edges)."""
 
     @staticmethod
-    def forward(ctx, x, counts, params, anchor, *weights):
+    def forward(ctx, x, *weights_and_counts):
+        *weights, counts = weights_and_counts
         w = torch.stack(weights)  # [G, out, in]
         ctx.save_for_backward(x, w)
-        ctx.counts, ctx.params, ctx.grouped = counts, params, _suits(x, w)
+        ctx.counts, ctx.grouped = counts, _suits(x, w)
         return _mm(x, w.transpose(1, 2), counts, ctx.grouped)
 
     @staticmethod
     def backward(ctx, g):
         x, w = ctx.saved_tensors
-        counts, params, grouped, g = ctx.counts, ctx.params, ctx.grouped, g.contiguous()
-        dx = _mm(g, w, counts, grouped) if ctx.needs_input_grad[0] else None
-        if params is None:
-            return (dx, None, None, None) + weight_grads(x, g, counts, grouped).unbind(0)
-        weight_grad.now_or_later(params, lambda: weight_grads(x, g, counts, grouped).unbind(0))
-        return (dx, None, None, None) + (None,) * len(params)
+        counts, grouped, g = ctx.counts, ctx.grouped, g.contiguous()
+        dx = _mm(g, w, counts, grouped) if needs_grad(ctx, 0) else None
+        wanted = [needs_grad(ctx, 1 + i) for i in range(len(counts))]
+        dw = weight_grads(x, g, counts, grouped).unbind(0) if any(wanted) else wanted
+        return (dx,) + tuple(d if want else None for d, want in zip(dw, wanted)) + (None,)
 
 
 def _counts(counts, device):
     return counts if isinstance(counts, TokenCounts) else TokenCounts.of(counts, device)
 
 
-def grouped_linear(x, weights, biases, counts, deferrable=True):
+def grouped_linear(x, weights, biases, counts):
     """x [N, in] sorted by group (counts: TokenCounts, or a list of ints) -> [N, out], row block g
-    through weights[g] [out, in] (+ biases[g] [out], or all None): one grouped matmul. deferrable: the
-    weights' and biases' gradients go through weight_grad.now_or_later (inside a B action of a
-    zero-bubble schedule they wait for W); else autograd's. No communication."""
+    through weights[g] [out, in] (+ biases[g] [out], or all None): one grouped matmul. No communication."""
     counts = _counts(counts, x.device)
-    if deferrable:
-        y = _GroupedLinear.apply(x, counts, tuple(weights), weight_grad.anchor(x), *[p.detach() for p in weights])
-        biases = [weight_grad.deferred(b) if b is not None else None for b in biases]
-    else:
-        y = _GroupedLinear.apply(x, counts, None, None, *weights)
+    y = _GroupedLinear.apply(x, *weights, counts)
     return y if biases[0] is None else y + per_row(torch.stack(biases), counts, x.shape[0])
 
 
 def grouped_mm(x, w, counts):
     """Differentiable grouped matmul: rows of x split by counts (TokenCounts or list of ints), group g
     times w[g] ([G, K, M])."""
-    return grouped_linear(x, list(w.transpose(1, 2).unbind(0)), [None], counts, deferrable=False)
+    return grouped_linear(x, list(w.transpose(1, 2).unbind(0)), [None], counts)
 
 
 def grouped_experts(experts, x, counts, fc2_bias=True):
     """The ExpertMLPs `experts` on x [N, h] sorted by expert (counts: TokenCounts) -> [N, h], as two
     grouped matmuls (fc1, fc2) with the activation between. Biases are added per row; fc2's only
     with fc2_bias (else the caller adds it: experts split over TP, experts.py)."""
-    split = weight_grad.split_enabled()
-    h = grouped_linear(x, [e.fc1_weight for e in experts], [e.fc1_bias for e in experts], counts, split)
+    h = grouped_linear(x, [e.fc1_weight for e in experts], [e.fc1_bias for e in experts], counts)
     h = experts[0].activation(h)
     return grouped_linear(h, [e.fc2_weight for e in experts], [e.fc2_bias if fc2_bias else None for e in experts],
-                          counts, split)
+                          counts)
 
 
 def per_row(biases, counts, rows):

@@ -4,7 +4,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...tensor_parallel import weight_grad
 from ...tensor_parallel.param_meta import set_init, set_sequence_parallel
 from ..mlp import MLP
 
@@ -27,5 +26,4 @@ class SharedExpertMLP(MLP):
 
     def forward(self, x):
         out = super().forward(x)
-        linear = weight_grad.linear if weight_grad.split_enabled() else F.linear  # zero-bubble: gradient in W
-        return out if self.gate_weight is None else torch.sigmoid(linear(x, self.gate_weight)) * out
+        return out if self.gate_weight is None else torch.sigmoid(F.linear(x, self.gate_weight)) * out
