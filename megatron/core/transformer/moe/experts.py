@@ -82,17 +82,18 @@ class LocalExperts(nn.Module):
             {str(first + i): ExpertMLP(config, tp_size, device) for i in range(count)})
 
     def forward(self, x, counts):
-        """x [N, h]: tokens sorted by local expert, counts[i] of them for local expert i (a list of
-        ints summing to N) -> [N, h], each row through its expert (TP-partial). No communication."""
+        """x [N, h]: tokens sorted by local expert, counts (token_counts.TokenCounts) of them for each
+        -> [N, h], each row through its expert (TP-partial). No communication. The grouped path reads
+        nothing on the host; the loop needs the sizes there (read once, if the dispatcher had not)."""
         experts = list(self.local_experts.values())
         if self.grouped:
             out = grouped_experts(experts, x, counts, fc2_bias=not self.split_fc2_bias)
         else:
-            outs = [expert(chunk) for expert, chunk in zip(experts, x.split(counts))]
+            outs = [expert(chunk) for expert, chunk in zip(experts, x.split(counts.sizes()))]
             out = torch.cat(outs) if outs else x[:0]
         if self.split_fc2_bias and experts:
-            out = _AddOnFirstRank.apply(out, per_row(torch.stack([e.fc2_bias for e in experts]), counts),
-                                        self.first_tp_rank)
+            biases = per_row(torch.stack([e.fc2_bias for e in experts]), counts, x.shape[0])
+            out = _AddOnFirstRank.apply(out, biases, self.first_tp_rank)
         return out
 
 
