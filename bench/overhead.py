@@ -242,7 +242,7 @@ def main(argv=None):
     initialize_parameters(ours, a.seed, groups.tp_rank, groups.tp_size)
     decay_iters = 10 * (a.warmup + a.rounds * a.steps_per_round + a.profile_steps + 10)
     betas, eps = (0.9, 0.95), 1e-8
-    ours_ddp = DistributedDataParallel(ours, groups.dp)
+    ours_ddp = DistributedDataParallel(ours, groups.dp, gradient_accumulation_fusion=cfg.gradient_accumulation_fusion)
     ours_opt = MegatronOptimizer(ours_ddp, groups, a.lr, a.weight_decay, betas, eps, a.clip_grad)
     ours_sched = LRScheduler(ours_opt, a.lr, a.min_lr, decay_iters, 2, "cosine")
     ours.train()

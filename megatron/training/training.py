@@ -146,7 +146,8 @@ def setup_model_and_optimizer(model_cfg, train_cfg, groups, device, model_provid
                                   train_cfg.use_distributed_optimizer, train_cfg.overlap_param_gather,
                                   train_cfg.grad_reduce_in_bf16,
                                   sharding_strategy=train_cfg.data_parallel_sharding_strategy,
-                                  expert_dp_group=groups.edp if groups.ep_size > 1 or groups.expert_folded else None)
+                                  expert_dp_group=groups.edp if groups.ep_size > 1 or groups.expert_folded else None,
+                                  gradient_accumulation_fusion=model_cfg.gradient_accumulation_fusion)
     optimizer = get_megatron_optimizer(ddp, groups, train_cfg.lr, train_cfg.weight_decay,
                                        (train_cfg.adam_beta1, train_cfg.adam_beta2), train_cfg.adam_eps,
                                        train_cfg.clip_grad, build_grad_scaler(train_cfg),

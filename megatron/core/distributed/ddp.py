@@ -1,9 +1,12 @@
 """Data-parallel gradient reduction over contiguous, bucketed buffers.
 
 Attaches to a model (the model is still called directly): gradients are accumulated
-into `param.main_grad` (a view of the bucket buffer) by a hook after each backward, and
-`.grad` is freed. Each parameter is expected to get one gradient per microbatch; once
-all parameters of a bucket have their last one, the bucket is complete. With
+into the parameter's main grad (main_grad(param), a view of the bucket buffer) by a hook after
+each backward, and `.grad` is freed; with gradient_accumulation_fusion the linear layers add their
+weight gradients there themselves (tensor_parallel/wgrad_fusion.py: DDP is each parameter's
+ParamMeta.grad_sink, grad_target() and grad_added() its side of that contract). Each parameter is
+expected to get one gradient per microbatch; once all parameters of a bucket have their last one, the
+bucket is complete. With
 overlap_grad_reduce its reduction starts right then, asynchronously, while backward
 goes on through earlier layers; otherwise every bucket is reduced in finish_grad_sync().
 Reduction is a sum over the DP group (the loss is already normalised by the global
@@ -17,7 +20,7 @@ says what is held when, zero3.py how parameters are gathered per unit.
 import torch
 
 from .. import comm
-from ..tensor_parallel.param_meta import is_expert_parallel, param_meta
+from ..tensor_parallel.param_meta import is_expert_parallel, param_meta, set_grad_sink
 from . import zero3
 from .param_and_grad_buffer import ParamAndGradBuffer, bucket_layout
 from .sharded_buffer import ShardedBuffer, unit_layout
@@ -36,11 +39,14 @@ class DistributedDataParallel:
     strategy but no_shard, sharded over it as the dense ones over dp_group (ZeRO-3: gathered over it).
     sharding_strategy: strategy.SHARDING_STRATEGIES (default optim with use_distributed_optimizer,
     else no_shard); any but no_shard implies the distributed optimizer.
+    gradient_accumulation_fusion: offer the buffers to the layers, which add their weight gradients
+    straight into them (--gradient-accumulation-fusion; wgrad_fusion.py); False: every gradient comes
+    through .grad and the hook.
     """
 
     def __init__(self, module, dp_group, bucket_size=None, overlap_grad_reduce=False,
                  use_distributed_optimizer=False, overlap_param_gather=False, grad_reduce_in_bf16=False,
-                 sharding_strategy=None, expert_dp_group=None):
+                 sharding_strategy=None, expert_dp_group=None, gradient_accumulation_fusion=False):
         self.module, self.dp_group = module, dp_group
         self.overlap_grad_reduce = overlap_grad_reduce
         self.sharding_strategy = sharding_strategy or ("optim" if use_distributed_optimizer else "no_shard")
@@ -87,9 +93,11 @@ class DistributedDataParallel:
                  for chunk in chunk_units], overlap_param_gather)
         self._counts = {}
         self.num_microbatches = 1
+        self.gradient_accumulation_fusion = gradient_accumulation_fusion
         for p in module.parameters():
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(self._on_grad)
+                set_grad_sink(p, self if gradient_accumulation_fusion else None)
         if self.overlap_param_gather and not self.shards_params:
             for m in module.modules():
                 if any(True for _ in m.parameters(recurse=False)):
@@ -107,11 +115,28 @@ class DistributedDataParallel:
             b.pending = {id(p) for p in b.params}
             b.grad_handle = None
 
-    def _on_grad(self, param):
+    def main_grad(self, param):
+        """param's gradient in the buffer (its shape): summed over microbatches, then over DP by
+        finish_grad_sync. With sharded gradients a view of storage that exists during backward only."""
+        return self._buffer_of[id(param)].main_grad(param)
+
+    def grad_target(self, param):
+        """main_grad(param), ready to add this backward's gradient into (a released bucket of sharded
+        gradients is allocated and zeroed first)."""
         if self.shards_grads:
             self._bucket_of[id(param)].ensure_grad()
-        param.main_grad.add_(param.grad)
+        return self.main_grad(param)
+
+    def _on_grad(self, param):
+        if param.grad is None:  # no gradient reached .grad: nothing to add, nothing to count
+            return
+        self.grad_target(param).add_(param.grad)
         param.grad = None
+        self.grad_added(param)
+
+    def grad_added(self, param):
+        """This backward's gradient of param is in its main grad: count it; a bucket whose parameters all
+        have their last microbatch's starts its reduction (overlap_grad_reduce)."""
         key = id(param)
         self._counts[key] = self._counts.get(key, 0) + 1
         if self.overlap_grad_reduce and self._counts[key] == self.num_microbatches:
@@ -222,7 +247,7 @@ class DistributedDataParallel:
         """The tensors holding param's DP-summed gradient on this rank: main_grad, or with sharded
         gradients the part of it in this rank's shard (none when it lies outside)."""
         if not self.shards_grads:
-            return [param.main_grad]
+            return [self.main_grad(param)]
         bucket = self._bucket_of[id(param)]
         lo, hi = bucket.shard()
         off = self._buffer_of[id(param)].offset(param)

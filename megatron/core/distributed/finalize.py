@@ -35,8 +35,8 @@ def _all_reduce_coalesced(tensors, group):
 
 
 def _grad_of(ddp):
-    """Where gradients live: DDP's buffer views (`main_grad`) when it is attached, else .grad."""
-    return (lambda p: p.main_grad) if ddp is not None else (lambda p: p.grad)
+    """Where gradients live: DDP's buffer views (ddp.main_grad) when it is attached, else .grad."""
+    return ddp.main_grad if ddp is not None else (lambda p: p.grad)
 
 
 def sum_tied_copies_here(model, grad_of) -> bool:

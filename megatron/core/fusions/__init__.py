@@ -7,6 +7,8 @@ or plain torch by availability and the config's flags, and always falls back to 
     norm.layer_norm / rms_norm        --no-norm-fusion
     activations.bias_gelu / bias_swiglu   --no-bias-gelu-fusion / --no-bias-swiglu-fusion
     rope.apply_rope                   --no-rope-fusion
+    (tensor_parallel) wgrad_fusion    --no-gradient-accumulation-fusion
+    (tensor_parallel) cross_entropy_fused   --cross-entropy-loss-fusion
 
 Modules choose once, at construction (select(...) with the device and dtype they are built
 for); a call whose tensors the chosen kernel cannot take (CPU tensors, another dtype) runs
@@ -30,6 +32,11 @@ def describe(config, device):
            ("bias-swiglu" if config.swiglu else "bias-gelu", activations.select(fused_activation, device, dtype))]
     if config.position_embedding_type == "rope":
         ops.append(("rope", rope.select(config.apply_rope_fusion, device, dtype)))
+    from ..tensor_parallel import wgrad_fusion  # here: tensor_parallel imports this package
+    ops.append(("weight-gradient accumulation", f"in the GEMM ({wgrad_fusion.impl(device)})"
+                if config.gradient_accumulation_fusion else "off (a .grad, then added)"))
+    ops.append(("cross entropy", "fused (chunked, gradient over the logits)" if config.cross_entropy_loss_fusion
+                else "vocab-parallel (torch)"))
     return ops
 
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..tensor_parallel.param_meta import counted_once, has_weight_decay, is_expert_parallel
-from .clip_grads import clip_by_norm_, expert_parallel_norm, global_norm
+from .clip_grads import clip_by_norm_, clip_divisor, expert_parallel_norm, global_norm
 from .cpu_offload import host_copy, offloaded
 
 ADAM_STATES = ("exp_avg", "exp_avg_sq")
@@ -35,6 +35,15 @@ class StatePiece:
     start: int
     end: int
     tensors: dict[str, torch.Tensor]
+
+
+def _copy_all(pairs):
+    """dst.copy_(src) for each (dst, src): one multi-tensor copy per (dst device, src device)."""
+    by_devices = {}
+    for dst, src in pairs:
+        by_devices.setdefault((dst.device, src.device), []).append((dst, src))
+    for group in by_devices.values():
+        torch._foreach_copy_([d for d, _ in group], [s for _, s in group])
 
 
 class _Piece:
@@ -146,9 +155,8 @@ class MegatronOptimizer:
         Returns (updated, grad_norm): updated is False when fp16 grads overflowed (the
         step is skipped and the scale backs off); grad_norm is a tensor or None.
         """
-        for pc in self._pieces:
-            if pc.grad_view.dtype != torch.float32 and not pc.on_host:
-                pc.main.grad.copy_(pc.grad_view)
+        _copy_all([(pc.main.grad, pc.grad_view) for pc in self._pieces
+                   if pc.grad_view.dtype != torch.float32 and not pc.on_host])
         # offloaded pieces are checked and clipped on the device, then copied to the host
         grads = [pc.grad_view if pc.on_host else pc.main.grad for pc in self._pieces]
         if self.grad_scaler is not None:
@@ -167,16 +175,20 @@ class MegatronOptimizer:
                                         self.device)
         else:
             norm = global_norm([g for g, c in zip(grads, self._counted) if c], self._norm_groups(), self.device)
-        clip_by_norm_(grads, self.clip_grad, norm)
+        # the device pieces' clip coefficient divides their gradients inside the fused AdamW step (torch's
+        # grad_scale, the channel its GradScaler uses): no pass of its own over the fp32 gradients
+        clip_by_norm_([pc.grad_view for pc in self._pieces if pc.on_host], self.clip_grad, norm)
+        if self.optimizer is not None:
+            self.optimizer.grad_scale = clip_divisor(self.clip_grad, norm)
         for pc in self._pieces:
             if pc.on_host:
                 pc.main.grad.copy_(pc.grad_view)
         for opt in (self.optimizer, self.host_optimizer):
             if opt is not None:
                 opt.step()
-        for pc in self._pieces:
-            if pc.param.dtype != torch.float32 or pc.on_host:
-                pc.param_view.copy_(pc.main.detach())
+        # the new values into the model's parameters: one multi-tensor copy (per device)
+        _copy_all([(pc.param_view, pc.main.detach()) for pc in self._pieces
+                   if pc.param.dtype != torch.float32 or pc.on_host])
         self._after_update()
         return True, norm
 

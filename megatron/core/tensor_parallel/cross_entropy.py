@@ -3,7 +3,8 @@
 Each TP rank holds logits for its slice of the (padded) vocabulary. We all-reduce the
 max, the sum of exponentials and the target logit (three [s, b] tensors) instead of
 the logits themselves. Padding columns (index >= vocab_size) are excluded, so the
-padding never changes the loss or its gradient.
+padding never changes the loss or its gradient. --cross-entropy-loss-fusion runs
+cross_entropy_fused.py instead: the same function in fewer passes.
 """
 import torch
 import torch.distributed as dist
@@ -16,17 +17,19 @@ class _VocabParallelCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, vocab_size, group):
         ctx.dtype = logits.dtype
-        logits = logits.float()
+        logits = logits.float()  # the input itself when it is fp32: not written to
         per_rank = logits.shape[-1]
         start = per_rank * dist.get_rank(group)
-        if vocab_size is not None and start + per_rank > vocab_size:
-            logits = logits.clone()
-            logits[..., max(vocab_size - start, 0):] = float("-inf")
+        valid = per_rank if vocab_size is None else max(0, min(per_rank, vocab_size - start))
 
-        logits_max = logits.max(dim=-1).values
+        # the padding columns masked by index: out of the max here, -inf in `shifted` below
+        logits_max = logits[..., :valid].max(dim=-1).values if valid else \
+            logits.new_full(logits.shape[:-1], float("-inf"))
         if comm.world(group) > 1:
             dist.all_reduce(logits_max, op=dist.ReduceOp.MAX, group=group)
         shifted = logits - logits_max.unsqueeze(-1)
+        if valid < per_rank:
+            shifted[..., valid:] = float("-inf")
 
         if comm.world(group) > 1:
             outside = (target < start) | (target >= start + per_rank)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import comm
-from . import weight_grad
+from . import weight_grad, wgrad_fusion
 from .mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_tensor_model_parallel_region,
@@ -88,6 +88,10 @@ class ColumnParallelLinear(nn.Module):
             x = x if sp else copy_to_tensor_model_parallel_region(x, self.group)
             y = weight_grad.linear(x, self.weight, bias, self.group if sp else None,
                                    added_later=self.bias if self.skip_bias_add else None)
+        elif wgrad_fusion.fusable(self.weight):  # the weight gradient added into DDP's buffer
+            sp = self.sequence_parallel and self.tp > 1
+            x = x if sp else copy_to_tensor_model_parallel_region(x, self.group)
+            y = wgrad_fusion.linear(x, self.weight, bias, self.group if sp else None)
         elif self.sequence_parallel and self.tp > 1:
             y = _SequenceParallelLinear.apply(x, self.weight, bias, self.group)
         else:
@@ -102,7 +106,11 @@ class RowParallelLinear(nn.Module):
 
     Input [s, b, in/TP] (input_is_parallel) or [s, b, in]; output [s, b, out] summed
     over the TP group, or reduce-scattered to [s/TP, b, out] with sequence_parallel.
-    The bias is replicated and added after the reduction.
+    The bias is replicated; TP rank 0 adds it inside its GEMM (addmm), before the sum over TP, which
+    thus adds it once: no pass of its own over the output. Every rank's copy still gets its gradient:
+    the sum over all tokens of the output's gradient on each rank, or with sequence_parallel on rank 0
+    alone (zero elsewhere; finalize_model_grads sums it over TP, as for any sequence-parallel bias).
+    Under zero-bubble schedules it is added after the reduction, its gradient deferred.
     """
 
     def __init__(self, input_size, output_size, *, group, bias=True, input_is_parallel=True,
@@ -112,6 +120,7 @@ class RowParallelLinear(nn.Module):
         self.group, self.tp = group, comm.world(group)
         self.input_is_parallel, self.sequence_parallel = input_is_parallel, sequence_parallel
         self.skip_bias_add = skip_bias_add
+        self.adds_bias = comm.rank(group) == 0  # the TP rank whose GEMM adds the bias
         if sequence_parallel and not input_is_parallel:
             raise ValueError("sequence_parallel needs input_is_parallel=True")
         inp = _divide(input_size, self.tp, "input size")
@@ -121,7 +130,7 @@ class RowParallelLinear(nn.Module):
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size, dtype=params_dtype, device=device))
             set_init(self.bias, "zeros")
-            # each rank adds the bias to its own sequence shard: its grad is partial
+            # with sequence parallelism its gradient is partial on each rank (see forward): summed over TP
             set_sequence_parallel(self.bias, sequence_parallel)
         else:
             self.register_parameter("bias", None)
@@ -129,16 +138,26 @@ class RowParallelLinear(nn.Module):
     def forward(self, x):
         if not self.input_is_parallel:
             x = scatter_to_tensor_model_parallel_region(x, self.group)
-        y = (weight_grad.linear if weight_grad.split_enabled() else F.linear)(x, self.weight)
+        split = weight_grad.split_enabled()
+        inside = self.bias is not None and not self.skip_bias_add and not split
+        bias = self.bias if inside and self.adds_bias else None
+        if split:
+            y = weight_grad.linear(x, self.weight)
+        elif wgrad_fusion.fusable(self.weight):  # the weight gradient added into DDP's buffer
+            y = wgrad_fusion.linear(x, self.weight, bias)
+        else:
+            y = F.linear(x, self.weight, bias)
+        if inside and not self.adds_bias:
+            y = wgrad_fusion.bias_grad_only(y, self.bias, counted=not self.sequence_parallel)
         if self.sequence_parallel:
             y = reduce_scatter_to_sequence_parallel_region(y, self.group)
         else:
             y = reduce_from_tensor_model_parallel_region(y, self.group)
         if self.skip_bias_add:
             return y, weight_grad.skipped_bias(self.bias)
-        if self.bias is not None and weight_grad.split_enabled():
+        if self.bias is not None and split:
             return weight_grad.add_bias(y, self.bias), None
-        return (y + self.bias if self.bias is not None else y), None
+        return y, None
 
 
 class VocabParallelEmbedding(nn.Module):

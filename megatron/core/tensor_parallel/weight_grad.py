@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import comm
+from . import wgrad_fusion
 
 _split = False
 _pending: Optional[list] = None  # (params, fn) of the B action running now
@@ -122,9 +123,10 @@ class _Linear(torch.autograd.Function):
                 grad_x = comm.reduce_scatter_dim0(grad_x, group)  # partial sums over TP
             total = comm.all_gather_dim0(x, group)  # gathered now: W needs no collective
 
-        def weight_grads():
+        def weight_grads():  # the weight's: None where it went to its grad sink (wgrad_fusion.py)
             g = _flat(grad)
-            return (g.t().mm(_flat(total)),) + (() if bias is None else (g.sum(0),))
+            return (wgrad_fusion.weight_gradient(ctx.params[0], g, _flat(total)),) + \
+                (() if bias is None else (g.sum(0),))
 
         now_or_later(ctx.params, weight_grads)
         return grad_x, None, None, None, None, None

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...tensor_parallel import mappings, weight_grad
+from ...tensor_parallel import mappings, weight_grad, wgrad_fusion
 from ...tensor_parallel.param_meta import set_init, set_sequence_parallel, set_tensor_parallel
 from ...transformer.norm import build_norm
 from ..common.language_module import LanguageModule
@@ -29,7 +29,8 @@ class ReplicatedLinear(nn.Module):
         set_sequence_parallel(self.bias, sequence_parallel)
 
     def forward(self, x):
-        return (weight_grad.linear if weight_grad.split_enabled() else F.linear)(x, self.weight, self.bias)  # ZB: W
+        linear = weight_grad.linear if weight_grad.split_enabled() else wgrad_fusion.linear_or_fused  # ZB: in W
+        return linear(x, self.weight, self.bias)
 
 
 class BertLMHead(nn.Module):

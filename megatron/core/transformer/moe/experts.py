@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...tensor_parallel import weight_grad
+from ...tensor_parallel import weight_grad, wgrad_fusion
 from ...tensor_parallel.param_meta import set_expert_parallel, set_init, set_tensor_parallel
 
 
@@ -47,7 +47,8 @@ class ExpertMLP(nn.Module):
         return F.gelu(h, approximate=self.approximate)
 
     def forward(self, x):
-        linear = weight_grad.linear if weight_grad.split_enabled() else F.linear  # zero-bubble: weight grads in W
+        # zero-bubble: weight grads in W; gradient-accumulation fusion: added into DDP's buffer
+        linear = weight_grad.linear if weight_grad.split_enabled() else wgrad_fusion.linear_or_fused
         h = self.activation(linear(x, self.fc1_weight, self.fc1_bias))
         return linear(h, self.fc2_weight, self.fc2_bias)
 

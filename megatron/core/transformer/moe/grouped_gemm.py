@@ -8,7 +8,7 @@ Under zero-bubble schedules (weight_grad.splitting) the weights' loop is deferre
 import torch
 import torch.nn.functional as F
 
-from ...tensor_parallel import weight_grad
+from ...tensor_parallel import weight_grad, wgrad_fusion
 
 _HAS_GROUPED = hasattr(torch, "_grouped_mm")
 
@@ -56,7 +56,8 @@ def grouped_mm(x, w, counts):
 def grouped_experts(experts, x, counts):
     """The ExpertMLPs `experts` on x [N, h] sorted by expert (counts rows each) -> [N, h], as two
     grouped matmuls (fc1, fc2) with the activation between. Biases are added per row."""
-    if weight_grad.split_enabled():
+    # zero-bubble schedules (weight gradients in W) and gradient-accumulation fusion (added into DDP's buffer)
+    if weight_grad.split_enabled() or wgrad_fusion.fusable(experts[0].fc1_weight):
         h = experts[0].activation(grouped_linear(x, [e.fc1_weight for e in experts], [e.fc1_bias for e in experts],
                                                  counts))
         return grouped_linear(h, [e.fc2_weight for e in experts], [e.fc2_bias for e in experts], counts)
@@ -98,9 +99,10 @@ class _DeferredGroupedLinear(torch.autograd.Function):
         dx = _mm(g, w.transpose(1, 2), counts) if ctx.needs_input_grad[0] else None
         biases = len(params) > len(counts)
 
-        def weight_grads():  # [out, in] per weight, as _GroupedMM's [in, out] product transposed
+        def weight_grads():  # [out, in] per weight (None: added into its grad sink, wgrad_fusion.py)
             pairs = list(zip(x.split(counts), g.split(counts)))
-            return [(xi.t() @ gi).t() for xi, gi in pairs] + ([gi.sum(0) for _, gi in pairs] if biases else [])
+            return [wgrad_fusion.weight_gradient(p, gi, xi) for p, (xi, gi) in zip(params, pairs)] + \
+                ([gi.sum(0) for _, gi in pairs] if biases else [])
 
         weight_grad.now_or_later(params, weight_grads)
         return dx, None, None, None, None, None

@@ -1,10 +1,9 @@
 """Shared experts: the dense MLP every token goes through beside its routed experts, with
 Megatron-Core's optional sigmoid gate (--moe-shared-expert-gate, Qwen2-MoE's shared_expert_gate)."""
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ...tensor_parallel import weight_grad
+from ...tensor_parallel import weight_grad, wgrad_fusion
 from ...tensor_parallel.param_meta import set_init, set_sequence_parallel
 from ..mlp import MLP
 
@@ -27,5 +26,5 @@ class SharedExpertMLP(MLP):
 
     def forward(self, x):
         out = super().forward(x)
-        linear = weight_grad.linear if weight_grad.split_enabled() else F.linear  # zero-bubble: gradient in W
+        linear = weight_grad.linear if weight_grad.split_enabled() else wgrad_fusion.linear_or_fused  # ZB: in W
         return out if self.gate_weight is None else torch.sigmoid(linear(x, self.gate_weight)) * out
