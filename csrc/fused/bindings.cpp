@@ -278,6 +278,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("bias"));
   m.def("swiglu_backward", &swiglu_backward, "gradient of swiglu wrt x", py::arg("grad"), py::arg("x"),
         py::arg("bias"));
+  m.def("wgrad_gemm_accumulate", &mf::wgrad_gemm_accumulate, "main += g^T x (fp32, cuBLAS, beta 1); false: no cuBLAS", py::arg("x"), py::arg("g"), py::arg("main"));  // wgrad_gemm.cu
   m.def("rope_apply", &rope_apply, "rotary embedding (rotate-half); backward=True applies the transpose",
         py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("backward"));
 }

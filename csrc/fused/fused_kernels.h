@@ -10,6 +10,10 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
+namespace at {
+class Tensor;
+}
+
 namespace megatron_fused {
 
 enum DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
@@ -64,5 +68,11 @@ cudaError_t swiglu_backward(const void* dy, const void* x, const void* bias, voi
 // of cos/sin differ.
 cudaError_t rope_apply(const void* x, const void* cos, const void* sin, void* y, int64_t s,
                        int64_t inner, int dim, bool backward, int dtype, cudaStream_t stream);
+
+// ---- weight-gradient accumulation (wgrad_gemm.cu; takes torch tensors: bindings.cpp only) -------
+// main [out, in] (fp32) += g^T x for g [t, out] and x [t, in] (bf16, fp16 or fp32, one dtype), all
+// contiguous on one CUDA device; cuBLAS on torch's current stream and handle. Raises on bad input;
+// false (nothing done) in a build without the cuBLAS headers.
+bool wgrad_gemm_accumulate(const at::Tensor& x, const at::Tensor& g, const at::Tensor& main);
 
 }  // namespace megatron_fused

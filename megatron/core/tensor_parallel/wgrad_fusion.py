@@ -54,9 +54,7 @@ def _torch_accumulate(x, g, main):
 
 def _cuda_accumulate(x, g, main):
     module = _csrc_module(main, g, x)
-    if module is not None:
-        module.wgrad_gemm_accumulate(x.contiguous(), g.contiguous(), main)
-    else:
+    if module is None or not module.wgrad_gemm_accumulate(x.contiguous(), g.contiguous(), main):
         _torch_accumulate(x, g, main)
 
 
