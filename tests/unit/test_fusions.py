@@ -73,17 +73,22 @@ def test_kernels_are_picked_when_present_and_flags_pick_torch(kernels_present):
 def test_describe_follows_the_flags(kernels_present):
     cfg = TransformerConfig(attention_backend="unfused", position_embedding_type="rope", swiglu=True,
                             normalization="RMSNorm", params_dtype=torch.bfloat16)
+    # the fake kernels have no wgrad_gemm_accumulate: the accumulation runs through torch
+    extra = {"weight-gradient accumulation": "in the GEMM (torch)", "cross entropy": "vocab-parallel (torch)"}
     assert dict(fusions.describe(cfg, CUDA)) == {
         "attention": "unfused (matmul + masked softmax + matmul), softmax csrc", "RMSNorm": "csrc",
-        "bias-swiglu": "csrc", "rope": "csrc"}
+        "bias-swiglu": "csrc", "rope": "csrc", **extra}
     off = dataclasses.replace(cfg, masked_softmax_fusion=False, norm_fusion=False, bias_swiglu_fusion=False,
                               apply_rope_fusion=False)
     assert dict(fusions.describe(off, CUDA)) == {
         "attention": "unfused (matmul + masked softmax + matmul), softmax torch", "RMSNorm": "torch",
-        "bias-swiglu": "torch", "rope": "torch"}
-    gelu = TransformerConfig(bias_gelu_fusion=False)
+        "bias-swiglu": "torch", "rope": "torch", **extra}
+    gelu = TransformerConfig(bias_gelu_fusion=False, gradient_accumulation_fusion=False,
+                             cross_entropy_loss_fusion=True)
     assert dict(fusions.describe(gelu, CUDA)) == {
-        "attention": "torch scaled_dot_product_attention", "LayerNorm": "csrc", "bias-gelu": "torch"}
+        "attention": "torch scaled_dot_product_attention", "LayerNorm": "csrc", "bias-gelu": "torch",
+        "weight-gradient accumulation": "off (a .grad, then added)",
+        "cross entropy": "fused (chunked, gradient over the logits)"}
 
 
 def test_requested_backend_that_is_missing_is_a_config_error():
