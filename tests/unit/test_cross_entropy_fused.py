@@ -4,12 +4,12 @@ in fp32 and bf16; no fp32 copy of [tokens, vocab] and no clone of the logits (a 
 import pytest
 import torch
 import torch.distributed as dist
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from megatron.core.tensor_parallel import cross_entropy_fused
 from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from megatron.core.tensor_parallel.cross_entropy_fused import fused_vocab_parallel_cross_entropy
 from tests.harness import spawn
+from tests.op_record import OpRecord
 
 S, B, V_PADDED, VOCAB = 6, 3, 16, 13  # the last 3 columns are padding: all on TP rank 1 of 2
 U = 2.0 ** -24  # fp32 unit roundoff
@@ -97,18 +97,6 @@ def test_fused_matches_unfused_bf16():
         assert ((full.float() - ref_grad.float()).abs() <= bound).all(), name
 
 
-class _Record(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        outs = out if isinstance(out, (tuple, list)) else [out]
-        self.calls.append((func.overloadpacket.__name__, [o for o in outs if isinstance(o, torch.Tensor)]))
-        return out
-
-
 def _one_rank_record(groups, fused):
     logits, target, grad = _problem()
     leaf = logits.bfloat16().requires_grad_()
@@ -116,11 +104,11 @@ def _one_rank_record(groups, fused):
     seen = []
     x.register_hook(lambda g: seen.append(g.data_ptr()))
     fn = fused_vocab_parallel_cross_entropy if fused else vocab_parallel_cross_entropy
-    record = _Record()
+    record = OpRecord()
     with record:
         fn(x, target, VOCAB, groups.tp).backward(grad)
     biggest_fp32 = max((o.numel() for _, outs in record.calls for o in outs if o.dtype == torch.float32), default=0)
-    names = [n for n, _ in record.calls]
+    names = record.names()
     return biggest_fp32, names, seen == [x.data_ptr()]
 
 

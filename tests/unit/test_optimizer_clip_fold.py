@@ -4,23 +4,13 @@ min(1, clip / norm), and the step runs no scaling pass and one copy of its own."
 import pytest
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.harness import spawn
+from tests.op_record import OpRecord
 
 # eps of the clipped gradients' size: Adam's first step is lr * g / (|g| + eps), which a wrong clip
 # coefficient then changes (with a small eps it would be lr * sign(g), blind to the clip)
 LR, CLIP, EPS = 1e-2, 0.05, 1e-2
-
-
-class _Names(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
 
 
 def _step(groups, dtype):
@@ -37,7 +27,7 @@ def _step(groups, dtype):
     for n, p in model.named_parameters():  # the reduced gradients, as backward and DDP leave them
         grads[n] = torch.randn(p.shape, generator=gen)
         ddp.main_grad(p).copy_(grads[n])
-    record = _Names()
+    record = OpRecord()
     with record:
         updated, norm = opt.step()
     assert updated
@@ -54,7 +44,7 @@ def _step(groups, dtype):
     torch_opt.step()
     got = {n: p.detach().float() for n, p in model.named_parameters()}
     return {n: (got[n].numpy(), ref[n].detach().to(dtype).float().numpy()) for n in got}, float(norm), \
-        float(norm_ref), coeff, record.names
+        float(norm_ref), coeff, record.names()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

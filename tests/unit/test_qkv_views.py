@@ -3,25 +3,13 @@ gradients into qkv's in one pass, with no zero-filled qkv-sized tensor per piece
 the backward), and the gradients are those of the indexing it replaces."""
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from megatron.core.comm import PlanGroup
 from megatron.core.config import TransformerConfig
 from megatron.core.transformer.attention import SelfAttention
+from tests.op_record import OpRecord
 
 ZERO_FILLS = {"select_backward", "slice_backward", "zeros", "zeros_like", "new_zeros", "zero_", "fill_"}
-
-
-class _Outputs(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        outs = out if isinstance(out, (tuple, list)) else [out]
-        self.calls.append((func.overloadpacket.__name__, [o.numel() for o in outs if isinstance(o, torch.Tensor)]))
-        return out
 
 
 def _attention(groups):
@@ -46,12 +34,13 @@ def test_qkv_backward_fills_no_zeros(groups):
         out[0].register_hook(lambda g: seen.append(g.clone()))
     attn.linear_qkv.register_forward_hook(keep_grad)
     y = attn(x)
-    record = _Outputs()
+    record = OpRecord()
     with record:
         y.sum().backward()
-    filled = [(name, n) for name, sizes in record.calls for n in sizes if name in ZERO_FILLS and n >= qkv_numel]
+    filled = [(name, o.numel()) for name, outs in record.calls for o in outs
+              if name in ZERO_FILLS and o.numel() >= qkv_numel]
     assert not filled, f"zero-filled qkv-sized tensors in the backward: {filled}"
-    assert [name for name, _ in record.calls].count("cat") >= 1
+    assert record.names().count("cat") >= 1
 
     # the same gradient as q, k, v taken by indexing (the layout per query group: [q_1..q_k, k, v])
     def by_indexing(qkv):
