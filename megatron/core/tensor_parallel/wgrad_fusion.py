@@ -73,6 +73,7 @@ def _register_operator():
 _OPERATOR = _register_operator()  # kept: the registration lives as long as the library object
 
 
+@torch.no_grad()  # also when called outside a backward: a zero-bubble W action runs with grad mode on
 def accumulate(main, g, x):
     """main [out, in] += g^T x for g [t, out] and x [t, in] (2-D), accumulated in main's precision."""
     if g.dtype == main.dtype and x.dtype == main.dtype and _csrc_module(main, g, x) is None:
