@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from megatron.core.comm import PlanGroup
-from megatron.core.tensor_parallel import wgrad_fusion
+from megatron.core.tensor_parallel import weight_grad, wgrad_fusion
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.tensor_parallel.param_meta import set_grad_sink
 from tests.harness import spawn
@@ -95,6 +95,23 @@ def test_input_without_grad_still_reaches_the_sink():
     layer(x)[0].sum().backward()
     assert sink.added[id(layer.weight)] == 1
     torch.testing.assert_close(sink.main[id(layer.weight)], torch.ones(3, 2) @ x.reshape(2, 4), rtol=1e-6, atol=1e-6)
+
+
+def test_deferred_weight_gradient_reaches_the_sink_in_w():
+    # zero-bubble: B keeps the weight work, W (grad mode on, as the executor runs it) adds it into the sink
+    layer = ColumnParallelLinear(4, 3, group=ONE)
+    sink = _Sink([layer.weight])
+    set_grad_sink(layer.weight, sink)
+    x = torch.randn(2, 1, 4, requires_grad=True)
+    with weight_grad.splitting():
+        y = layer(x)[0]
+    with weight_grad.deferring() as work:
+        y.sum().backward()
+    assert sink.added[id(layer.weight)] == 0 and x.grad is not None
+    weight_grad.apply(work)
+    assert sink.added[id(layer.weight)] == 1 and layer.weight.grad is None
+    torch.testing.assert_close(sink.main[id(layer.weight)], torch.ones(3, 2) @ x.detach().reshape(2, 4),
+                               rtol=1e-6, atol=1e-6)
 
 
 # ---- DDP as the sink, one rank: a real step with and without fusion
