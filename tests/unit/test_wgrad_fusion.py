@@ -110,6 +110,7 @@ def test_deferred_weight_gradient_reaches_the_sink_in_w():
     assert sink.added[id(layer.weight)] == 0 and x.grad is not None
     weight_grad.apply(work)
     assert sink.added[id(layer.weight)] == 1 and layer.weight.grad is None
+    assert not sink.main[id(layer.weight)].requires_grad, "the buffer was drawn into autograd's graph"
     torch.testing.assert_close(sink.main[id(layer.weight)], torch.ones(3, 2) @ x.detach().reshape(2, 4),
                                rtol=1e-6, atol=1e-6)
 
