@@ -2,7 +2,7 @@
 // y = x W^T added into the parameter's fp32 main gradient by one cuBLAS GEMM with beta 1,
 //   main [out, in] += g^T [out, t] x [t, in],
 // fp32 accumulation and output, x and g bf16, fp16 or fp32, on torch's current stream and cuBLAS handle.
-// Host code only: cuBLAS does the work. Every bad input raises (TORCH_CHECK), nothing is launched then.
+// Host code only: cuBLAS does the work. Every bad input raises ValueError, nothing is launched then.
 // Returns false, having done nothing, in a build without the cuBLAS headers (the caller uses torch).
 //
 // Row-major main = g^T x is column-major main^T = x^T g: with x's memory read as the column-major
@@ -22,7 +22,7 @@
 #include <cublas_v2.h>
 #endif
 
-#include "fused_kernels.h"
+#include "bindings.h"
 
 namespace megatron_fused {
 
@@ -31,16 +31,16 @@ namespace {
 const char* kName = "megatron_fused_kernels.wgrad_gemm_accumulate";
 
 int checked_int(int64_t v, const char* what) {
-  TORCH_CHECK(v >= 0 && v <= INT_MAX, kName, ": ", what, " (", v, ") does not fit cuBLAS's int");
+  TORCH_CHECK_VALUE(v >= 0 && v <= INT_MAX, kName, ": ", what, " (", v, ") does not fit cuBLAS's int");
   return static_cast<int>(v);
 }
 
 void check_matrix(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.defined(), kName, ": ", name, " is undefined");
-  TORCH_CHECK(t.is_cuda(), kName, ": ", name, " must be a CUDA tensor, got ", t.device());
-  TORCH_CHECK(t.dim() == 2, kName, ": ", name, " must be 2-D, got ", t.dim(), "-D ", t.sizes());
-  TORCH_CHECK(t.is_contiguous(), kName, ": ", name, " must be contiguous (row-major), got strides ", t.strides());
-  TORCH_CHECK(t.layout() == at::kStrided, kName, ": ", name, " must be a dense tensor");
+  TORCH_CHECK_VALUE(t.defined(), kName, ": ", name, " is undefined");
+  TORCH_CHECK_VALUE(t.is_cuda(), kName, ": ", name, " must be a CUDA tensor, got ", t.device());
+  TORCH_CHECK_VALUE(t.dim() == 2, kName, ": ", name, " must be 2-D, got ", t.dim(), "-D ", t.sizes());
+  TORCH_CHECK_VALUE(t.is_contiguous(), kName, ": ", name, " must be contiguous (row-major), got strides ", t.strides());
+  TORCH_CHECK_VALUE(t.layout() == at::kStrided, kName, ": ", name, " must be a dense tensor");
 }
 
 }  // namespace
@@ -49,15 +49,15 @@ bool wgrad_gemm_accumulate(const at::Tensor& x, const at::Tensor& g, const at::T
   check_matrix(x, "x");
   check_matrix(g, "g");
   check_matrix(main, "main");
-  TORCH_CHECK(x.device() == g.device() && x.device() == main.device(), kName, ": x, g and main must be on one device");
-  TORCH_CHECK(x.scalar_type() == g.scalar_type(), kName, ": x and g must have one dtype, got ", x.scalar_type(),
+  TORCH_CHECK_VALUE(x.device() == g.device() && x.device() == main.device(), kName, ": x, g and main must be on one device");
+  TORCH_CHECK_VALUE(x.scalar_type() == g.scalar_type(), kName, ": x and g must have one dtype, got ", x.scalar_type(),
               " and ", g.scalar_type());
   const auto dtype = x.scalar_type();
-  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kFloat, kName,
+  TORCH_CHECK_VALUE(dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kFloat, kName,
               ": x and g must be bfloat16, float16 or float32, got ", dtype);
-  TORCH_CHECK(main.scalar_type() == at::kFloat, kName, ": main must be float32, got ", main.scalar_type());
-  TORCH_CHECK(x.size(0) == g.size(0), kName, ": x ", x.sizes(), " and g ", g.sizes(), " need the same rows");
-  TORCH_CHECK(main.size(0) == g.size(1) && main.size(1) == x.size(1), kName, ": main must be [", g.size(1), ", ",
+  TORCH_CHECK_VALUE(main.scalar_type() == at::kFloat, kName, ": main must be float32, got ", main.scalar_type());
+  TORCH_CHECK_VALUE(x.size(0) == g.size(0), kName, ": x ", x.sizes(), " and g ", g.sizes(), " need the same rows");
+  TORCH_CHECK_VALUE(main.size(0) == g.size(1) && main.size(1) == x.size(1), kName, ": main must be [", g.size(1), ", ",
               x.size(1), "] for g ", g.sizes(), " and x ", x.sizes(), ", got ", main.sizes());
   at::assert_no_internal_overlap(main);
   at::assert_no_overlap(main, x);
