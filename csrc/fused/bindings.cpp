@@ -45,7 +45,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("grad"), py::arg("x"), py::arg("bias"));
   m.def("swiglu_forward", &mfb::swiglu_forward, "silu(gate) * up of x + bias = [gate | up]", py::arg("x"),
         py::arg("bias"));
-#ifndef MEGATRON_FUSED_CPU_STUB  // wgrad_gemm.cu: cuBLAS, not in the CPU test build
+#ifndef MEGATRON_FUSED_CPU_STUB  // bind_wgrad.cpp: cuBLAS, not in the CPU test build
   m.def("wgrad_gemm_accumulate", &megatron_fused::wgrad_gemm_accumulate, "main += g^T x (fp32, cuBLAS, beta 1); false: no cuBLAS", py::arg("x"), py::arg("g"), py::arg("main"));
 #endif
   m.def("swiglu_backward", &mfb::swiglu_backward, "gradients of swiglu -> (dx, dbias or None)", py::arg("grad"),

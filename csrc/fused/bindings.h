@@ -36,7 +36,7 @@ at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 
 }  // namespace megatron_fused_bind
 
-// wgrad_gemm.cu (cuBLAS; not in the CPU test build): main [out, in] (fp32) += g^T x for g [t, out] and
+// bind_wgrad.cpp (cuBLAS; registered outside the CPU test build): main [out, in] (fp32) += g^T x for g [t, out] and
 // x [t, in] (bf16, fp16 or fp32, one dtype), all contiguous on one CUDA device, on torch's current stream
 // and cuBLAS handle. Raises ValueError on a bad input; false (nothing done) in a build without cuBLAS headers.
 namespace megatron_fused {

@@ -69,16 +69,13 @@ def compiled(tmp_path_factory):
     shim = out / "shim" / "c10" / "cuda" / "impl"
     shim.mkdir(parents=True)
     (shim / "cuda_cmake_macros.h").write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
-    # wgrad_gemm.cu is host code over cuBLAS with torch's handle: it includes ATen (and cuBLAS where its
-    # headers are: the toolkit's, pip's nvidia wheels', or MEGATRON_CUBLAS_INCLUDE; else the guarded build)
+    # bind_wgrad.cpp calls cuBLAS where its headers are: the toolkit's, pip's nvidia wheels' or
+    # MEGATRON_CUBLAS_INCLUDE's (else its guarded build is what compiles)
     cublas = [os.environ.get("MEGATRON_CUBLAS_INCLUDE", "")] + glob.glob(os.path.join(
         sysconfig.get_paths()["purelib"], "nvidia", "*", "include"))
-    cublas = [d for d in cublas if d and os.path.exists(os.path.join(d, "cublas_v2.h"))]
-    with_torch = [f"-I{out / 'shim'}", f"-I{sysconfig.get_paths()['include']}", "-w"] + \
-        [f"-I{p}" for p in torch_inc] + [f"-I{d}" for d in cublas]
+    cublas = [f"-I{d}" for d in cublas if d and os.path.exists(os.path.join(d, "cublas_v2.h"))]
     jobs = {f: [nvcc, "-c", f, "-o", str(out / (os.path.basename(f) + ".o")), "-std=c++17", "-O3",
-                "-Xcompiler", "-fPIC"] + ARCH + (with_torch if os.path.basename(f) == "wgrad_gemm.cu" else [])
-            for f in CU_FILES}
+                "-Xcompiler", "-fPIC"] + ARCH for f in CU_FILES}
     cxx = shutil.which("c++") or shutil.which("g++")
     skip_bindings = None
     if cxx is None:
@@ -92,7 +89,7 @@ def compiled(tmp_path_factory):
             jobs[cpp] = ([cxx, "-fsyntax-only", "-std=c++17", f"-I{out / 'shim'}"]
                          + [f"-I{p}" for p in torch_inc]
                          + [f"-I{sysconfig.get_paths()['include']}", f"-I{cuda_inc}",
-                            "-DTORCH_EXTENSION_NAME=megatron_fused_kernels", "-w", cpp])
+                            "-DTORCH_EXTENSION_NAME=megatron_fused_kernels", "-w"] + cublas + [cpp])
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
         results = dict(zip(jobs, pool.map(_compile, jobs.values())))
     return results, skip_bindings

@@ -1,4 +1,4 @@
-"""csrc/fused/wgrad_gemm.cu on a GPU: main += g^T x in fp32 against an fp64 reference (bf16, fp16, fp32
+"""csrc/fused/bind_wgrad.cpp on a GPU: main += g^T x in fp32 against an fp64 reference (bf16, fp16, fp32
 operands), the torch path of wgrad_fusion.accumulate the same within the same bound, every bad input a
 Python exception, and a linear layer's weight gradient added into its grad sink by the kernel."""
 import pytest

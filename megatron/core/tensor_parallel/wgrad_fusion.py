@@ -16,7 +16,7 @@ The buffer is zeroed by DDP before the first microbatch (start_step, as without 
 microbatch adds with beta 1; none writes with beta 0.
 
 The product, g [t, out] and x [t, in] -> main [out, in] += g^T x (fp32 accumulation):
-  - "csrc": csrc/fused/wgrad_gemm.cu, cublasGemmEx on torch's stream and handle, on CUDA with an fp32
+  - "csrc": csrc/fused/bind_wgrad.cpp, cublasGemmEx on torch's stream and handle, on CUDA with an fp32
     buffer and bf16 / fp16 / fp32 operands, where the extension is built;
   - "torch" otherwise, the same arithmetic: main.addmm_(g^T, x) when the dtypes agree (fp32 training; a
     bf16 buffer with --grad-reduce-in-bf16), else the product in fp32 added (torch.mm(..., out_dtype)

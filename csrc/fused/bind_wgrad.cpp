@@ -2,23 +2,25 @@
 // y = x W^T added into the parameter's fp32 main gradient by one cuBLAS GEMM with beta 1,
 //   main [out, in] += g^T [out, t] x [t, in],
 // fp32 accumulation and output, x and g bf16, fp16 or fp32, on torch's current stream and cuBLAS handle.
-// Host code only: cuBLAS does the work. Every bad input raises ValueError, nothing is launched then.
+// Host code only (compiled by the host compiler, as the other bind_*.cpp): cuBLAS does the work. Every bad
+// input raises ValueError, nothing is launched then.
 // Returns false, having done nothing, in a build without the cuBLAS headers (the caller uses torch).
 //
 // Row-major main = g^T x is column-major main^T = x^T g: with x's memory read as the column-major
 // [in, t] matrix x^T (no transpose) and g's as [out, t] = g^T (transposed), m = in, n = out, k = t.
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
-#include <c10/cuda/CUDAGuard.h>
 
 #include <climits>
 
 // ATen's CUDA context needs the cuBLAS / cuSPARSE / cuSOLVER headers; a toolkit without them builds the
-// other kernels, and this binding then says why it cannot run.
-#if __has_include(<cublas_v2.h>) && __has_include(<cublasLt.h>) && __has_include(<cusparse.h>) && \
-    __has_include(<cusolverDn.h>)
+// other kernels, and this binding then does nothing (the caller adds through torch). The CPU test build of
+// the bindings (tests/csrc_stub.py) has no CUDA at all: the checks only.
+#if !defined(MEGATRON_FUSED_CPU_STUB) && __has_include(<cublas_v2.h>) && __has_include(<cublasLt.h>) && \
+    __has_include(<cusparse.h>) && __has_include(<cusolverDn.h>)
 #define MEGATRON_WGRAD_CUBLAS 1
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <cublas_v2.h>
 #endif
 
