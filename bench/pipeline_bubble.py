@@ -71,27 +71,28 @@ def _work(seconds, kind):
 
 
 class _BackwardWork(torch.autograd.Function):
-    """Backward: `seconds` of input-gradient work, then `w_seconds` of weight-gradient work,
-    deferred to the W action where the schedule has W's (tensor_parallel/weight_grad.py)."""
+    """Backward: `seconds` of input-gradient work where the running backward wants x's gradient,
+    `w_seconds` of weight-gradient work where it wants the weight's: a zero-bubble B and W
+    (pipeline_parallel/backward_split.py) each run their half, an ordinary backward both. Without an
+    input gradient (the first stage) the split's W runs both halves, as it runs a real first stage's
+    whole backward."""
 
     @staticmethod
-    def forward(ctx, x, anchor, seconds, w_seconds, kind, weight, act_elems):
-        ctx.seconds, ctx.w_seconds, ctx.kind, ctx.weight = seconds, w_seconds, kind, weight
+    def forward(ctx, x, weight, seconds, w_seconds, kind, act_elems):
+        ctx.seconds, ctx.w_seconds, ctx.kind = seconds, w_seconds, kind
         ctx.act = _activation(act_elems)  # what the backward (or W) of this microbatch holds on to
         return x.clone()
 
     @staticmethod
     def backward(ctx, grad):
-        from megatron.core.tensor_parallel import weight_grad
-        _work(ctx.seconds, ctx.kind)
-        act, w_seconds, kind = ctx.act, ctx.w_seconds, ctx.kind
-        del ctx.act
-
-        def weight_work():
-            _work(w_seconds, kind)
-            return (torch.zeros(()) * act[0],)
-        weight_grad.now_or_later((ctx.weight,), weight_work)
-        return grad, None, None, None, None, None, None
+        from megatron.core.backward_needs import needs_grad
+        wants_x, wants_w = needs_grad(ctx, 0), needs_grad(ctx, 1)
+        _work((ctx.seconds if wants_x or not ctx.needs_input_grad[0] else 0.0)
+              + (ctx.w_seconds if wants_w else 0.0), ctx.kind)
+        gw = torch.zeros(()) * ctx.act[0] if wants_w else None
+        if wants_w:
+            del ctx.act
+        return (grad if wants_x else None), gw, None, None, None, None
 
 
 class Stage(nn.Module):
@@ -103,7 +104,6 @@ class Stage(nn.Module):
                                      pipeline_v_layout=v_shape)
         self.weight = nn.Parameter(torch.ones(()))
         self.fwd, self.bwd, self.pre, self.post, self.kind = fwd, bwd, pre, post, kind
-        self.anchor = torch.empty(0, requires_grad=True)
         self.act_elems = ACT_ELEMS // V  # a chunk holds 1/V of the stage's layers
         self.input_tensor = None
 
@@ -113,7 +113,7 @@ class Stage(nn.Module):
     def forward(self, tokens):
         x = torch.ones(tokens.shape[1], tokens.shape[0], HIDDEN) if self.pre else self.input_tensor
         _work(self.fwd, self.kind)
-        y = _BackwardWork.apply(x, self.anchor, self.bwd / 2, self.bwd / 2, self.kind, self.weight, self.act_elems)
+        y = _BackwardWork.apply(x, self.weight, self.bwd / 2, self.bwd / 2, self.kind, self.act_elems)
         return y.sum(-1).t() if self.post else y  # "per-token loss" [b, s] on the last stage
 
 

@@ -6,9 +6,10 @@ Four gloo processes run one iteration of the real executor (forward_backward) on
 (hidden 128, sequence 128, micro batch 2, fp32). After every action the executor hands its
 held state to a probe (executor.run_actions, stats["probe"]), which adds up the distinct
 storages of every tensor that state keeps alive: the tensors saved in the autograd graphs of
-the microbatches waiting for B, and those the deferred weight-gradient work waiting for W
-keeps (inputs, output gradients). Parameters are not counted. The table gives the peak per
-rank in MiB, next to the peak number of microbatches held (until B, or until W).
+the microbatches waiting for B, and for those waiting for W the saved tensors B did not release
+(the weight gradients' inputs) and the gradients B kept (pipeline_parallel/backward_split.py).
+Parameters are not counted. The table gives the peak per rank in MiB, next to the peak number of
+microbatches held (until B, or until W).
 """
 import argparse
 import contextlib
@@ -30,8 +31,15 @@ def _tensors(value):
 
 
 def held_storages(outputs, weight_work, skip) -> dict:
-    """{storage pointer: bytes} of what the held graphs save and the deferred work keeps."""
-    found, seen, stack = {}, set(), [o.grad_fn for o in outputs.values() if o.grad_fn is not None]
+    """{storage pointer: bytes} of what the held graphs save and the work waiting for W keeps (its
+    graph's saved tensors that B did not release, and the gradients it kept)."""
+    found, seen = {}, set()
+    stack = [o.grad_fn for o in outputs.values() if o.grad_fn is not None]
+    for work in weight_work.values():
+        nodes, grads = work.held()
+        stack += nodes
+        for t in grads:
+            found[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
     while stack:
         node = stack.pop()
         if node is None or node in seen:
@@ -39,16 +47,11 @@ def held_storages(outputs, weight_work, skip) -> dict:
         seen.add(node)
         kept = []
         for name in [n for n in dir(node) if n.startswith("_saved_")] + ["saved_tensors"]:
-            with contextlib.suppress(RuntimeError, AttributeError):  # freed already, or no saved tensors
+            with contextlib.suppress(RuntimeError, AttributeError):  # freed (or released by B), or none saved
                 kept += _tensors(getattr(node, name))
         for t in kept:
             found[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         stack += [n for n, _ in node.next_functions]
-    for work in weight_work.values():
-        for _, fn in work:
-            for cell in fn.__closure__ or ():
-                for t in _tensors(cell.cell_contents):
-                    found[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
     return {p: n for p, n in found.items() if p not in skip}
 
 
@@ -112,7 +115,7 @@ def main():
         f"- command: `PYTHONPATH=. python bench/pipeline_memory.py {' '.join(sys.argv[1:])}`".rstrip(),
         f"- P = {a.pp}, M = {a.microbatches}; GPT 8 layers, hidden 128, 4 heads, sequence {SEQ}, micro batch {MICRO}, "
         f"vocabulary {VOCAB}, fp32, torch {torch.__version__}",
-        "- peak over the iteration of the distinct storages the rank's held graphs save and its deferred W work "
+        "- peak over the iteration of the distinct storages the rank's held graphs save and its work waiting for W "
         "keeps (parameters excluded); microbatches held counted per chunk", "",
         "| schedule | V | peak held MiB per rank | peak microbatches held per rank |", "|---|---|---|---|", *rows, ""])
     print(text)

@@ -6,7 +6,8 @@ layout as training) and activations (Korthikanti et al. 2022).
         --num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 \
         --micro-batch-size 4 --bf16 --use-distributed-optimizer --vocab-size 50257
 
-Takes pretrain_gpt.py's flags plus --world-size.
+Takes pretrain_gpt.py's flags plus --world-size; the flags training needs that change no byte (data,
+--lr, --train-iters) default to the planner's (--mock-data unless data flags are given).
 """
 import argparse
 import dataclasses
@@ -32,6 +33,7 @@ from megatron.core.tensor_parallel.param_meta import is_expert_parallel
 from megatron.core.transformer import context_parallel
 from megatron.core.transformer.moe.activation_memory import moe_extra_bytes_per_layer
 from megatron.training.arguments import parse_args
+from megatron.training.planner.predict import PLAN_DEFAULTS
 from megatron.training.resolve import resolve, validate
 
 
@@ -197,12 +199,27 @@ def _owned_real(starts, numels, buckets, dp, rank=0):
     return owned
 
 
+def _defaults(data, length):
+    """PLAN_DEFAULTS without --mock-data when data flags are given, or --train-iters with a length."""
+    out, it = [], iter(PLAN_DEFAULTS)
+    for flag in it:
+        value = [] if flag == "--mock-data" else [next(it)]
+        if not ((data and flag == "--mock-data") or (length and flag == "--train-iters")):
+            out += [flag] + value
+    return out
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--world-size", type=int, default=1)
     known, rest = pre.parse_known_args(argv)
+    given = {a.split("=")[0] for a in rest}
+    data, length = given & {"--data-path", "--train-data-path"}, given & {"--train-iters", "--train-samples"}
+    rest = _defaults(data, length) + rest  # the user's own flags come after and win
     try:
+        if known.world_size < 1:
+            raise MegatronUserError(f"--world-size must be at least 1, got {known.world_size}")
         model_cfg, t = parse_args(rest)
         resolve(model_cfg, t, known.world_size)
         validate(model_cfg, t, known.world_size)

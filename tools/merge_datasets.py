@@ -14,6 +14,7 @@ if __package__ in (None, ""):  # run from a checkout: make `megatron` importable
 
 from megatron.core.datasets.indexed_builder import IndexedDatasetBuilder
 from megatron.core.datasets.indexed_dataset import DatasetError, normalize_prefix, read_header
+from megatron.core.datasets.tokenizer_record import merged_record, record_path, write_record
 from megatron.core.errors import MegatronUserError
 from megatron.training.paths import check_writable
 from megatron.training.tool_args import ToolParser
@@ -44,6 +45,7 @@ def main(argv=None):
         out = normalize_prefix(args.output_prefix)
         if out in prefixes:
             raise DatasetError(f"--output-prefix {out} is also an input")
+        record = merged_record(prefixes)  # two tokenizers' ids in one dataset: refused before writing
         check_writable(out, "--output-prefix", kind="file")
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         builder = IndexedDatasetBuilder(out, dtype)
@@ -51,6 +53,10 @@ def main(argv=None):
             builder.add_index(prefix)
             print(f"added {prefix} ({builder.num_doc_indices - 1} documents so far)", file=sys.stderr)
         builder.finalize()
+        if os.path.exists(record_path(out)):  # a stale one of an earlier dataset of that name
+            os.remove(record_path(out))
+        if record is not None:
+            write_record(out, record)
     except (MegatronUserError, OSError) as e:
         if builder is not None:
             builder.abort()

@@ -17,6 +17,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron.core.errors import MegatronUserError
+from megatron.core.ranges import POSITIVE, check_ranges
 from megatron.training.planner import gpu_names, make_cluster, plan
 from megatron.training.planner.layouts import DIMENSIONS
 from megatron.training.planner.validate import markdown, validate_table
@@ -31,8 +32,22 @@ def _fixed(items):
             raise MegatronUserError(f"--fix {item!r}: give name=value with name one of {', '.join(sorted(names))}")
         out[name] = {"true": True, "false": False, "none": None}.get(value.lower(), value)
         if name in ("tp", "pp", "vpp", "mb", "cp", "ep"):
+            if not value.isdigit() or int(value) < 1:
+                raise MegatronUserError(f"--fix {item!r}: {name} takes a positive integer, e.g. --fix {name}=2")
             out[name] = int(value)
     return out
+
+
+# cluster overrides: not given (None) keeps the calibration's value; given, a positive finite number
+CLUSTER_RULES = {"gpu_memory_gb": POSITIVE, "nvlink_gbps": POSITIVE, "network_gbps": POSITIVE}
+
+
+def _check_counts(known):
+    if known.num_gpus < 1 or known.gpus_per_node < 1:
+        raise MegatronUserError("--num-gpus and --gpus-per-node must be positive")
+    if known.top < 1:
+        raise MegatronUserError(f"--top must be at least 1 (rows to print), got {known.top}")
+    check_ranges(known, CLUSTER_RULES, lambda name: "--" + name.replace("_", "-"))
 
 
 def table(preds, cluster, top):
@@ -68,8 +83,7 @@ def main(argv=None):
     try:
         if known.gpu not in gpu_names():
             raise MegatronUserError(f"--gpu {known.gpu}: unknown; one of {', '.join(gpu_names())}")
-        if known.num_gpus < 1 or known.gpus_per_node < 1:
-            raise MegatronUserError("--num-gpus and --gpus-per-node must be positive")
+        _check_counts(known)
         cluster = make_cluster(known.gpu, known.num_gpus, known.gpus_per_node, known.nvlink_gbps,
                                known.network_gbps, known.gpu_memory_gb)
         preds, refused = plan(rest, cluster, _fixed(known.fix), known.search == "full")

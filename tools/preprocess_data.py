@@ -4,6 +4,7 @@
         --tokenizer-type GPT2BPETokenizer --vocab-file vocab.json --merge-file merges.txt \\
         --append-eod --workers 8
     # -> data/my-corpus_text_document.bin / .idx ; train with --data-path data/my-corpus_text_document
+    #    and .tokenizer.json: which tokenizer made the ids, compared when trained on (tokenizer_record.py)
 
 One JSON object per line; every --json-keys field (default text) becomes its own dataset.
 --split-sentences (for BERT) writes PREFIX_KEY_sentence.bin/.idx instead: one sequence per
@@ -28,6 +29,7 @@ from megatron.core.datasets.indexed_dataset import (
     index_file_path,
     optimal_dtype,
 )
+from megatron.core.datasets.tokenizer_record import record_path, write_record
 from megatron.core.errors import MegatronUserError
 from megatron.training.paths import check_writable
 from megatron.training.preprocess import (
@@ -37,6 +39,7 @@ from megatron.training.preprocess import (
 )
 from megatron.training.sentence_splitter import split_sentences
 from megatron.training.tokenizer import add_tokenizer_args, build_tokenizer
+from megatron.training.tokenizer.record import tokenizer_record
 from megatron.training.tool_args import ToolParser, has_text
 
 
@@ -87,8 +90,8 @@ def _run_partition(args, i, start, stop, conn):
 
 
 def _remove_dataset(prefix):
-    """The dataset and whatever a stopped writer left (its .partial files)."""
-    for path in (data_file_path(prefix), index_file_path(prefix)):
+    """The dataset, its tokenizer record and whatever a stopped writer left (its .partial files)."""
+    for path in (data_file_path(prefix), index_file_path(prefix), record_path(prefix)):
         for suffix in ("", ".partial", ".sizes.partial", ".docs.partial"):
             if os.path.exists(path + suffix):
                 os.remove(path + suffix)
@@ -174,6 +177,8 @@ def main(argv=None):
                 _refuse_empty(args, skipped)
             print(f"done: processed {docs} documents, {tokens} tokens in {args.partitions} partitions"
                   + (f", skipped {skipped} malformed lines" if skipped else ""), file=sys.stderr)
+        for key in args.json_keys:  # which tokenizer made the ids: checked when trained on (tokenizer_record.py)
+            write_record(_dataset(args.output_prefix, key, args), tokenizer_record(args, tokenizer))
     except (MegatronUserError, OSError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -128,7 +128,8 @@ class TransformerConfig(ModelParallelConfig, MoEConfig):
     SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "num_layers", "hidden_size",
              "num_attention_heads", "seq_length", "ffn_hidden_size", "kv_channels", "num_query_groups",
              "max_position_embeddings", "make_vocab_size_divisible_by", "vocab_size",
-             "virtual_pipeline_model_parallel_size", "num_layers_per_virtual_pipeline_stage")
+             "virtual_pipeline_model_parallel_size", "num_layers_per_virtual_pipeline_stage",
+             "context_parallel_size", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size")
 
     def __post_init__(self):
         if self.num_query_groups is None or not self.group_query_attention:

@@ -28,6 +28,7 @@ import traceback
 import torch.distributed as dist
 
 EXIT_HANG = 3  # our own code: no Megatron-LM equivalent (its hangs end in the NCCL watchdog's abort)
+EXIT_USER_ERROR = 2  # bad input (training/launch.py)
 
 _current = None  # (start time, waiting) of the main thread's armed wait, None when none is
 _limit = None  # seconds, once start() ran
@@ -89,7 +90,9 @@ class waiting:
         return f"{self.op} over the group of ranks {_ranks(self.group)}"
 
     def fire(self, what):
-        """Write the one line and end this process (exit code EXIT_HANG)."""
+        """Write the one line and end this process (exit code EXIT_HANG); silently (EXIT_USER_ERROR)
+        when the peer stopped on bad input it reported itself."""
+        _exit_if_a_peer_reported()
         rank = dist.get_rank() if dist.is_initialized() else 0
         line = (f"error: rank {rank} {what} in {self.describe()}: a peer is stopped, hung or dead "
                 f"(limit: --distributed-timeout-minutes)\n")
@@ -106,6 +109,7 @@ def unarmed_failure(exc, rank) -> None:
     process (EXIT_HANG). Returns for any other exception."""
     if _limit is None or not isinstance(exc, RuntimeError) or not _is_comm_error(exc):
         return
+    _exit_if_a_peer_reported()
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if f"{os.sep}megatron{os.sep}" in f.filename]
     where = (f"{frames[-1].name} ({os.path.basename(frames[-1].filename)}:{frames[-1].lineno})"
              if frames else "a collective")
@@ -121,3 +125,37 @@ def _is_comm_error(exc):
 
 def _first_line(exc):
     return str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+
+
+# Bad input found by one rank after start-up (a shard only it reads, a write only it fails) is printed
+# by the first rank that finds some, whichever it is: ranks claim the report through the default group's
+# store (an atomic counter, outside every process group, alive while any rank is), and a rank whose wait
+# fails because such a peer exited leaves silently instead of calling the peer hung.
+
+def _user_error_key():  # one per torchrun attempt: a restarted job's ranks report afresh
+    return f"megatron/user-error/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def _store():
+    return dist.distributed_c10d._get_default_store()
+
+
+def claim_user_error() -> bool:
+    """True for the first rank of the job to report bad input (it prints the line), False for the
+    others. Without torch.distributed, a world of one, or no reachable store: True (twice beats never)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return True
+    try:
+        return _store().add(_user_error_key(), 1) == 1
+    except Exception:  # the store's host went first (no torchrun agent): say it here too
+        return True
+
+
+def _exit_if_a_peer_reported():
+    try:
+        reported = dist.is_initialized() and _store().add(_user_error_key(), 0) > 0
+    except Exception:
+        reported = False
+    if reported:
+        sys.stdout.flush()
+        os._exit(EXIT_USER_ERROR)

@@ -32,6 +32,7 @@ from ..core.checkpointing import (
     local_shard,
     make_piece,
     open_reader,
+    save_step,
     write_rank_file,
 )
 from ..core.optimizer import STATE_NAMES, StatePiece
@@ -93,15 +94,13 @@ def save_checkpoint(root, iteration, consumed, model, optimizer, groups, model_c
         "optimizer": optimizer.scalar_state(),
     }) if groups.rank == 0 else None
 
-    def write(group=None):
-        if groups.rank == 0:
-            begin_save(root, iteration)
-        dist.barrier(group=group)
-        write_rank_file(root, iteration, groups.rank, payload)
-        dist.barrier(group=group)
-        if groups.rank == 0:
-            commit(root, iteration, metadata, groups.world_size)
-        dist.barrier(group=group)
+    def write(group=None):  # a step that fails on one rank fails on all, after it (agreement.py)
+        rank0 = groups.rank == 0
+        save_step(lambda: rank0 and begin_save(root, iteration), root, iteration, groups.rank, group)
+        save_step(lambda: write_rank_file(root, iteration, groups.rank, payload, remove_partial=False), root,
+                  iteration, groups.rank, group)
+        save_step(lambda: rank0 and commit(root, iteration, metadata, groups.world_size), root, iteration,
+                  groups.rank, group)
         print_rank_0(f"> saved checkpoint at iteration {iteration} to {root} ({time.perf_counter() - start:.1f} s)")
 
     if saver is None:

@@ -1,5 +1,6 @@
 """Checks of TrainingConfig (config.py): sizes positive, the learning-rate schedule, precision, checkpoint
 and data flags. They only read the config and raise ConfigError naming the flags and the fix."""
+from ..core.checkpointing import same_dir
 from ..core.config_fields import flag_namer
 from ..core.datasets import DatasetError, parse_blend, parse_split
 from ..core.errors import ConfigError
@@ -82,6 +83,9 @@ def validate(cfg, dp_size: int) -> None:
         raise ConfigError("--grad-reduce-in-bf16 needs --bf16")
     if not 0.0 <= cfg.optimizer_offload_fraction <= 1.0:
         raise ConfigError(f"--optimizer-offload-fraction must be in [0, 1], got {cfg.optimizer_offload_fraction}")
+    if cfg.optimizer_offload_fraction != 1.0 and not cfg.optimizer_cpu_offload:
+        raise ConfigError(f"--optimizer-offload-fraction {cfg.optimizer_offload_fraction} goes with "
+                          "--optimizer-cpu-offload (without it nothing is offloaded); add it or drop the fraction")
     if cfg.overlap_param_gather and not cfg.use_distributed_optimizer:
         raise ConfigError("--overlap-param-gather needs --use-distributed-optimizer")
     if cfg.hysteresis < 1 or cfg.loss_scale_window < 1 or (cfg.loss_scale is not None and cfg.loss_scale <= 0):
@@ -90,12 +94,22 @@ def validate(cfg, dp_size: int) -> None:
         raise ConfigError("--save-interval must be at least 1")
     if cfg.save_interval and not cfg.save:
         raise ConfigError("--save-interval needs --save DIR")
+    _validate_finetune(cfg)
     if cfg.distributed_timeout_minutes < 1:
         raise ConfigError(f"{f('distributed_timeout_minutes')} must be at least 1, "
                           f"got {cfg.distributed_timeout_minutes}")
     if cfg.ddp_bucket_size is not None and cfg.ddp_bucket_size < 1:
         raise ConfigError("--ddp-bucket-size must be at least 1")
     _validate_data(cfg)
+
+
+def _validate_finetune(cfg):
+    """--finetune saving into its own --load directory would make the finetune's checkpoints that
+    directory's latest: the pretraining command would then resume from them and overwrite its own."""
+    if cfg.finetune and same_dir(cfg.load, cfg.save):
+        raise ConfigError(f"--finetune with --save the same directory as --load ({cfg.load}): the finetune's "
+                          "checkpoints would become the pretraining run's latest; give another --save (to resume "
+                          f"the finetune later: --load that directory --pretrained-checkpoint {cfg.load})")
 
 
 def _validate_schedule(cfg, f):

@@ -23,6 +23,7 @@ from ..core.datasets import (
 )
 from ..core.datasets.gpt_masks import EodOptions, ltor_masks
 from ..core.transformer.context_parallel import batch_on_this_cp_rank
+from .tokenizer.record import tokenizer_record
 
 
 def index_cache_dir(train_cfg):
@@ -41,7 +42,7 @@ def build_datasets(train_cfg, model_cfg, tokenizer):
     if t.mock_data:
         return _mock(lambda n, seed: MockGPTDataset(n, s, tokenizer.vocab_size, seed, tokenizer.eod), t, counts)
     config = GPTDatasetConfig(seq_length=s, seed=t.seed, cache_dir=index_cache_dir(t),
-                              vocab_size=tokenizer.vocab_size)
+                              vocab_size=tokenizer.vocab_size, tokenizer=tokenizer_record(t, tokenizer))
     return _from_files(build_gpt_datasets, config, t, counts)
 
 
@@ -127,7 +128,8 @@ def build_bert_datasets_from_config(train_cfg, model_cfg, tokenizer, binary_head
         return _mock(lambda n, seed: MockBertDataset(n, s, tokenizer.vocab_size, seed, **options), t, counts)
     config = BertDatasetConfig(seq_length=s, seed=t.seed, cache_dir=index_cache_dir(t),
                                vocab_size=tokenizer.vocab_size, cls_id=tokenizer.cls, sep_id=tokenizer.sep,
-                               mask_id=tokenizer.mask, pad_id=tokenizer.pad, **options)
+                               mask_id=tokenizer.mask, pad_id=tokenizer.pad, tokenizer=tokenizer_record(t, tokenizer),
+                               **options)
     return _from_files(build_bert_datasets, config, t, counts)
 
 

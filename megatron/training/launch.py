@@ -4,6 +4,8 @@ import os
 import sys
 import time
 
+import torch.distributed as dist
+
 from ..core import watchdog
 from ..core.checkpointing import finishing_saves
 from ..core.errors import MegatronUserError
@@ -29,8 +31,13 @@ RANK0_GRACE_SECONDS = 15
 
 
 def user_error(e):
-    """Bad input: one line, no traceback, printed once (by global rank 0: every rank runs the same
-    checks, and rank 0 builds every dataset); the exit code, 2 on every rank."""
+    """Bad input: one line, no traceback, printed once; the exit code, 2 on every rank. Before
+    torch.distributed starts, by global rank 0 (every rank runs the same checks); after, by the first
+    rank that finds it (core/watchdog.claim_user_error), whichever it is."""
+    if dist.is_initialized():
+        if watchdog.claim_user_error():
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
     if os.environ.get("RANK", "0") == "0":
         print(f"error: {e}", file=sys.stderr, flush=True)
     else:
@@ -65,15 +72,14 @@ def start(model_cfg, train_cfg, tokenizer, build_datasets):
 
 def run_pretrain(model_cfg, train_cfg, groups, device, spec, datasets, tokenizer_name):
     """training.pretrain(...) of spec (a model_spec.ModelSpec), then shut torch.distributed down.
-    -> exit code (2 for a checkpoint that does not fit, found by every rank alike, rank 0 says why; 17 for a
-    NaN loss or grad norm, numerics.py; 3 for a peer that hangs, core/watchdog.py)."""
+    -> exit code (2 for bad input found now, e.g. a checkpoint that does not fit, a damaged shard, a full
+    disk: the first rank that finds it says why; 17 for a NaN loss or grad norm, numerics.py; 3 for a peer
+    that hangs, core/watchdog.py)."""
     try:
         with finishing_saves():  # --async-save: a save in flight commits before any exit path
             pretrain(model_cfg, train_cfg, groups, device, spec, datasets, tokenizer_name)
-    except USER_ERRORS as e:  # a checkpoint that does not fit, an unwritable --log-metrics-jsonl
-        if groups.rank == 0:
-            print(f"error: {e}", file=sys.stderr)
-        return 2
+    except USER_ERRORS as e:  # a checkpoint that does not fit or is damaged, a full disk, an unwritable file
+        return user_error(e)
     except NonFiniteError as e:  # every rank stops at the same iteration; nothing of it was saved
         if groups.rank == e.printer:
             print(f"error: {e}", file=sys.stderr, flush=True)

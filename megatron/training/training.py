@@ -21,6 +21,7 @@ from .checkpointing import Checkpointer
 from .data import end_of_training_sets, microbatches, validation_window
 from .flops import num_floating_point_operations, peak_tflops_per_gpu
 from .log import TrainingLogger, print_rank_0, print_rank_last, startup_summary
+from .memory_errors import building
 from .metrics_log import MetricsLog
 from .model_spec import ModelSpec
 from .numerics import check_finite
@@ -70,7 +71,9 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
     ddp.start_step(len(batches))
     moe_hooks.start_step(model, len(batches), groups, optimizer.loss_scale)
     forward_backward_func = forward_backward_func or get_forward_backward_func()
-    losses = forward_backward_func(model, batches, forward_step, groups, loss_terms, loss_scale=optimizer.loss_scale)
+    gather = {"before_weight": ddp.before_weight_grads} if ddp.shards_params else {}  # ZeRO-3 under a W
+    losses = forward_backward_func(model, batches, forward_step, groups, loss_terms, loss_scale=optimizer.loss_scale,
+                                   **gather)
     finalize_model_grads(model, groups, ddp)
     lr = scheduler.lr
     updated, grad_norm = optimizer.step()
@@ -139,19 +142,28 @@ def build_grad_scaler(train_cfg):
 
 
 def setup_model_and_optimizer(model_cfg, train_cfg, groups, device, model_provider):
-    """Model chunks (initialised layout-free), their DDP buffers, the optimizer and LR schedule."""
-    model = build_model(model_provider, model_cfg, groups, device)
-    initialize_parameters(model, train_cfg.seed, groups.tp_rank, groups.tp_size, (groups.etp_rank, groups.etp_size))
-    ddp = DistributedDataParallel(model, groups.dp_cp, train_cfg.ddp_bucket_size, train_cfg.overlap_grad_reduce,
-                                  train_cfg.use_distributed_optimizer, train_cfg.overlap_param_gather,
-                                  train_cfg.grad_reduce_in_bf16,
-                                  sharding_strategy=train_cfg.data_parallel_sharding_strategy,
-                                  expert_dp_group=groups.edp if groups.ep_size > 1 or groups.expert_folded else None,
-                                  gradient_accumulation_fusion=model_cfg.gradient_accumulation_fusion)
-    optimizer = get_megatron_optimizer(ddp, groups, train_cfg.lr, train_cfg.weight_decay,
-                                       (train_cfg.adam_beta1, train_cfg.adam_beta2), train_cfg.adam_eps,
-                                       train_cfg.clip_grad, build_grad_scaler(train_cfg),
-                                       train_cfg.optimizer_offload_fraction if train_cfg.optimizer_cpu_offload else 0.0)
+    """Model chunks (initialised layout-free), their DDP buffers, the optimizer and LR schedule. Running out
+    of memory building them is one line saying what and how much (memory_errors.py)."""
+    def count():  # this rank's parameters, from the same chunks built on the meta device
+        return sum(p.numel() for p in build_model(model_provider, model_cfg, groups, torch.device("meta")).parameters())
+
+    with building("the model", count, model_cfg.params_dtype, groups.rank):
+        model = build_model(model_provider, model_cfg, groups, device)
+        initialize_parameters(model, train_cfg.seed, groups.tp_rank, groups.tp_size,
+                              (groups.etp_rank, groups.etp_size))
+    with building("the gradient buffers and optimizer state", count, model_cfg.params_dtype, groups.rank):
+        ddp = DistributedDataParallel(model, groups.dp_cp, train_cfg.ddp_bucket_size, train_cfg.overlap_grad_reduce,
+                                      train_cfg.use_distributed_optimizer, train_cfg.overlap_param_gather,
+                                      train_cfg.grad_reduce_in_bf16,
+                                      sharding_strategy=train_cfg.data_parallel_sharding_strategy,
+                                      expert_dp_group=(groups.edp if groups.ep_size > 1 or groups.expert_folded
+                                                       else None),
+                                      gradient_accumulation_fusion=model_cfg.gradient_accumulation_fusion)
+        optimizer = get_megatron_optimizer(ddp, groups, train_cfg.lr, train_cfg.weight_decay,
+                                           (train_cfg.adam_beta1, train_cfg.adam_beta2), train_cfg.adam_eps,
+                                           train_cfg.clip_grad, build_grad_scaler(train_cfg),
+                                           train_cfg.optimizer_offload_fraction if train_cfg.optimizer_cpu_offload
+                                           else 0.0)
     return model, ddp, optimizer, build_scheduler(optimizer, train_cfg)
 
 

@@ -2,14 +2,15 @@
 same layer in one process: outputs, and every bias gradient: fc1's shards those of one process's,
 fc2's (replicated, added once, on TP rank 0) bitwise equal on both ranks and equal to one process's.
 Sequential and grouped experts, SwiGLU (fc1's bias in [gate; up] blocks), with and without the
-zero-bubble split (the bias gradients computed in B, accumulated in W). In fp64: TP2 sums the row-parallel
-products in another order, so outputs and gradients compare within the chain bound of tests/rounding.py
+zero-bubble split (pipeline_parallel/backward_split.py: no bias gradient in B, all in W). In fp64:
+TP2 sums the row-parallel products in another order, so outputs and gradients compare within the
+chain bound of tests/rounding.py
 (the grouped experts then take their loop of matmuls: torch._grouped_mm takes fp32 / bf16 only)."""
 import torch
 
 from megatron.core.comm import PlanGroup
 from megatron.core.config import TransformerConfig
-from megatron.core.tensor_parallel import weight_grad
+from megatron.core.pipeline_parallel.backward_split import backward_input
 from megatron.core.tensor_parallel.initialization import initialize_parameters, take_shard
 from megatron.core.tensor_parallel.param_meta import param_meta, set_init, set_init_key
 from megatron.core.transformer.moe.moe_layer import MoELayer
@@ -35,13 +36,12 @@ def _run(m, split):
     gen = torch.Generator().manual_seed(11)
     x = torch.randn(6, 2, 16, generator=gen, dtype=torch.float64).requires_grad_()
     dy = torch.randn(6, 2, 16, generator=gen, dtype=torch.float64)
-    with weight_grad.splitting(split):
-        y = m(x)
+    y = m(x)
     if split:
-        with weight_grad.splitting(), weight_grad.deferring() as work:
-            y.backward(dy)
+        work = backward_input(y, dy, x, {id(p): i for i, p in enumerate(m.parameters())})
         assert all(p.grad is None for n, p in m.named_parameters() if n.endswith("_bias")), "bias grads in B"
-        weight_grad.apply(work)
+        y = y.detach()
+        work.run()
     else:
         y.backward(dy)
     return y.detach(), {n: p.grad for n, p in m.named_parameters() if n.endswith("_bias")}

@@ -3,20 +3,30 @@ iteration with exactly one `error:` line on stderr naming the flag or file, and 
 
 Cases of tests/functional/test_errors.py are not repeated here. "{d}" in an argument is the folder of
 the shared files (the `files` fixture): a small byte-level dataset, one whose out-of-vocabulary id
-first appears late, junk and empty files, a folder, a broken checkpoint.
+first appears late, junk and empty files, a folder, a broken checkpoint, and those of bad_input_files.py.
+The one-process cases run from one Python start (forked.py: a child per case, as `python script args`
+would run it), seconds for all instead of 2-3 s each; the torchrun cases launch torchrun.
 """
+import ast
 import json
+import os
+import re
+import resource
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from megatron.core.datasets import IndexedDatasetBuilder
 
-from .cli import run_cli
+from .bad_input_files import write_byte_data_and_sentencepiece, write_garbage_index, write_hf_moe
+from .cli import PINNED, REPO, run_cli
 
 GPT, BERT = "pretrain_gpt.py", "pretrain_bert.py"
 PRE, MERGE, TOK = "tools/preprocess_data.py", "tools/merge_datasets.py", "tools/train_tokenizer.py"
 CONVERT, GENERATE = "tools/checkpoint/convert.py", "tools/generate.py"
+PLAN, ESTIMATE = "tools/plan.py", "tools/estimate_memory.py"
 MOCK = ["--mock-data", "--vocab-size", "64", "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2",
         "--seq-length", "16", "--train-iters", "2", "--eval-iters", "0", "--micro-batch-size", "2"]
 BYTE = ["--tokenizer-type", "ByteTokenizer", "--num-layers", "1", "--hidden-size", "32", "--num-attention-heads",
@@ -24,6 +34,8 @@ BYTE = ["--tokenizer-type", "ByteTokenizer", "--num-layers", "1", "--hidden-size
 DATA = BYTE + ["--data-path", "{d}/good"]
 TOKDATA = MOCK[3:] + ["--data-path", "{d}/good"]  # the tokenizer type and files follow
 GPT2 = ["--tokenizer-type", "GPT2BPETokenizer"]
+MOE = MOCK + ["--num-experts", "2", "--disable-bias-linear"]
+TINY_MODEL = ["--vocab-size", "64", "--hidden-size", "32", "--num-attention-heads", "2"]  # for the planning tools
 
 # id: (script, arguments, text the error line holds: the flag or the file)
 CASES = {
@@ -154,6 +166,44 @@ CASES = {
                                                    "{d}/folder", "--save-dir", "{d}/out/mg"], "--load-dir"),
     "generate missing checkpoint": (GENERATE, ["--load", "{d}/nothere", "--prompt-ids", "1"], "--load"),
     "generate broken checkpoint": (GENERATE, ["--load", "{d}/badckpt", "--prompt-ids", "1"], "iter_0000007"),
+    # issue 26: tracebacks before
+    "capacity factor nan": (GPT, MOE + ["--moe-expert-capacity-factor", "nan"], "--moe-expert-capacity-factor"),
+    "capacity factor inf": (GPT, MOE + ["--moe-expert-capacity-factor", "inf"], "--moe-expert-capacity-factor"),
+    "cp 0": (GPT, MOCK + ["--context-parallel-size", "0"], "--context-parallel-size"),
+    "estimate world size 0": (ESTIMATE, TINY_MODEL + ["--world-size", "0"], "--world-size"),
+    "plan fix tp=abc": (PLAN, TINY_MODEL + ["--fix", "tp=abc"], "--fix 'tp=abc'"),
+    # issue 26: silently accepted before
+    "moe ffn 0": (GPT, MOE + ["--moe-ffn-hidden-size", "0"], "--moe-ffn-hidden-size"),
+    "moe aux loss coeff -1": (GPT, MOE + ["--moe-aux-loss-coeff", "-1"], "--moe-aux-loss-coeff"),
+    "moe bias update rate -1": (GPT, MOE + ["--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "-1"],
+                                "--moe-router-bias-update-rate"),
+    "offload fraction without offload": (GPT, MOCK + ["--optimizer-offload-fraction", "0.5"],
+                                         "--optimizer-offload-fraction 0.5 goes with --optimizer-cpu-offload"),
+    "zb-h1 at pp 1": (GPT, MOCK + ["--pipeline-schedule", "zb-h1"], "--pipeline-schedule zb-h1"),
+    "plan gpu memory -1": (PLAN, TINY_MODEL + ["--gpu-memory-gb", "-1"], "--gpu-memory-gb"),
+    "plan network 0": (PLAN, TINY_MODEL + ["--network-gbps", "0"], "--network-gbps"),
+    "plan nvlink 0": (PLAN, TINY_MODEL + ["--nvlink-gbps", "0"], "--nvlink-gbps"),
+    "plan top -1": (PLAN, TINY_MODEL + ["--top", "-1"], "--top"),
+    "finetune into its own load dir": (GPT, MOCK + ["--finetune", "--load", "{d}/folder", "--save", "{d}/folder/"],
+                                       "give another --save"),
+    "moe index files garbage": (GPT, MOE + ["--load", "{d}/moeidx"], "moeidx/iter_0000001/index/"),
+    "convert mixtral missing expert": (CONVERT, ["--loader", "hf", "--saver", "megatron", "--load-dir",
+                                                 "{d}/mixtral-drop", "--save-dir", "{d}/out/c"], "experts.1.w2.weight"),
+    "convert mixtral config names more experts": (CONVERT, ["--loader", "hf", "--saver", "megatron", "--load-dir",
+                                                            "{d}/mixtral-more", "--save-dir", "{d}/out/c"],
+                                                  "experts.2.w1.weight"),
+    "convert qwen2-moe missing expert": (CONVERT, ["--loader", "hf", "--saver", "megatron", "--load-dir",
+                                                   "{d}/qwen-drop", "--save-dir", "{d}/out/c"], "experts.0.up_proj"),
+    "convert qwen2-moe config names more experts": (CONVERT, ["--loader", "hf", "--saver", "megatron", "--load-dir",
+                                                              "{d}/qwen-more", "--save-dir", "{d}/out/c"],
+                                                    "experts.2.gate_proj.weight"),
+    "convert damaged bytes to nan": (CONVERT, ["--loader", "hf", "--saver", "megatron", "--load-dir",
+                                               "{d}/mixtral-nan", "--save-dir", "{d}/out/c"], "holds NaN or inf"),
+    "sentencepiece 2000 on byte data": (GPT, TOKDATA[:-2] + ["--data-path", "{d}/bytes_text_document",
+                                        "--tokenizer-type", "SentencePieceTokenizer", "--tokenizer-model",
+                                        "{d}/sp2000/spm.model"], "bytes_text_document: the data was tokenized with"),
+    "merge data of two tokenizers": (MERGE, ["--input", "{d}/bytes_text_document", "{d}/sp_text_document",
+                                             "--output-prefix", "{d}/out/m"], "--input"),
 }
 
 
@@ -182,6 +232,15 @@ def files(tmp_path_factory):
     (d / "folder").mkdir()
     (d / "badckpt").mkdir()
     (d / "badckpt" / "latest_checkpointed_iteration.txt").write_text("7\n")
+    write_garbage_index(str(d / "moeidx"), MOE)
+    for name, kind, config_experts, drop in (
+            ("mixtral-drop", "mixtral", 2, "model.layers.0.block_sparse_moe.experts.1.w2.weight"),
+            ("mixtral-more", "mixtral", 4, None),
+            ("qwen-drop", "qwen2_moe", 2, "model.layers.0.mlp.experts.0.up_proj.weight"),
+            ("qwen-more", "qwen2_moe", 3, None)):
+        write_hf_moe(str(d / name), kind, config_experts, drop)
+    write_hf_moe(str(d / "mixtral-nan"), "mixtral", damage=True)
+    write_byte_data_and_sentencepiece(str(d))
     return d
 
 
@@ -189,14 +248,34 @@ def _args(args, d):
     return [a.replace("{d}", str(d)) for a in args]
 
 
+def _env(d):
+    return {"XDG_CACHE_HOME": str(d / "cache")}  # index caches go to the test's folder, not the user's ~/.cache
+
+
 def run_case(script, args, d, nproc=1):
-    # index caches go to the test's folder, not the user's ~/.cache
-    return run_cli(_args(args, d), nproc=nproc, script=script, check=False, timeout=300,
-                   env={"XDG_CACHE_HOME": str(d / "cache")})
+    return run_cli(_args(args, d), nproc=nproc, script=script, check=False, timeout=300, env=_env(d))
 
 
-def assert_one_error_line(proc, expected, torchrun=False):
-    """Exit 2 (torchrun: its own non-zero), one `error:` line holding expected, no traceback, no iteration."""
+@pytest.fixture(scope="module")
+def one_process_results(request, files):
+    """{case: CompletedProcess} of the CASES this session selected, all run from one Python start
+    (forked.py: a child per case, as `python script args`), with run_cli's pinned flags and environment."""
+    chosen = [item.callspec.params["case"] for item in request.session.items
+              if getattr(item, "originalname", None) == "test_bad_input_is_one_line"]
+    cases = [(CASES[c][0], (PINNED if CASES[c][0] in (GPT, BERT) else []) + _args(CASES[c][1], files))
+             for c in chosen]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               **_env(files))
+    proc = subprocess.run([sys.executable, "-m", "tests.functional.forked"], input=json.dumps(cases), cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=60 + 30 * len(cases))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout)
+    return {c: subprocess.CompletedProcess(args, **r) for c, (_, args), r in zip(chosen, cases, results)}
+
+
+def assert_one_error_line(proc, expected, torchrun=False, ran=False):
+    """Exit 2 (torchrun: its own non-zero), one `error:` line holding expected, no traceback, no iteration
+    (unless `ran`: a fault after training started, e.g. at a save)."""
     assert proc.returncode == (2 if not torchrun else proc.returncode) and proc.returncode != 0, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, proc.stderr[-3000:]
@@ -208,13 +287,12 @@ def assert_one_error_line(proc, expected, torchrun=False):
         assert "[rank" not in output, output[-4000:]
     else:
         assert "Traceback" not in output, output[-4000:]
-    assert "iteration " not in proc.stdout
+    assert ran or "iteration " not in proc.stdout
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_bad_input_is_one_line(files, case):
-    script, args, expected = CASES[case]
-    assert_one_error_line(run_case(script, args, files), expected)
+def test_bad_input_is_one_line(one_process_results, case):
+    assert_one_error_line(one_process_results[case], CASES[case][2])
 
 
 def test_refused_preprocess_writes_nothing(files):
@@ -233,3 +311,27 @@ TORCHRUN_CASES = {
 def test_bad_input_under_torchrun_is_printed_once(files, case):
     script, args, expected = TORCHRUN_CASES[case]
     assert_one_error_line(run_case(script, args, files, nproc=2), expected, torchrun=True)
+
+
+def test_the_estimators_docstring_example_runs():
+    """tools/estimate_memory.py's own example (its docstring's command, as printed) exits 0 with a total."""
+    with open(os.path.join(REPO, ESTIMATE)) as f:
+        doc = ast.get_docstring(ast.parse(f.read()))
+    command = re.search(r"python tools/estimate_memory\.py (.*?)\n\n", doc, re.S).group(1)
+    proc = run_cli(command.replace("\\\n", " ").split(), script=ESTIMATE)
+    assert "stage 0 (24 layers)" in proc.stdout and "total" in proc.stdout
+
+
+def test_a_model_larger_than_the_memory_limit_is_one_line_saying_what_and_how_much():
+    """--hidden-size 100000 under a 4 GiB address-space limit (RLIMIT_AS, set in the child): the first
+    layer's 120 GB allocation fails; the line names what was being built and its parameters' memory."""
+    limit = 4 << 30
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    args = PINNED + MOCK + ["--hidden-size", "100000"]
+    proc = subprocess.run([sys.executable, GPT] + args, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    h = 100000  # one layer 12 h^2 + 13 h, embeddings (128 padded ids, 16 positions), final LayerNorm 2 h
+    n = 12 * h * h + 13 * h + 128 * h + 16 * h + 2 * h
+    assert_one_error_line(proc, f"out of memory building the model on rank 0: its {n:,} parameters need "
+                                f"{n * 4 / 2 ** 30:,.1f} GiB as float32")
+    assert "--hidden-size" in proc.stderr

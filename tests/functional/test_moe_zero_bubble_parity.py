@@ -3,7 +3,7 @@ both router losses) and grad norms of one process (test_moe_parity.py's tiny MoE
 experts and a shared expert, 4 iterations, no evaluation). With a ZB schedule the experts', the
 router's and the shared expert's weight gradients come from W actions (tests/unit/test_moe_weight_grad.py
 shows B leaves them alone). Each layout proves something the other does not:
-  PP2, zb-h1, grouped GEMM: the grouped matmul's deferred weight loop and ZB-H1's delayed W's
+  PP2, zb-h1, grouped GEMM: the grouped matmul's weight loop in W (backward_needs) and ZB-H1's delayed W's
   PP2 x EP2, zb-h2, alltoall, overlapped reduction in small buckets: the token exchange stays in B
       while the expert weights wait up to 2r actions for W; the dense and the expert-DP buckets
       see one gradient per microbatch from W

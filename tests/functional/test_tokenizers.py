@@ -85,10 +85,10 @@ def test_two_workers_and_partitions_write_the_same_bytes(files, tmp_path):
     one = preprocess(jsonl, tmp_path / "w1", flags, "--workers", "1")
     for name, extra in (("w2", ["--workers", "2"]), ("p3", ["--workers", "2", "--partitions", "3"])):
         other = preprocess(jsonl, tmp_path / name, flags, *extra)
-        for ext in (".bin", ".idx"):
+        for ext in (".bin", ".idx", ".tokenizer.json"):
             assert filecmp.cmp(one + ext, other + ext, shallow=False), (name, ext)
     assert sorted(p.name for p in tmp_path.iterdir() if "p3" in p.name) == \
-        ["p3_text_document.bin", "p3_text_document.idx"]  # partition files are cleaned up
+        ["p3_text_document.bin", "p3_text_document.idx", "p3_text_document.tokenizer.json"]  # parts cleaned up
 
 
 @pytest.mark.skipif(not HAVE_HF, reason="the optional `tokenizers` package is not installed")

@@ -1,11 +1,12 @@
 """Zero-bubble schedules through the CLI, fp32: the per-iteration losses and grad norms of one
 process (test_parity.py's tiny model, 4 iterations, no evaluation). Each layout proves something
 the others do not: PP4 runs ZB-H1's delayed W's over four stages; TP2 with sequence parallelism
-runs the deferred weight gradients of the column/row layers (the gathered input kept for W) under
-ZB-H2; PP2 x DP2 with the distributed optimizer and overlapped reduction checks that the DDP
-bucket hooks see one gradient per microbatch when it comes from W. ZB-V (8 layers, so 2P stages at
-PP4): PP4 runs the V layout's turn on the last rank and both tied-table copies on rank 0, and its
-checkpoint loads at one process (global layer numbering); PP2 x DP2 with overlapped reduction
+runs the column/row layers' weight gradients in W (the sequence-parallel input gathered again there)
+under ZB-H2; PP2 x DP2 with the distributed optimizer and overlapped reduction checks that the DDP
+bucket hooks see one gradient per microbatch when it comes from W; TP2 x PP2 with full recompute of
+one layer per stage splits the recomputed segment's backward too (backward_split.py). ZB-V (8
+layers, so 2P stages at PP4): PP4 runs the V layout's turn on the last rank and both tied-table
+copies on rank 0, and its checkpoint loads at one process (global layer numbering); PP2 x DP2 with overlapped reduction
 checks the two tied copies' gradients are summed once per microbatch. Other layouts by hand: the
 note of issue 19."""
 import os
@@ -32,6 +33,10 @@ LAYOUTS = {
     "tp2-sp-pp2-zb-h2": (4, TP2 + PP2 + ["--sequence-parallel", "--pipeline-schedule", "zb-h2"]),
     "pp2-dp2-distopt-overlap-zb-h1": (4, PP2 + ["--pipeline-schedule", "zb-h1", "--use-distributed-optimizer",
                                                 "--overlap-grad-reduce"] + SMALL_BUCKETS),
+    # the first layer of each stage recomputed (reentrant: its B is a nested one), the second not
+    "tp2-sp-pp2-recompute-zb-h1": (4, TP2 + PP2 + ["--sequence-parallel", "--pipeline-schedule", "zb-h1",
+                                                   "--recompute-granularity", "full", "--recompute-method", "block",
+                                                   "--recompute-num-layers", "1"]),
 }
 
 

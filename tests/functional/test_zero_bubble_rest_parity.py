@@ -1,5 +1,5 @@
-"""Zero-bubble schedules through the CLI, fp32, for the parameters whose gradients moved to W last
-(tensor_parallel/weight_grad.py: deferred(), the position table, BERT's heads): per-iteration losses
+"""Zero-bubble schedules through the CLI, fp32, for parameters reached through other ops than a layer's
+linear and norm (pipeline_parallel/backward_split.py: the position table, biases, BERT's heads): per-iteration losses
 and grad norms of one process (test_parity.py's tiny model, 4 iterations, no evaluation).
 
 GPT at PP2 zb-h2 with learned absolute positions read through --reset-position-ids (the table

@@ -68,7 +68,7 @@ def test_train_iters_from_samples():
 def _fake_step(updates):
     """train_step's collaborators: an empty model, an optimizer whose step() reports `updates` in turn."""
     steps = iter(updates)
-    ddp = types.SimpleNamespace(start_step=lambda n: None)
+    ddp = types.SimpleNamespace(start_step=lambda n: None, shards_params=False)
     opt = types.SimpleNamespace(loss_scale=None, step=lambda: (next(steps), None))
     return ddp, opt
 

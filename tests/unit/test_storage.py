@@ -1,6 +1,8 @@
 """Checkpoint storage in one process, with a fake payload: a save interrupted at every fault
 point loses nothing, interrupted commits are found, changed bytes and full disks are named."""
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -9,6 +11,7 @@ from megatron.core import debug
 from megatron.core.checkpointing import CheckpointError, CheckpointReader, find_checkpoint
 from megatron.core.checkpointing.storage import begin_save, commit, write_rank_file
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RANKS = 2
 POINTS = ["ckpt.begin", "ckpt.rank_file.before", "ckpt.rank_file.write", "ckpt.rank_file.after",
           "ckpt.metadata.before", "ckpt.metadata.after", "ckpt.swap.aside", "ckpt.journal.after",
@@ -117,6 +120,46 @@ def test_full_disk_keeps_the_previous_checkpoint(point, iteration, tmp_path, mon
     assert sorted(os.listdir(tmp_path)) == ["iter_0000002", "latest_checkpointed_iteration.txt"]
     path, notes = found(tmp_path)
     assert path.endswith("iter_0000002") and value_of(path) == 1.0 and not notes
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_a_real_enospc_inside_torch_save_is_named_not_the_zip_writers_error(tmp_path):
+    """rank_00001.pt a link to /dev/full (every write: ENOSPC): torch.save's zip writer reports it as
+    "unexpected pos"; the save names the OS error, removes iter_X.tmp and keeps the previous checkpoint."""
+    save(tmp_path, 2, 1.0)
+    begin_save(tmp_path, 4)
+    os.symlink("/dev/full", tmp_path / "iter_0000004.tmp" / "rank_00001.pt")
+    write_rank_file(tmp_path, 4, 0, {"pieces": [], "value": torch.full((64,), 2.0)})
+    with pytest.raises(CheckpointError) as e:
+        write_rank_file(tmp_path, 4, 1, {"pieces": [], "value": torch.full((1 << 16,), 2.0)})
+    msg = str(e.value)
+    assert "cannot save iteration 4: No space left on device" in msg and "unexpected pos" not in msg
+    assert "iter_0000004.tmp removed, the checkpoint of iteration 2 is still the latest" in msg
+    assert sorted(os.listdir(tmp_path)) == ["iter_0000002", "latest_checkpointed_iteration.txt"]
+
+
+def test_a_write_failing_inside_torch_save_is_named_not_the_zip_writers_error(tmp_path):
+    """Writes past 20 kB fail for real in a child (RLIMIT_FSIZE, SIGXFSZ ignored: EFBIG, as a full disk
+    gives ENOSPC) while torch.save is half-way through its zip, which then reports only "unexpected pos"."""
+    save(tmp_path, 2, 1.0)
+    code = f"""
+import resource, signal, torch
+from megatron.core.checkpointing import CheckpointError
+from megatron.core.checkpointing.storage import begin_save, write_rank_file
+begin_save({str(tmp_path)!r}, 4)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))
+try:
+    write_rank_file({str(tmp_path)!r}, 4, 0, {{"pieces": [], "value": torch.zeros(1 << 16)}})
+except CheckpointError as e:
+    print(e)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "cannot save iteration 4: File too large" in proc.stdout and "unexpected pos" not in proc.stdout
+    assert "iter_0000004.tmp removed, the checkpoint of iteration 2 is still the latest" in proc.stdout
+    assert sorted(os.listdir(tmp_path)) == ["iter_0000002", "latest_checkpointed_iteration.txt"]
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")

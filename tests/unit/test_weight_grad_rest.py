@@ -1,18 +1,17 @@
-"""Every parameter of a GPT and a BERT model under the zero-bubble backward split
-(tensor_parallel/weight_grad.py), one process: B (a backward inside deferring()) leaves every
-parameter's gradient untouched and fires no post-accumulate-grad hook; W (apply) gives the ordinary
-backward's gradients, each parameter's hook once per microbatch (what DDP's buckets count).
+"""Every parameter of GPT, MoE GPT and BERT models under the zero-bubble backward split
+(pipeline_parallel/backward_split.py), one process: B leaves every parameter's gradient untouched and
+fires no post-accumulate-grad hook; W gives each parameter its ordinary-backward gradient, bit for bit,
+its hook once per microbatch (what DDP's buckets count). tests/split_check.py does the comparing, with
+and without gradient-accumulation fusion (the linears' weight gradients added into DDP's buffer in W).
 
-The guard that nothing slips back into B: the parameters whose hooks fire in W must be *all* of the
-model's. Covered here beyond test_weight_grad.py / test_moe_weight_grad.py: learned absolute position
-embeddings (slice and position_ids), skip_bias_add biases a fusion adds (dense MLP and shared expert:
-the csrc kernel needs CUDA, so on CPU the activation front's torch fallback adds them, the same graph
-around the linear; the column linear's W computes their gradient, a row linear's goes through
-weight_grad.deferred), the shared-expert gate, BERT's token types, pooler, binary head and LM head.
-
-The two paths compute the same function in another order (a norm's affine apart from its
-normalisation, the weight GEMM transposed), so the models run in fp64 and compare within the chain
-bound of tests/rounding.py; every draw comes from a seeded generator."""
+The guard that nothing is computed in B: the parameters whose hooks fire in W must be *all* of the
+model's. Each model runs as the stages a pipeline cuts it into: the first (token ids in, hidden states
+out: no input gradient, so W is the whole backward), the last (hidden states in, the loss out) and a
+middle one (hidden states in and out). Parameters reached by other ops than a layer's linear and norm:
+learned absolute position embeddings (slice and position_ids), skip_bias_add biases a fusion adds
+(dense MLP and shared expert: the csrc kernel needs CUDA, so on CPU the activation front's torch
+fallback adds them, the same graph around the linear), the router, the shared-expert gate, BERT's token
+types, pooler, binary head and LM head, and the tied word table on the last stage."""
 import types
 
 import pytest
@@ -22,15 +21,14 @@ from megatron.core.comm import PlanGroup
 from megatron.core.config import TransformerConfig
 from megatron.core.models.bert import BertModel
 from megatron.core.models.gpt import GPTModel
-from megatron.core.tensor_parallel import weight_grad
 from megatron.core.tensor_parallel.initialization import initialize_parameters
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer.mlp import MLP
 from megatron.core.transformer.moe import aux_losses
-from tests.rounding import assert_chain_close, assert_within, sum_bound
+from tests.split_check import check_split
 
-B, S, V = 2, 8, 50
-BASE = dict(num_layers=2, hidden_size=16, num_attention_heads=2, seq_length=S, vocab_size=V, hidden_dropout=0.0,
+B, S, V, H = 2, 8, 50, 16
+BASE = dict(num_layers=2, hidden_size=H, num_attention_heads=2, seq_length=S, vocab_size=V, hidden_dropout=0.0,
             attention_dropout=0.0, position_embedding_type="learned_absolute", add_bias_linear=True)
 MOE = dict(num_experts=4, moe_ffn_hidden_size=8, moe_router_topk=2, moe_shared_expert_intermediate_size=12,
            moe_shared_expert_gate=True, moe_aux_loss_coeff=0.1, moe_z_loss_coeff=0.01)
@@ -39,14 +37,19 @@ MODELS = {
     "gpt-untied-position-ids": ("gpt", dict(untie_embeddings_and_output_weights=True, positions=True)),
     "gpt-swiglu-fused-bias": ("gpt", dict(swiglu=True, normalization="RMSNorm")),
     "gpt-moe-shared-gate": ("gpt", MOE),
+    "gpt-moe-grouped-recompute": ("gpt", dict(MOE, moe_grouped_gemm=True, recompute_granularity="full",
+                                              recompute_method="uniform", recompute_num_layers=1)),
     "bert-post-norm": ("bert", dict(post_norm=True)),
     "bert-pre-norm": ("bert", dict()),
 }
-# what the split must reach beyond the layers' linears and norms (by name suffix)
+STAGES = {"first": (True, False), "middle": (False, False), "last": (False, True)}
+# what the split must reach beyond the layers' linears and norms (by name suffix), on the stage that has it
 MUST_HAVE = {
-    "gpt": ["position_embeddings", "word_embeddings.weight", "linear_fc1.bias"],
-    "bert": ["position_embeddings", "tokentype_embeddings", "lm_head.bias", "lm_head.dense.weight", "pooler.weight",
-             "pooler.bias", "binary_head.weight", "binary_head.bias", "linear_fc1.bias"],
+    ("gpt", "first"): ["position_embeddings", "word_embeddings.weight", "linear_fc1.bias"],
+    ("gpt", "last"): ["word_embeddings.weight|output_layer.weight", "linear_fc1.bias", "final_layernorm.weight"],
+    ("bert", "first"): ["position_embeddings", "tokentype_embeddings", "linear_fc1.bias"],
+    ("bert", "last"): ["lm_head.bias", "lm_head.dense.weight", "pooler.weight", "pooler.bias", "binary_head.weight",
+                       "binary_head.bias", "word_embeddings.weight"],
 }
 
 
@@ -59,110 +62,90 @@ def _as_if_fused(model):
     return len(fused)
 
 
-def _build(name):
+def _build(name, stage):
     kind, kw = MODELS[name]
     kw = dict(kw)
     positions = kw.pop("positions", False)
-    cfg = TransformerConfig(**{**BASE, **kw}, params_dtype=torch.float64)
+    cfg = TransformerConfig(**{**BASE, **kw})
     cfg.validate()
     groups = types.SimpleNamespace(tp=PlanGroup(1, 0), tp_size=1, tp_rank=0, pp_size=1, pp_rank=0)
-    model = (GPTModel if kind == "gpt" else BertModel)(cfg, groups)
-    g = torch.Generator().manual_seed(3)
+    pre, post = STAGES[stage]
+    model = (GPTModel if kind == "gpt" else BertModel)(cfg, groups, pre_process=pre, post_process=post)
     with torch.no_grad():
         initialize_parameters(model, 7, 0, 1)
         for n, p in model.named_parameters():  # biases start at zero: make their paths matter
             if n.endswith("bias"):
-                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.1)
-    assert _as_if_fused(model) >= 2
-    batches = []
+                p.normal_(0, 0.1, generator=torch.Generator().manual_seed(len(n)))
+    assert _as_if_fused(model) >= 1
+    g = torch.Generator().manual_seed(3)
+    steps = []
     for _ in range(2):
+        ids = torch.randint(0, V, (B, S), generator=g)
+        hidden = None if pre else torch.randn(S, B, H, generator=g)
         # the loss: logits against fixed random weights (the vocab-parallel cross entropy wants a process group)
-        ids, w = torch.randint(0, V, (B, S), generator=g), torch.randn(B, S, cfg.padded_vocab_size, generator=g,
-                                                                 dtype=torch.float64)
+        w = torch.randn(B, S, cfg.padded_vocab_size, generator=g) if post else torch.randn(S, B, H, generator=g)
         if kind == "bert":
-            mask, types_ = torch.ones(B, S, dtype=torch.bool), torch.randint(0, 2, (B, S), generator=g)
-            batches.append(lambda m, a=(ids, mask, types_), w=w: _dot(*m(*a), w))
+            extra = dict(padding_mask=torch.ones(B, S, dtype=torch.bool),
+                         tokentype_ids=torch.randint(0, 2, (B, S), generator=g))
         else:
-            pos = torch.randint(0, S, (B, S), generator=g) if positions else None
-            batches.append(lambda m, a=(ids, None, None, None, pos), w=w: _dot(m(*a), None, w))
-    return kind, model, batches
+            extra = dict(position_ids=torch.randint(0, S, (B, S), generator=g) if positions else None)
+        steps.append(_step(kind, ids, hidden, w, extra, post))
+    return kind, model, steps
 
 
-def _dot(logits, binary, w):
-    return (logits * w).sum() + (0 if binary is None else binary.pow(2).sum())
+def _step(kind, ids, hidden, w, extra, post):
+    def step(model):
+        inp = None if hidden is None else hidden.clone().requires_grad_()
+        out = model(ids, hidden_states=inp, **extra)
+        if not post:
+            return out, w, inp
+        logits, binary = out if kind == "bert" else (out, None)
+        return (logits * w).sum() + (0 if binary is None else binary.pow(2).sum()), None, inp
+    return step
 
 
-def _run(model, batches, split):
-    """Forward and backward of each microbatch; with split, B then W and the checks between them.
-    Returns (param grads, hook calls per parameter)."""
-    calls = {}
-    handles = [p.register_post_accumulate_grad_hook(lambda p, n=n: calls.__setitem__(n, calls.get(n, 0) + 1))
-               for n, p in model.named_parameters()]
-    aux_losses.start_iteration(1.0, len(batches))
-    for i, step in enumerate(batches):
-        with weight_grad.splitting(split):
-            loss = step(model)
-        if not split:
-            loss.backward()
-            continue
-        before = {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
-        with weight_grad.splitting(), weight_grad.deferring() as work:  # B: input gradients only
-            loss.backward()
-        early = sorted(n for n, c in calls.items() if c > i)
-        assert not early, f"computed in B, not deferred to W: {early}"
-        for n, p in model.named_parameters():
-            assert (p.grad is None) if before[n] is None else torch.equal(p.grad, before[n]), f"{n} changed in B"
-        weight_grad.apply(work)  # W
-        missing = sorted(n for n, _ in model.named_parameters() if calls.get(n, 0) != i + 1)
-        assert not missing, f"no gradient (or not one) in W: {missing}"
-    for h in handles:
-        h.remove()
-    return {n: p.grad.clone() for n, p in model.named_parameters()}, calls
+# weights whose gradients gradient-accumulation fusion adds into the grad sink (by name suffix)
+FUSED = ("linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight", "linear_fc2.weight", "router.weight",
+         "gate_weight", "fc1_weight", "fc2_weight", "output_layer.weight", "pooler.weight", "binary_head.weight",
+         "lm_head.dense.weight")
 
 
+@pytest.mark.parametrize("fusion", [False, True], ids=["autograd", "fused"])
+@pytest.mark.parametrize("stage", list(STAGES))
 @pytest.mark.parametrize("name", list(MODELS))
-def test_every_parameter_gets_its_gradient_in_w_equal_to_the_ordinary_backward(name):
-    kind, model, batches = _build(name)
+def test_every_parameter_gets_its_gradient_in_w_equal_to_the_ordinary_backward(name, stage, fusion):
+    kind, model, steps = _build(name, stage)
     names = [n for n, _ in model.named_parameters()]
-    for suffix in MUST_HAVE[kind]:
-        assert any(n.endswith(suffix) for n in names), suffix
+    for suffix in MUST_HAVE.get((kind, stage), []):
+        assert any(n.endswith(alt) for n in names for alt in suffix.split("|")), suffix
     if "moe" in name:
-        assert any(n.endswith("shared_experts.gate_weight") for n in names)
-        assert any(n.endswith("shared_experts.linear_fc1.bias") for n in names)
-    want, want_calls = _run(model, batches, split=False)
-    model.zero_grad(set_to_none=True)
-    got, calls = _run(model, batches, split=True)
-    assert calls == want_calls and set(calls) == set(names)  # every parameter, once per microbatch
-    for n in names:
-        assert_chain_close(got[n], want[n], n)
+        for suffix in ("shared_experts.gate_weight", "shared_experts.linear_fc1.bias", "router.weight", "fc1_weight"):
+            assert any(n.endswith(suffix) for n in names), suffix
+    aux_losses.start_iteration(1.0, 2 * len(steps))  # the MoE balance losses of both runs
+    figures = check_split(model, steps, fusion=fusion)
+    if fusion:  # every linear's weight, and nothing else, reached its sink without a .grad
+        tied_here = kind == "gpt" and stage == "last"  # the word table's one use on a last stage: the logits
+        want = sorted(n for n in names if n.endswith(FUSED) or tied_here and n == "word_embeddings.weight")
+        assert figures["fused"] == want
+    if stage == "first":  # no input gradient: B has nothing to compute
+        assert figures["b_gemms"] == 0 and not figures["input_grads"]
+    else:  # B ran the input-gradient GEMMs, W the weights'
+        assert figures["b_gemms"] > 0 and figures["w_gemms"] > 0 and len(figures["input_grads"]) == 2
 
 
+@pytest.mark.parametrize("fusion", [False, True], ids=["autograd", "fused"])
 @pytest.mark.parametrize("cls", [ColumnParallelLinear, RowParallelLinear])
-def test_skip_bias_add_bias_waits_for_w(cls):
+def test_skip_bias_add_bias_gets_its_gradient_in_w(cls, fusion):
     lin = cls(6, 4, group=PlanGroup(1, 0), skip_bias_add=True)
     g = torch.Generator().manual_seed(4)
     with torch.no_grad():
-        for p in (lin.weight, lin.bias):
-            p.copy_(torch.randn(p.shape, generator=g))
+        lin.weight.copy_(torch.randn(lin.weight.shape, generator=g))
+        lin.bias.copy_(torch.randn(lin.bias.shape, generator=g))
     x, gy = torch.randn(3, 2, 6, generator=g), torch.randn(3, 2, 4, generator=g)
-    y, bias = lin(x)
-    assert bias is lin.bias  # outside the zero-bubble schedules the very parameter, as before
-    (y + bias).backward(gy)
-    want = lin.bias.grad.clone()
-    lin.zero_grad(set_to_none=True)
-    with weight_grad.splitting():
-        y, bias = lin(x)
-    assert bias is not lin.bias and torch.equal(bias, lin.bias)
-    with weight_grad.splitting(), weight_grad.deferring() as work:
-        (y + bias).backward(gy)
-    assert lin.bias.grad is None and lin.weight.grad is None
-    weight_grad.apply(work)
-    assert_within(lin.bias.grad, want, sum_bound(gy.reshape(-1, 4), 0), "bias gradient")  # both sum gy
 
-
-def test_deferred_outside_deferring_accumulates_in_the_backward():
-    p = torch.nn.Parameter(torch.randn(5, generator=torch.Generator().manual_seed(5)))
-    calls = []
-    p.register_post_accumulate_grad_hook(lambda q: calls.append(1))
-    (weight_grad.deferred(p) * 3).sum().backward()
-    assert torch.equal(p.grad, torch.full((5,), 3.0)) and calls == [1]
+    def step(m):
+        inp = x.clone().requires_grad_()
+        y, bias = m(inp)
+        assert bias is m.bias  # the very parameter: the caller adds it, the split finds it
+        return y + bias, gy, inp
+    check_split(lin, [step, step], fusion=fusion)

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from megatron.core.comm import PlanGroup
-from megatron.core.tensor_parallel import weight_grad, wgrad_fusion
+from megatron.core.pipeline_parallel.backward_split import backward_input
+from megatron.core.tensor_parallel import wgrad_fusion
 from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from megatron.core.tensor_parallel.param_meta import set_grad_sink
 from tests.harness import spawn
@@ -74,7 +75,8 @@ def test_linear_adds_its_weight_gradient_into_the_sink(name, layer):
     sink = _Sink([layer.weight])
     set_grad_sink(layer.weight, sink)
     made = []
-    layer.weight.register_hook(lambda g: made.append(g))  # a gradient tensor reaching the weight
+    # a gradient tensor reaching the weight (torch runs the hook with None where the function returned none)
+    layer.weight.register_hook(lambda g: made.append(g) if g is not None else None)
     for x, gy in zip(xs, gys):
         layer(x)[0].backward(gy)
     set_grad_sink(layer.weight, None)
@@ -97,19 +99,19 @@ def test_input_without_grad_still_reaches_the_sink():
     torch.testing.assert_close(sink.main[id(layer.weight)], torch.ones(3, 2) @ x.reshape(2, 4), rtol=1e-6, atol=1e-6)
 
 
-def test_deferred_weight_gradient_reaches_the_sink_in_w():
-    # zero-bubble: B keeps the weight work, W (grad mode on, as the executor runs it) adds it into the sink
+def test_zero_bubble_w_adds_the_weight_gradient_into_the_sink():
+    # the executor's split (backward_split.py): B computes the input gradient alone, W (grad mode on, as
+    # the executor runs it) adds the weight's into the sink and tells it once
     layer = ColumnParallelLinear(4, 3, group=ONE)
     sink = _Sink([layer.weight])
     set_grad_sink(layer.weight, sink)
     x = torch.randn(2, 1, 4, requires_grad=True)
-    with weight_grad.splitting():
-        y = layer(x)[0]
-    with weight_grad.deferring() as work:
-        y.sum().backward()
-    assert sink.added[id(layer.weight)] == 0 and x.grad is not None
-    weight_grad.apply(work)
-    assert sink.added[id(layer.weight)] == 1 and layer.weight.grad is None
+    y = layer(x)[0]
+    work = backward_input(y, torch.ones_like(y), x, {id(p): i for i, p in enumerate(layer.parameters())})
+    assert sink.added[id(layer.weight)] == 0 and not sink.main[id(layer.weight)].any() and x.grad is not None
+    assert layer.bias.grad is None
+    work.run()
+    assert sink.added[id(layer.weight)] == 1 and layer.weight.grad is None and layer.bias.grad is not None
     assert not sink.main[id(layer.weight)].requires_grad, "the buffer was drawn into autograd's graph"
     torch.testing.assert_close(sink.main[id(layer.weight)], torch.ones(3, 2) @ x.detach().reshape(2, 4),
                                rtol=1e-6, atol=1e-6)
@@ -142,8 +144,8 @@ def _gpt_step(groups, fusion, overlap):
         t = torch.randint(0, 100, (2, 17), generator=gen)
         batches.append({"tokens": t[:, :-1], "labels": t[:, 1:], "loss_mask": torch.ones(2, 16)})
     grads = {}
-    hooks = [p.register_hook(lambda g, n=n: grads.setdefault(n, []).append(g.shape))
-             for n, p in model.named_parameters()]
+    hooks = [p.register_hook(lambda g, n=n: grads.setdefault(n, []).append(g.shape) if g is not None else None)
+             for n, p in model.named_parameters()]  # None: torch runs the hook of a fused weight without one
     orig = ddp.finish_grad_sync
 
     def finish(*a, **k):  # the buffers after the last microbatch, before the step

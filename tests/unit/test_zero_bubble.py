@@ -108,8 +108,11 @@ def test_pipeline_schedule_flag_maps_to_schedules_and_names_the_fix():
     from megatron.core.pipeline_parallel.schedule_flag import schedule_for_flag
     assert schedule_for_flag(None, 4, 1) == "1f1b" and schedule_for_flag(None, 4, 2) == "interleaved_1f1b"
     assert schedule_for_flag("zb-h1", 4, 1) == "zb_h1" and schedule_for_flag("zb-h2", 2, 1) == "zb_h2"
-    assert schedule_for_flag("zb-h2", 1, 1) == "no_pipelining"  # one stage: nothing to fill, no split
+    assert schedule_for_flag("1f1b", 1, 1) == "no_pipelining"  # one stage: gradient accumulation
     assert schedule_for_flag("zb-v", 4, 2) == "zb_v"  # the V layout: pipeline_parallel/split.py
     for flag, V, message in (("zb-h1", 2, "runs one model chunk per rank"), ("interleaved", 1, "more than one model")):
         with pytest.raises(ConfigError, match=message):
             schedule_for_flag(flag, 4, V)
+    for flag in ("zb-h1", "zb-h2", "zb-v"):  # one stage: nothing to fill, the flag would do nothing
+        with pytest.raises(ConfigError, match=f"--pipeline-schedule {flag} needs --pipeline-model-parallel-size 2"):
+            schedule_for_flag(flag, 1, 1)

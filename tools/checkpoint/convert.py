@@ -28,6 +28,8 @@ import argparse
 import os
 import sys
 
+import torch
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from megatron.core.checkpointing import (
@@ -59,6 +61,15 @@ def _transformers():
     return transformers
 
 
+def refuse_non_finite(tensors, source):
+    """A weight holding NaN or inf (damaged bytes read as floats) would convert into a model that
+    only produces NaN: refuse it, naming the first such tensor."""
+    bad = sorted(k for k, v in tensors.items() if v.is_floating_point() and not torch.isfinite(v).all())
+    if bad:
+        raise CheckpointError(f"{source}: tensor {bad[0]} holds NaN or inf values ({len(bad)} such tensor"
+                              f"{'s' if len(bad) > 1 else ''}): the weight files are damaged; restore them")
+
+
 def load_hf(path, model_type="GPT"):
     """-> (model args, {init_key: tensor}, config.json dict) from a local HF model directory."""
     tf = _transformers()
@@ -70,6 +81,7 @@ def load_hf(path, model_type="GPT"):
     convert = {"gpt2": hc.gpt2_to_ours, "llama": hc.llama_to_ours, "bert": hf_bert.bert_to_ours,
                "mixtral": hf_mixtral.mixtral_to_ours, "qwen2_moe": hf_qwen2_moe.qwen2_moe_to_ours}[raw["model_type"]]
     sd = read_state_dict(path)
+    refuse_non_finite(sd, path)  # under the file's own names
     try:
         args, tensors = convert(config, sd)
     except RuntimeError as e:  # a reshape of a tensor whose shape config.json does not describe
@@ -155,6 +167,8 @@ def main(argv=None):
             args, training = reader.metadata["args"]["model"], reader.metadata["args"].get("training", {})
             tensors = {k: reader.global_tensor(k) for k in reader.keys("param")}
             buffers = {k: reader.global_tensor(k, "buffer") for k in reader.keys("buffer")}
+        if a.loader != "hf":
+            refuse_non_finite(tensors, a.load_dir)
         if a.saver == "hf":
             refuse_nonzero_buffers(buffers)
             save_hf(a.save_dir, args, tensors, training, a.model_type)

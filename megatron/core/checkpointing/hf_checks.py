@@ -11,6 +11,19 @@ LLAMA_SHAPE = ("HF Llama holds --position-embedding-type rope, pre-norm RMSNorm 
                "grouped-query attention, tied or untied output, with or without linear biases")
 
 
+def missing(side, key):
+    """The one-line error for a tensor a conversion needs and `side` lacks."""
+    return CheckpointError(f"{side} has no tensor {key!r} (missing weights, or its config describes another model, "
+                           "e.g. more layers or experts than the weights hold)")
+
+
+def take(tensors, key, side="the HuggingFace checkpoint"):
+    """tensors.pop(key), or the one-line error naming the missing tensor."""
+    if key not in tensors:
+        raise missing(side, key)
+    return tensors.pop(key)
+
+
 class TrackedTensors(Mapping):
     """A name -> tensor dict that remembers which names were read, so that a conversion can
     refuse the tensors it did not use. `side` names the source in messages."""
@@ -20,8 +33,7 @@ class TrackedTensors(Mapping):
 
     def __getitem__(self, key):
         if key not in self._t:
-            raise CheckpointError(f"{self.side} has no tensor {key!r} (missing weights, or its config describes "
-                                  "another model)")
+            raise missing(self.side, key)
         self._used.add(key)
         return self._t[key]
 

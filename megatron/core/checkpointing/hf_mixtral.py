@@ -12,6 +12,7 @@ import types
 
 import torch
 
+from .hf_checks import TrackedTensors
 from .hf_conversion import L, llama_to_ours, ours_to_llama
 from .pieces import CheckpointError
 
@@ -33,6 +34,7 @@ def mixtral_to_ours(config, sd):
     moe, rest = {}, {}
     for k, v in sd.items():
         (moe if re.search(r"\.(mlp|block_sparse_moe)\.(gate|experts)\.", k) else rest)[k] = v
+    moe = TrackedTensors(moe, "the HuggingFace checkpoint")  # a missing expert: one line; one too many: refused
     rest.update(_dense_stand_ins(config.num_hidden_layers, f, h))
     args, out = llama_to_ours(c, rest)
     for i in range(config.num_hidden_layers):
@@ -42,6 +44,9 @@ def mixtral_to_ours(config, sd):
         if s + "mlp.experts.gate_up_proj" in moe:
             router, fc1, fc2 = moe[s + "mlp.gate.weight"], moe[s + "mlp.experts.gate_up_proj"], \
                 moe[s + "mlp.experts.down_proj"]
+            if fc1.shape[0] != E or fc2.shape[0] != E:
+                raise CheckpointError(f"{s}mlp.experts.gate_up_proj holds {fc1.shape[0]} experts, config.json "
+                                      f"names {E} (num_local_experts / num_experts): the weights are another model's")
         else:
             x = s + "block_sparse_moe."
             router = moe[x + "gate.weight"]
@@ -52,6 +57,7 @@ def mixtral_to_ours(config, sd):
         for e in range(E):
             out[_EXPERT.format(i, e) + "fc1_weight"] = fc1[e].contiguous()
             out[_EXPERT.format(i, e) + "fc2_weight"] = fc2[e].contiguous()
+    moe.refuse_unused()
     args.update(num_experts=E, moe_router_topk=config.num_experts_per_tok, moe_ffn_hidden_size=f,
                 moe_aux_loss_coeff=float(getattr(config, "router_aux_loss_coef", 0.0) or 0.0))
     return args, out

@@ -15,6 +15,7 @@ import types
 
 import torch
 
+from .hf_checks import take
 from .hf_conversion import L, qkv_from_ours, qkv_to_ours
 from .hf_mixtral import mixtral_to_ours, ours_to_mixtral
 from .pieces import CheckpointError
@@ -35,10 +36,10 @@ def _fuse_experts(sd, layers, experts):
     for i in range(layers):
         x = f"model.layers.{i}.mlp.experts."
         if x + "0.gate_proj.weight" in sd:
-            sd[x + "gate_up_proj"] = torch.stack([torch.cat([sd.pop(f"{x}{e}.gate_proj.weight"),
-                                                             sd.pop(f"{x}{e}.up_proj.weight")])
+            sd[x + "gate_up_proj"] = torch.stack([torch.cat([take(sd, f"{x}{e}.gate_proj.weight"),
+                                                             take(sd, f"{x}{e}.up_proj.weight")])
                                                   for e in range(experts)])
-            sd[x + "down_proj"] = torch.stack([sd.pop(f"{x}{e}.down_proj.weight") for e in range(experts)])
+            sd[x + "down_proj"] = torch.stack([take(sd, f"{x}{e}.down_proj.weight") for e in range(experts)])
 
 
 def _take_own(tensors):
@@ -62,11 +63,11 @@ def qwen2_moe_to_ours(config, sd):
         s, o = f"model.layers.{i}.", L.format(i) + "mlp.shared_experts."
         if config.qkv_bias:
             out[L.format(i) + "self_attention.linear_qkv.bias"] = qkv_to_ours(
-                *(own.pop(f"{s}self_attn.{p}_proj.bias") for p in "qkv"), n, g, d)
+                *(take(own, f"{s}self_attn.{p}_proj.bias") for p in "qkv"), n, g, d)
         x = s + "mlp.shared_expert."
-        out[o + "linear_fc1.weight"] = torch.cat([own.pop(x + "gate_proj.weight"), own.pop(x + "up_proj.weight")])
-        out[o + "linear_fc2.weight"] = own.pop(x + "down_proj.weight")
-        out[o + "gate_weight"] = own.pop(s + "mlp.shared_expert_gate.weight")
+        out[o + "linear_fc1.weight"] = torch.cat([take(own, x + "gate_proj.weight"), take(own, x + "up_proj.weight")])
+        out[o + "linear_fc2.weight"] = take(own, x + "down_proj.weight")
+        out[o + "gate_weight"] = take(own, s + "mlp.shared_expert_gate.weight")
     if own:
         raise CheckpointError(f"the HuggingFace checkpoint has tensors this conversion does not use: {sorted(own)[:3]}")
     args.update(ffn_hidden_size=config.intermediate_size, add_qkv_bias=bool(config.qkv_bias),

@@ -96,10 +96,13 @@ class IndexFiles:
             if raw is None:
                 self._headers[key] = None
                 return None
-            size, crc = int(raw[:12]), int(raw[12:20], 16)
+            try:
+                size, crc = int(raw[:12]), int(raw[12:20], 16)
+            except ValueError:  # not the head this module writes: overwritten or truncated
+                raise self._damaged(_name(key), "its head is not an index file's") from None
             head = self._read(_name(key), _HEAD, size, opened=False)
             if len(head) != size or zlib.crc32(head) != crc:
-                raise CheckpointError(f"{os.path.join(self.root, _name(key))}: header damaged (CRC-32 or size)")
+                raise self._damaged(_name(key), "header damaged (CRC-32 or size)")
             self._headers[key] = dict(json.loads(head), base=_HEAD + size)
         return self._headers[key]
 
@@ -130,7 +133,7 @@ class IndexFiles:
         offset, length = item[5][i], item[5][i + 1] - item[5][i]
         raw = self._read(_name(key), h["base"] + offset, length, opened=False)
         if len(raw) != length or f"{zlib.crc32(raw[8:]):08x}".encode() != raw[:8]:
-            raise CheckpointError(f"{os.path.join(self.root, _name(key))}: record at {offset} damaged (CRC-32)")
+            raise self._damaged(_name(key), f"record at {offset} damaged (CRC-32)")
         placement = dict(zip(_PLACEMENT, rule), key=key, state=state, shape=h["shape"], tp_rank=tp_rank,
                          dtype=h["dtype"])
         return [dict(placement, file=f, offset=o, nbytes=n, lo=lo, hi=hi, chunk=c, crc32=crcs,
@@ -138,4 +141,11 @@ class IndexFiles:
 
     def rng(self, name):
         raw = self._read(os.path.join("rng", name + ".json"), 0, None)
-        return None if raw is None else json.loads(raw)
+        try:
+            return None if raw is None else json.loads(raw)
+        except ValueError:  # no checksum of its own: JSON that does not parse is the damage seen
+            raise self._damaged(os.path.join("rng", name + ".json"), "not JSON") from None
+
+    def _damaged(self, name, what):
+        return CheckpointError(f"{os.path.join(self.root, name)}: {what}; the checkpoint's index is damaged: restore "
+                               "the directory from a copy or load another checkpoint")

@@ -241,7 +241,8 @@ class IndexedReader:
                 part = data[(c - a) * chunk:(c - a + 1) * chunk]
                 if zlib.crc32(part) != e["crc32"][c]:
                     raise CheckpointError(f"{os.path.join(self.path, e['file'])}: CRC-32 of bytes "
-                                          f"{e['offset'] + c * chunk}.. differs from the index (damaged)")
+                                          f"{e['offset'] + c * chunk}.. differs from the index (damaged): restore "
+                                          "the file, or load another checkpoint")
             buf[start:stop] = data
         values = torch.frombuffer(buf, dtype=dtype) if e["nbytes"] else torch.empty(0, dtype=dtype)
         return values if positions is None else values[positions]

@@ -30,6 +30,7 @@ leftovers: *.tmp directories and each iter_X.old whose iter_X exists. A save tha
 write (disk full, read-only) raises CheckpointError after removing its partial iter_X.tmp/
 (and moving an aside checkpoint back), so the previous checkpoint stays the latest.
 """
+import errno
 import json
 import os
 import shutil
@@ -67,14 +68,19 @@ def _fsync_dir(path):
 
 
 class _Checksummed:
-    """A write-only file that keeps the CRC-32 of what passes through it (for torch.save)."""
+    """A write-only file that keeps the CRC-32 of what passes through it (for torch.save), and the
+    OSError of a failed write: torch.save's zip writer reports it as "unexpected pos" instead."""
 
     def __init__(self, f):
-        self.f, self.crc = f, 0
+        self.f, self.crc, self.error = f, 0, None
 
     def write(self, data):
         self.crc = zlib.crc32(data, self.crc)
-        return self.f.write(data)
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
 
     def flush(self):
         self.f.flush()
@@ -85,7 +91,12 @@ def _write_durable(path, write, fault=()):
     passed after the bytes are written, before they are durable."""
     with open(path, "wb") as f:
         out = _Checksummed(f)
-        write(out)
+        try:
+            write(out)
+        except RuntimeError:  # torch.save's writer, after our write raised (e.g. ENOSPC): the cause is ours
+            if out.error is None:
+                raise
+            raise out.error from None
         if fault:
             fault_point(*fault)
         f.flush()
@@ -98,16 +109,27 @@ def _read_text(path):
         return f.read().strip()
 
 
-def _save_failed(root, iteration, error):
-    """Remove the save's partial temporary directory; -> the one-line CheckpointError."""
-    tmp = iter_dir(root, iteration) + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
+def abandon_save(root, iteration):
+    """Remove the save's partial temporary directory (rank 0, once no rank writes into it any more)."""
+    shutil.rmtree(iter_dir(root, iteration) + ".tmp", ignore_errors=True)
+
+
+_FULL, _READ_ONLY = "free space there or give another --save", "give a writable --save"
+_FIX = {errno.ENOSPC: _FULL, errno.EDQUOT: _FULL, errno.EROFS: _READ_ONLY, errno.EACCES: _READ_ONLY}
+
+
+def _save_failed(root, iteration, error, remove_partial=True):
+    """Remove the save's partial temporary directory (or leave that to the caller); -> the one-line
+    CheckpointError."""
+    if remove_partial:
+        abandon_save(root, iteration)
     tracker = os.path.join(root, TRACKER)
     latest = _read_text(tracker) if os.path.isfile(tracker) else None
     kept = f"the checkpoint of iteration {latest} is still the latest" if latest else "no checkpoint was written"
     where = f" ({error.filename})" if getattr(error, "filename", None) else ""
+    fix = f"; {_FIX[error.errno]}" if getattr(error, "errno", None) in _FIX else ""
     return CheckpointError(f"--save {root}: cannot save iteration {iteration}: {error.strerror or error}{where}; "
-                           f"{os.path.basename(tmp)} removed, {kept}")
+                           f"iter_{iteration:07d}.tmp removed, {kept}{fix}")
 
 
 def _remove_leftovers(root):
@@ -131,8 +153,10 @@ def begin_save(root, iteration):
     return tmp
 
 
-def write_rank_file(root, iteration, rank, payload):
-    """Every rank: its pieces and RNG states, into the temporary directory, with their checksum."""
+def write_rank_file(root, iteration, rank, payload, remove_partial=True):
+    """Every rank: its pieces and RNG states, into the temporary directory, with their checksum.
+    remove_partial False: a failure leaves iter_X.tmp/ to the caller (ranks write into it at once, and
+    one removing it would fail the others' writes with another error: agreement.save_step removes it)."""
     path = os.path.join(iter_dir(root, iteration) + ".tmp", rank_file(rank))
     try:
         fault_point("ckpt.rank_file.before", iteration, rank)
@@ -140,7 +164,7 @@ def write_rank_file(root, iteration, rank, payload):
         _write_durable(path + CRC, lambda f: f.write(str(crc).encode()))
         write_sidecar(path, _entries(path, rank_file(rank), payload), _write_durable)
     except OSError as e:
-        raise _save_failed(root, iteration, e) from None
+        raise _save_failed(root, iteration, e, remove_partial) from None
     fault_point("ckpt.rank_file.after", iteration, rank)
 
 

@@ -22,6 +22,7 @@ from .blended_dataset import BlendedDataset, blending_indices
 from .gpt_dataset import GPTDataset
 from .indexed_dataset import DatasetError, IndexedDataset, normalize_prefix
 from .token_range import check_token_ids
+from .tokenizer_record import check_record
 
 SPLITS = ("train", "valid", "test")
 _ASKED_BY = {"train": "--train-iters", "valid": "--eval-iters", "test": "--eval-iters"}
@@ -124,7 +125,9 @@ def _build_datasets(kind, config, num_samples, data_path, split, per_split, blen
     def open_ds(prefix):
         if prefix not in opened:
             opened[prefix] = IndexedDataset(prefix)
-            check_token_ids(opened[prefix], config.vocab_size, config.cache_dir)  # before any sample is read
+            # before any sample is read: ids past the vocabulary (the concrete message), then the record
+            check_token_ids(opened[prefix], config.vocab_size, config.cache_dir)
+            check_record(prefix, config.tokenizer)
         return opened[prefix]
 
     out = []

@@ -31,6 +31,7 @@ class GPTDatasetConfig:
     seed: int
     cache_dir: Optional[str] = None   # None: build the indices in memory every time
     vocab_size: Optional[int] = None  # when set, a token id >= vocab_size is a DatasetError
+    tokenizer: Optional[dict] = None  # the run's tokenizer record: a dataset's own must match (tokenizer_record.py)
     add_extra_token: int = 1          # samples are seq_length + 1 tokens (inputs and shifted labels)
 
 

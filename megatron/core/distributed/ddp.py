@@ -177,6 +177,12 @@ class DistributedDataParallel:
                 b.grad_handle.wait()
                 b.grad_handle = None
 
+    def before_weight_grads(self, params):
+        """Called by a zero-bubble W before it computes params' gradients (pipeline_parallel/
+        backward_split.py): with sharded parameters, gathers them (released since the B, maybe)."""
+        if self.gatherer is not None:
+            self.gatherer.gather_params(params)
+
     # ---- parameters (distributed optimizer)
     def start_param_sync(self):
         """All-gather every bucket's updated shards; waits unless overlap_param_gather. ZeRO-3:

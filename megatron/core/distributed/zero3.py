@@ -142,6 +142,11 @@ class ParamGatherer:
                 b.param_handle.wait()
                 b.param_handle = None
 
+    def gather_params(self, params):
+        """Make the full tensors of the buckets holding params current (blocking): a zero-bubble W
+        runs autograd nodes again that may read them (a LayerNorm's backward reads its weight)."""
+        self.gather(tuple({id(b): b for b in (self._bucket_of.get(id(p)) for p in params) if b is not None}.values()))
+
     def release(self, bucket):
         if self.initial or bucket.whole:
             return

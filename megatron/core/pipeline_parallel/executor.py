@@ -4,13 +4,12 @@ Per microbatch and chunk it keeps only what backward needs: the received input (
 whose .grad is sent back) and the output's autograd graph (its storage is freed once
 sent, p2p.free_output). On the last virtual stage the output is the scaled loss.
 The loss contract (named terms, their counts and sums) is in losses.py.
-A schedule with W actions (zero_bubble.py) runs its forwards with the layers' weight
-gradients split off (tensor_parallel/weight_grad.py): B keeps that work, W does it.
+A schedule with W actions (zero_bubble.py) splits each backward on its autograd graph
+(backward_split.py): B computes the input gradient and keeps what W needs, W the weight gradients.
 ZB-V (zb_v.py, v_shape): the loss is on rank 0's chunk 1; on the last rank chunk 0's output is
 chunk 1's input, and chunk 1's input gradient chunk 0's output gradient, without a message;
 activations and gradients travel on two ordered channels (groups.pp and groups.pp_grad, p2p.py).
 """
-import contextlib
 import functools
 import time
 from typing import Optional
@@ -19,8 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..tensor_parallel import weight_grad
 from ..watchdog import waiting
+from .backward_split import backward_input
 from .losses import TOKEN_LOSS, LossDeclaration, ReducedLosses, global_counts, masked_sums
 from .p2p import ACTIVATIONS, GRADIENTS, P2PCommunicator, backward_through, free_output
 from .schedules import SCHEDULES, default_schedule
@@ -47,12 +46,14 @@ class _Rank:
     num_tokens: [terms] global counts of the loss terms `names`, in that order."""
 
     def __init__(self, chunks, batches, forward_step, groups, comm, num_tokens, names, forward_only, loss_scale,
-                 v_shape=False):
+                 v_shape=False, before_weight=None):
         self.chunks, self.batches, self.forward_step = chunks, batches, forward_step
         self.loss_scale, self.names = loss_scale, names
         self.comm, self.num_tokens, self.forward_only = comm, num_tokens, forward_only
         self.inputs, self.outputs, self.out_grads, self.in_grads = {}, {}, {}, {}
-        self.weight_work, self.split = {}, False  # split: B defers the weight gradients to W
+        self.weight_work, self.split = {}, False  # split: B leaves the weight gradients to W
+        self.before_weight = before_weight
+        self.order = {}  # chunk -> {id(parameter): index}: W's order
         self.unwaited_sends = []
         self.total = torch.zeros(num_tokens.shape, device=num_tokens.device)
         self.last_chunk = len(chunks) - 1 if groups.is_last_stage else None  # the chunk with the loss
@@ -80,21 +81,23 @@ class _Rank:
     def backward(self, v, mb):
         key = (v, mb)
         out, inp = self.outputs.pop(key), self.inputs.pop(key, None)
-        # splitting on in B too: a recomputed forward (activation checkpointing) defers its W as well
-        with weight_grad.splitting(self.split), weight_grad.deferring() if self.split else _nothing() as work:
-            if v == self.last_chunk:
-                out.backward()
-            else:
-                backward_through(out, self.out_grads.pop(key))
+        grad = None if v == self.last_chunk else self.out_grads.pop(key)
         if self.split:
-            self.weight_work[key] = work
+            if v not in self.order:
+                params = self.chunks[v].parameters() if isinstance(self.chunks[v], nn.Module) else ()
+                self.order[v] = {id(p): i for i, p in enumerate(params)}
+            self.weight_work[key] = backward_input(out, grad, inp, self.order[v])
+        elif grad is None:
+            out.backward()
+        else:
+            backward_through(out, grad)
         if inp is not None:
             self.in_grads[key] = inp.grad
         if self.turn and v == 1:
             self.out_grads[(0, mb)] = self.in_grads.pop(key)
 
     def weight(self, v, mb):
-        weight_grad.apply(self.weight_work.pop((v, mb)))
+        self.weight_work.pop((v, mb)).run(self.before_weight)
 
     def communicate(self, ops, async_sends=False):
         posted, received = [], []
@@ -128,12 +131,9 @@ class _Rank:
         return sum(o.numel() for (v, _), o in self.outputs.items() if v != self.last_chunk)
 
 
-_nothing = contextlib.nullcontext
-
-
 def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P2PCommunicator],
                 num_tokens, names, forward_only=False, trace: Optional[list] = None, stats: Optional[dict] = None,
-                loss_scale=1.0, v_shape=False):
+                loss_scale=1.0, v_shape=False, before_weight=None):
     """Execute `actions` on this rank. Returns sum(loss x mask) over this rank's microbatches
     per loss term of `names` ([terms] fp32; zero unless this rank holds the last virtual stage).
 
@@ -143,10 +143,12 @@ def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P
     not yet backwarded, or not yet through W where the schedule has W's) and
     peak_kept_output_elems (elements of sent outputs still held); a callable stats["probe"] is
     called after every action with what the rank holds: outputs {(chunk, mb): tensor whose graph
-    backward needs} and weight work {(chunk, mb): weight_grad work} (bench/pipeline_memory.py).
-    v_shape: the actions are zb_v's (chunks in a V, the loss on rank 0's chunk 1).
+    backward needs} and weight work {(chunk, mb): backward_split.WeightWork} (bench/pipeline_memory.py).
+    v_shape: the actions are zb_v's (chunks in a V, the loss on rank 0's chunk 1). before_weight: called
+    with parameters before a W action computes their gradients (DistributedDataParallel.before_weight_grads).
     """
-    r = _Rank(chunks, batches, forward_step, groups, comm, num_tokens, names, forward_only, loss_scale, v_shape)
+    r = _Rank(chunks, batches, forward_step, groups, comm, num_tokens, names, forward_only, loss_scale, v_shape,
+              before_weight)
     r.split = any(a.kind == "W" for a in actions)
     peak = peak_elems = 0
     probe = stats.get("probe") if stats is not None else None
@@ -154,8 +156,7 @@ def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P
     for a in actions:
         t0 = time.perf_counter() if trace is not None else 0.0
         if a.kind == "F":
-            with weight_grad.splitting(r.split):
-                r.forward(a.chunk, a.mb)
+            r.forward(a.chunk, a.mb)
         elif a.kind == "B":
             r.backward(a.chunk, a.mb)
         elif a.kind == "W":
@@ -184,7 +185,8 @@ def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P
 
 
 def forward_backward(model, batches, forward_step, groups, loss_terms: LossDeclaration = TOKEN_LOSS,
-                     forward_only=False, schedule=None, trace=None, stats=None, loss_scale=1.0) -> ReducedLosses:
+                     forward_only=False, schedule=None, trace=None, stats=None, loss_scale=1.0,
+                     before_weight=None) -> ReducedLosses:
     """Run one iteration's microbatches through this rank's model chunks with a schedule.
 
     model: a model or a list of chunks (virtual stages, in order); batches: this DP rank's
@@ -198,7 +200,8 @@ def forward_backward(model, batches, forward_step, groups, loss_terms: LossDecla
     multiplied by loss_scale (fp16 loss scaling). Gradients accumulate (DDP buffer or .grad).
     Collectives: one all-reduce of the counts over groups.dp before the schedule, p2p over
     groups.pp during it (ZB-V: gradients over groups.pp_grad), one all-reduce of the sums over
-    groups.dp on the last stage after.
+    groups.dp on the last stage after. before_weight(params): called before a zero-bubble W computes
+    params' gradients (ZeRO-3 gathers them there: DistributedDataParallel.before_weight_grads).
     """
     chunks = as_chunks(model)
     P, V, M = groups.pp_size, len(chunks), len(batches)
@@ -214,7 +217,7 @@ def forward_backward(model, batches, forward_step, groups, loss_terms: LossDecla
         shape = (s // groups.tp_size if cfg.sequence_parallel else s, b, cfg.hidden_size)
         comm = P2PCommunicator(groups, shape, cfg.params_dtype, counts.device, grad_channel=v_shape)
     total = run_actions(actions, chunks, batches, forward_step, groups, comm, counts, names, forward_only, trace,
-                        stats, loss_scale, v_shape)
+                        stats, loss_scale, v_shape, before_weight)
     if groups.pp_rank == (0 if v_shape else P - 1) and groups.dp_size * groups.cp_size > 1:
         with waiting("all-reduce (losses)", groups.dp_cp):
             dist.all_reduce(total, group=groups.dp_cp)

@@ -15,17 +15,20 @@ def schedule_for_flag(flag: Optional[str], P: int, V: int) -> str:
     naming the flag."""
     if flag is None:
         return default_schedule(P, V)
-    if flag == "zb-v":
-        return "zb_v" if P > 1 else default_schedule(P, V)  # V = 2 is use_v_layout's
-    if flag not in _NAMES:
+    if flag not in _NAMES and flag != "zb-v":
         raise ConfigError(f"--pipeline-schedule {flag}: choose one of {', '.join(FLAG_CHOICES)}")
+    if P == 1 and flag.startswith("zb-"):  # one stage: no bubble to fill, and the split backward would only cost
+        raise ConfigError(f"--pipeline-schedule {flag} needs --pipeline-model-parallel-size 2 or more: with one "
+                          "stage there is no pipeline bubble to fill; drop the flag")
+    if flag == "zb-v":
+        return "zb_v"  # V = 2 is use_v_layout's
     if flag == "interleaved" and V == 1:
         raise ConfigError("--pipeline-schedule interleaved needs more than one model chunk per rank: "
                           "give --num-layers-per-virtual-pipeline-stage (or --virtual-pipeline-model-parallel-size)")
     if flag != "interleaved" and V > 1:
         raise ConfigError(f"--pipeline-schedule {flag} runs one model chunk per rank: drop "
                           "--num-layers-per-virtual-pipeline-stage, or use --pipeline-schedule interleaved")
-    if P == 1:  # one stage: no pipeline to fill, plain gradient accumulation (and no split backward)
+    if P == 1:  # 1f1b at one stage: plain gradient accumulation
         return default_schedule(P, V)
     return _NAMES[flag]
 

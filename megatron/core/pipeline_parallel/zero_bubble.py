@@ -4,7 +4,7 @@ The backward is split in two: B (gradient of the stage input, which the previous
 waits for) and W (weight gradients, which nobody waits for), so a rank can fill the time
 it would idle waiting for a gradient with W's of earlier microbatches:
 
-    Action("W", chunk, mb)   weight gradients of microbatch mb (tensor_parallel/weight_grad.py)
+    Action("W", chunk, mb)   weight gradients of microbatch mb (backward_split.py)
 
 ZB-H1: 1F1B's order of F and B (P - rank - 1 warm-up forwards), with rank r's W of
 microbatch j right after its B of microbatch j + r (the last r W's at the end). Each rank

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import comm
-from . import weight_grad, wgrad_fusion
+from . import wgrad_fusion
 from .mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_tensor_model_parallel_region,
@@ -19,32 +19,6 @@ from .mappings import (
     scatter_to_tensor_model_parallel_region,
 )
 from .param_meta import set_init, set_sequence_parallel, set_tensor_parallel
-
-
-class _SequenceParallelLinear(torch.autograd.Function):
-    """y = all_gather_s(x) W^T + b that keeps only this rank's shard x for the backward.
-
-    Sequence parallelism's memory saving is that activations outside TP regions hold s/TP
-    tokens; gathering and then calling F.linear would keep the gathered [s, b, in] for the
-    weight gradient instead. As Megatron-LM does, we keep the shard and gather it again
-    in the backward: one more all-gather per layer, for 1/TP of the input's memory.
-    """
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, group):
-        ctx.save_for_backward(x, weight)
-        ctx.group, ctx.has_bias = group, bias is not None
-        return F.linear(comm.all_gather_dim0(x, group), weight, bias)
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, weight = ctx.saved_tensors
-        total = comm.all_gather_dim0(x, ctx.group).reshape(-1, x.shape[-1])
-        g = grad.reshape(-1, grad.shape[-1])
-        grad_x = comm.reduce_scatter_dim0(grad.matmul(weight), ctx.group)  # partial sums over TP
-        grad_weight = g.t().mm(total) if ctx.needs_input_grad[1] else None
-        grad_bias = g.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return grad_x, grad_weight, grad_bias, None
 
 
 def _divide(n, d, what):
@@ -83,22 +57,18 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x):
         bias = None if self.skip_bias_add else self.bias
-        if weight_grad.split_enabled():  # zero-bubble schedules: weight gradients in a later W action
-            sp = self.sequence_parallel and self.tp > 1
-            x = x if sp else copy_to_tensor_model_parallel_region(x, self.group)
-            y = weight_grad.linear(x, self.weight, bias, self.group if sp else None,
-                                   added_later=self.bias if self.skip_bias_add else None)
-        elif wgrad_fusion.fusable(self.weight):  # the weight gradient added into DDP's buffer
-            sp = self.sequence_parallel and self.tp > 1
+        sp = self.sequence_parallel and self.tp > 1
+        if sp or wgrad_fusion.fusable(self.weight):
+            # sequence parallelism: as Megatron-LM, the shard [s/TP, b, in] is kept for the weight gradient
+            # and gathered again in the backward (one more all-gather per layer for 1/TP of the input's
+            # memory); gradient-accumulation fusion: the weight gradient added into DDP's buffer
             x = x if sp else copy_to_tensor_model_parallel_region(x, self.group)
             y = wgrad_fusion.linear(x, self.weight, bias, self.group if sp else None)
-        elif self.sequence_parallel and self.tp > 1:
-            y = _SequenceParallelLinear.apply(x, self.weight, bias, self.group)
         else:
             y = F.linear(copy_to_tensor_model_parallel_region(x, self.group), self.weight, bias)
         if self.gather_output:
             y = gather_from_tensor_model_parallel_region(y, self.group)
-        return y, (weight_grad.detached_while_splitting(self.bias) if self.skip_bias_add else None)
+        return y, (self.bias if self.skip_bias_add else None)
 
 
 class RowParallelLinear(nn.Module):
@@ -110,7 +80,6 @@ class RowParallelLinear(nn.Module):
     thus adds it once: no pass of its own over the output. Every rank's copy still gets its gradient:
     the sum over all tokens of the output's gradient on each rank, or with sequence_parallel on rank 0
     alone (zero elsewhere; finalize_model_grads sums it over TP, as for any sequence-parallel bias).
-    Under zero-bubble schedules it is added after the reduction, its gradient deferred.
     """
 
     def __init__(self, input_size, output_size, *, group, bias=True, input_is_parallel=True,
@@ -138,15 +107,9 @@ class RowParallelLinear(nn.Module):
     def forward(self, x):
         if not self.input_is_parallel:
             x = scatter_to_tensor_model_parallel_region(x, self.group)
-        split = weight_grad.split_enabled()
-        inside = self.bias is not None and not self.skip_bias_add and not split
+        inside = self.bias is not None and not self.skip_bias_add
         bias = self.bias if inside and self.adds_bias else None
-        if split:
-            y = weight_grad.linear(x, self.weight)
-        elif wgrad_fusion.fusable(self.weight):  # the weight gradient added into DDP's buffer
-            y = wgrad_fusion.linear(x, self.weight, bias)
-        else:
-            y = F.linear(x, self.weight, bias)
+        y = (wgrad_fusion.linear if wgrad_fusion.fusable(self.weight) else F.linear)(x, self.weight, bias)
         if inside and not self.adds_bias:
             y = wgrad_fusion.bias_grad_only(y, self.bias, counted=not self.sequence_parallel)
         if self.sequence_parallel:
@@ -154,9 +117,7 @@ class RowParallelLinear(nn.Module):
         else:
             y = reduce_from_tensor_model_parallel_region(y, self.group)
         if self.skip_bias_add:
-            return y, weight_grad.skipped_bias(self.bias)
-        if self.bias is not None and split:
-            return weight_grad.add_bias(y, self.bias), None
+            return y, self.bias
         return y, None
 
 
@@ -182,13 +143,12 @@ class VocabParallelEmbedding(nn.Module):
         set_init(self.weight, "normal", init_std)
 
     def forward(self, ids):
-        embed = weight_grad.embedding if weight_grad.split_enabled() else F.embedding
         if self.tp > 1:
             outside = (ids < self.vocab_start) | (ids >= self.vocab_end)
             local = (ids - self.vocab_start).masked_fill(outside, 0)
-            out = embed(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+            out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
         else:
-            out = embed(ids, self.weight)
+            out = F.embedding(ids, self.weight)
         if self.reduce_scatter_embeddings:
             return reduce_scatter_to_sequence_parallel_region(out, self.group)
         return reduce_from_tensor_model_parallel_region(out, self.group)

@@ -112,6 +112,8 @@ class CheckpointFunction(torch.autograd.Function):
     Non-tensor arguments (tuples of tensors included) are passed through as they are and
     get no gradient. Like Megatron-LM's (reentrant) checkpoint, the output needs at least
     one argument that requires grad, and the backward must come from .backward().
+    ctx.backward_runner(outputs, grads, inputs), when the backward that runs this one sets it
+    (pipeline_parallel/backward_split.py: a zero-bubble B), runs the recomputed segment's backward.
     """
 
     @staticmethod
@@ -121,6 +123,7 @@ class CheckpointFunction(torch.autograd.Function):
         ctx.tensor_index = [i for i, a in enumerate(args) if torch.is_tensor(a)]
         ctx.others = [None if torch.is_tensor(a) else a for a in args]
         ctx.save_for_backward(*(args[i] for i in ctx.tensor_index))
+        ctx.backward_runner = None
         with torch.no_grad():
             return function(*args)
 
@@ -138,7 +141,10 @@ class CheckpointFunction(torch.autograd.Function):
             _set_rng_states(now)
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
         pairs = [(o, g) for o, g in zip(outputs, grads) if torch.is_tensor(o) and o.requires_grad and g is not None]
-        if pairs:
+        if pairs and ctx.backward_runner is not None:
+            ctx.backward_runner([o for o, _ in pairs], [g for _, g in pairs],
+                                [a for a in args if torch.is_tensor(a) and a.requires_grad])
+        elif pairs:
             torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         return (None,) + tuple(a.grad if torch.is_tensor(a) else None for a in args)
 

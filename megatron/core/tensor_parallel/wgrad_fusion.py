@@ -6,9 +6,10 @@ main_grad += grad pass runs.
 The contract: where a weight's gradient goes is its ParamMeta.grad_sink, which DDP sets when it is built
 with gradient_accumulation_fusion. sink.grad_target(param) is the full-shape buffer to add into (DDP
 allocates and zeroes a released ZeRO bucket first); sink.grad_added(param) tells DDP that this backward's
-gradient is in, as its post-accumulate-grad hook does for a .grad. That hook does not run for a fused
-weight: the functions here see the weight detached, so autograd has no edge to it. A weight without a
-sink gets its gradient through autograd, as before. DDP counts one gradient per parameter per
+gradient is in, as its post-accumulate-grad hook does for a .grad. The weight stays a real input of the
+functions here (the zero-bubble split needs its edge), whose backward returns None for a fused weight:
+no .grad is made, and DDP's hook, which torch may still run, finds none and does nothing. A weight
+without a sink gets its gradient through autograd, as before. DDP counts one gradient per parameter per
 microbatch: a weight with two uses in one backward must not be fused (the tied word table on a stage
 that also looks it up: language_module.logits).
 
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import comm
+from ..backward_needs import needs_grad
 from ..fusions import _ext
 from .param_meta import param_meta
 
@@ -103,40 +105,47 @@ def _flat(t):
 
 
 class _Linear(torch.autograd.Function):
-    """y = x W^T (+ b), W's gradient to its grad sink. With gather_group, x is this rank's sequence
-    shard [s/TP, ...] and the product uses the gathered [s, ...]; the shard is what is kept (sequence
-    parallelism, gathered again in the backward)."""
+    """y = x W^T (+ b), W's gradient to its grad sink where it has one (else returned, as autograd's).
+    With gather_group, x is this rank's sequence shard [s/TP, ...] and the product uses the gathered
+    [s, ...]; the shard is what is kept (sequence parallelism, gathered again in the backward).
+
+    W is a real input: its edge is what a zero-bubble split (pipeline_parallel/backward_split.py) finds
+    the weight work by. Each part of the backward runs only where the running backward uses it
+    (backward_needs.needs_grad): a B, restricted to the stage input, computes the input gradient (and its
+    reduce-scatter), a W the all-gather and the accumulation into the sink; an ordinary backward both.
+    For a fused weight the backward returns None: autograd still runs the weight's AccumulateGrad (torch
+    2.13 fires its post-accumulate-grad hook with .grad unchanged, None), which DDP ignores; the sink was
+    told by grad_added, once, where the accumulation happened."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, gather_group, anchor, param):
-        ctx.save_for_backward(x)
-        ctx.weight, ctx.group, (ctx.param,) = weight, gather_group, param
+    def forward(ctx, x, weight, bias, gather_group):
+        ctx.save_for_backward(x, weight)
+        ctx.group, ctx.has_bias = gather_group, bias is not None
         total = comm.all_gather_dim0(x, gather_group) if gather_group is not None else x
         return F.linear(total, weight, bias)
 
     @staticmethod
     def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        grad_x = grad.matmul(ctx.weight) if ctx.needs_input_grad[0] else None
-        total = x
-        if ctx.group is not None:
-            if grad_x is not None:
-                grad_x = comm.reduce_scatter_dim0(grad_x, ctx.group)  # partial sums over TP
-            total = comm.all_gather_dim0(x, ctx.group)
+        x, weight = ctx.saved_tensors
         g = _flat(grad)
-        weight_gradient(ctx.param, g, _flat(total))
-        grad_bias = g.sum(0) if ctx.needs_input_grad[2] else None
-        return grad_x, None, grad_bias, None, None, None
+        grad_x = grad_weight = grad_bias = None
+        if needs_grad(ctx, 0):
+            grad_x = grad.matmul(weight)
+            if ctx.group is not None:
+                grad_x = comm.reduce_scatter_dim0(grad_x, ctx.group)  # partial sums over TP
+        if needs_grad(ctx, 1):
+            total = comm.all_gather_dim0(x, ctx.group) if ctx.group is not None else x
+            grad_weight = weight_gradient(weight, g, _flat(total))
+        if ctx.has_bias and needs_grad(ctx, 2):
+            grad_bias = g.sum(0)
+        return grad_x, grad_weight, grad_bias, None
 
 
 def linear(x, weight, bias=None, gather_group=None):
     """F.linear(x [..., in], weight [out, in], bias [out]) -> [..., out] with weight's gradient added
-    into its grad sink (fusable(weight) must hold). gather_group: all-gather x along dim 0 over that TP
-    group first (sequence parallelism)."""
-    # an empty leaf keeps the output in the graph when nothing else it depends on requires grad
-    anchor = None if x.requires_grad else torch.empty(0, device=x.device, requires_grad=True)
-    # the parameter inside a tuple: autograd does not look there, so it has no edge to it
-    return _Linear.apply(x, weight.detach(), bias, gather_group, anchor, (weight,))
+    into its grad sink where it has one. gather_group: all-gather x along dim 0 over that TP group first
+    (sequence parallelism; the gathered input is not kept for the backward)."""
+    return _Linear.apply(x, weight, bias, gather_group)
 
 
 def linear_or_fused(x, weight, bias=None):
@@ -155,8 +164,11 @@ class _BiasGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        g = _flat(grad)
-        return grad, (g.sum(0) if ctx.counted else g.new_zeros(g.shape[-1])), None
+        grad_bias = None
+        if needs_grad(ctx, 1):  # in a zero-bubble W, not B
+            g = _flat(grad)
+            grad_bias = g.sum(0) if ctx.counted else g.new_zeros(g.shape[-1])
+        return (grad if needs_grad(ctx, 0) else None), grad_bias, None
 
 
 def bias_grad_only(y, bias, counted):

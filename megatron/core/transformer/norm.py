@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from ..fusions import norm as norm_front
-from ..tensor_parallel import weight_grad
 from ..tensor_parallel.param_meta import set_init, set_sequence_parallel
 
 
@@ -29,8 +28,6 @@ class LayerNorm(nn.Module):
         set_sequence_parallel(self.bias, sequence_parallel)
 
     def forward(self, x):
-        if weight_grad.split_enabled():  # zero-bubble schedules: weight gradients in a later W action
-            return weight_grad.layer_norm(x, self.weight, self.bias, self.eps)
         return norm_front.layer_norm(x, self.weight, self.bias, self.eps, self.impl)
 
 
@@ -47,8 +44,6 @@ class RMSNorm(nn.Module):
         set_sequence_parallel(self.weight, sequence_parallel)
 
     def forward(self, x):
-        if weight_grad.split_enabled():
-            return weight_grad.rms_norm(x, self.weight, self.eps)
         return norm_front.rms_norm(x, self.weight, self.eps, self.impl)
 
 

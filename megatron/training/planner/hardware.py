@@ -62,10 +62,11 @@ def make_cluster(gpu, num_gpus, gpus_per_node=8, nvlink_gbps: Optional[float] = 
         raise KeyError(gpu)
     g, eff = cal["gpu"][gpu], cal["efficiency"]
     curve = cal["gemm"][g["gemm"]]
+    memory_gb, nvlink_gbps, network_gbps = (g[k] if v is None else v for k, v in (
+        ("memory_gb", memory_gb), ("nvlink_gbps", nvlink_gbps), ("network_gbps", network_gbps)))
     return Cluster(gpu, num_gpus, gpus_per_node, g["peak_bf16_tflops"] * 1e12, g["hbm_gbps"] * 1e9,
-                   (memory_gb or g["memory_gb"]) * 1e9, (nvlink_gbps or g["nvlink_gbps"]) * 1e9,
-                   (network_gbps or g["network_gbps"]) * 1e9, tuple(curve["dims"]), tuple(curve["fraction"]),
-                   eff["hbm"], eff["nvlink"], eff["network"], eff["latency_us"] * 1e-6)
+                   memory_gb * 1e9, nvlink_gbps * 1e9, network_gbps * 1e9, tuple(curve["dims"]),
+                   tuple(curve["fraction"]), eff["hbm"], eff["nvlink"], eff["network"], eff["latency_us"] * 1e-6)
 
 
 def gemm_fraction(cluster: Cluster, m, n, k) -> float:

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...tensor_parallel import mappings, weight_grad, wgrad_fusion
+from ...tensor_parallel import mappings, wgrad_fusion
 from ...tensor_parallel.param_meta import set_init, set_sequence_parallel, set_tensor_parallel
 from ...transformer.norm import build_norm
 from ..common.language_module import LanguageModule
@@ -29,8 +29,7 @@ class ReplicatedLinear(nn.Module):
         set_sequence_parallel(self.bias, sequence_parallel)
 
     def forward(self, x):
-        linear = weight_grad.linear if weight_grad.split_enabled() else wgrad_fusion.linear_or_fused  # ZB: in W
-        return linear(x, self.weight, self.bias)
+        return wgrad_fusion.linear_or_fused(x, self.weight, self.bias)
 
 
 class BertLMHead(nn.Module):
@@ -54,7 +53,7 @@ class BertLMHead(nn.Module):
             x = mappings.gather_from_sequence_parallel_region(x, self.tp_group)
         else:
             x = mappings.copy_to_tensor_model_parallel_region(x, self.tp_group)
-        return (weight_grad.linear if weight_grad.split_enabled() else F.linear)(x, word_embeddings, self.bias)
+        return F.linear(x, word_embeddings, self.bias)
 
 
 class BertModel(LanguageModule):
@@ -96,8 +95,7 @@ class BertModel(LanguageModule):
         """[b, s] ids and token types -> [s(/TP with SP), b, h]."""
         tokentypes = None
         if tokentype_ids is not None:
-            embed = weight_grad.embedding if weight_grad.split_enabled() else F.embedding  # zero-bubble: W
-            tokentypes = embed(tokentype_ids.t(), self.tokentype_embeddings)
+            tokentypes = F.embedding(tokentype_ids.t(), self.tokentype_embeddings)
         x = self.embedding_sum(input_ids, tokentypes)
         if self.config.post_norm:
             x = self.embedding_layernorm(x)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ...pipeline_parallel.split import stage_layers
-from ...tensor_parallel import mappings, weight_grad, wgrad_fusion
+from ...tensor_parallel import mappings, wgrad_fusion
 from ...tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from ...tensor_parallel.cross_entropy_fused import fused_vocab_parallel_cross_entropy
 from ...tensor_parallel.layers import ColumnParallelLinear, VocabParallelEmbedding
@@ -87,13 +87,8 @@ class LanguageModule(nn.Module):
         x = self.word_embeddings(input_ids.t())
         added = extra
         if config.position_embedding_type == "learned_absolute":
-            if weight_grad.split_enabled():  # zero-bubble schedules: the table's gradient in a later W action
-                ids = position_ids.t() if position_ids is not None else torch.arange(
-                    position_offset, position_offset + input_ids.shape[1], device=input_ids.device).unsqueeze(1)
-                added = weight_grad.embedding(ids, self.position_embeddings)  # [s, 1 or b, h]
-            else:
-                added = self.position_embeddings[position_offset: position_offset + input_ids.shape[1]].unsqueeze(1) \
-                    if position_ids is None else self.position_embeddings[position_ids.t()]
+            added = self.position_embeddings[position_offset: position_offset + input_ids.shape[1]].unsqueeze(1) \
+                if position_ids is None else self.position_embeddings[position_ids.t()]
             if extra is not None:
                 added = added + extra
         if added is None:
@@ -129,8 +124,6 @@ class LanguageModule(nn.Module):
                 hidden = mappings.gather_from_sequence_parallel_region(hidden, self.groups.tp)
             else:
                 hidden = mappings.copy_to_tensor_model_parallel_region(hidden, self.groups.tp)
-            if weight_grad.split_enabled():  # zero-bubble schedules: the table's gradient in a later W action
-                return weight_grad.linear(hidden, self.word_embeddings.weight)
             if not self.pre_process:  # the table's one use here: its gradient may go straight to DDP's buffer
                 return wgrad_fusion.linear_or_fused(hidden, self.word_embeddings.weight)
             return torch.nn.functional.linear(hidden, self.word_embeddings.weight)

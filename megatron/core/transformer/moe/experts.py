@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...tensor_parallel import weight_grad, wgrad_fusion
+from ...tensor_parallel import wgrad_fusion
 from ...tensor_parallel.param_meta import set_expert_parallel, set_init, set_tensor_parallel
 from .grouped_gemm import grouped_experts, per_row
 
@@ -61,8 +61,7 @@ class ExpertMLP(nn.Module):
         return F.gelu(h, approximate=self.approximate)
 
     def forward(self, x):
-        # zero-bubble: weight grads in W; gradient-accumulation fusion: added into DDP's buffer
-        linear = weight_grad.linear if weight_grad.split_enabled() else wgrad_fusion.linear_or_fused
+        linear = wgrad_fusion.linear_or_fused  # gradient-accumulation fusion: added into DDP's buffer
         h = self.activation(linear(x, self.fc1_weight, self.fc1_bias))
         return linear(h, self.fc2_weight, self.fc2_bias if self.whole else None)
 
@@ -94,10 +93,8 @@ class LocalExperts(nn.Module):
             outs = [expert(chunk) for expert, chunk in zip(experts, x.split(counts))]
             out = torch.cat(outs) if outs else x[:0]
         if self.split_fc2_bias and experts:
-            # under zero-bubble splitting the biases' gradients reach them in W, as every weight's
-            biases = [weight_grad.deferred(e.fc2_bias) if weight_grad.split_enabled() else e.fc2_bias
-                      for e in experts]
-            out = _AddOnFirstRank.apply(out, per_row(torch.stack(biases), counts), self.first_tp_rank)
+            out = _AddOnFirstRank.apply(out, per_row(torch.stack([e.fc2_bias for e in experts]), counts),
+                                        self.first_tp_rank)
         return out
 
 

@@ -2,13 +2,14 @@
 
 torch._grouped_mm where this torch has it and the shapes suit it (rows of 16-byte multiples),
 else a loop of matmuls: the same products, so the same numbers. Its backward is written here
-(grouped for the input gradient, a loop for the weights'): torch's own fails on CPU.
-Under zero-bubble schedules (weight_grad.splitting) the weights' loop is deferred to the W action.
+(grouped for the input gradient, a loop for the weights'): torch's own fails on CPU. Each part runs
+only where the running backward uses it (backward_needs.py: a zero-bubble B the input's, W the weights').
 """
 import torch
 import torch.nn.functional as F
 
-from ...tensor_parallel import weight_grad, wgrad_fusion
+from ...backward_needs import needs_grad
+from ...tensor_parallel import wgrad_fusion
 
 _HAS_GROUPED = hasattr(torch, "_grouped_mm")
 
@@ -43,8 +44,9 @@ class _GroupedMM(torch.autograd.Function):
     def backward(ctx, g):
         x, w = ctx.saved_tensors
         counts = ctx.counts
-        dx = _mm(g.contiguous(), w.transpose(1, 2), counts)
-        dw = torch.stack([xi.t() @ gi for xi, gi in zip(x.split(counts), g.split(counts))])
+        dx = _mm(g.contiguous(), w.transpose(1, 2), counts) if needs_grad(ctx, 0) else None
+        dw = torch.stack([xi.t() @ gi for xi, gi in zip(x.split(counts), g.split(counts))]) if needs_grad(ctx, 1) \
+            else None
         return dx, dw, None
 
 
@@ -58,18 +60,17 @@ def grouped_experts(experts, x, counts, fc2_bias=True):
     grouped matmuls (fc1, fc2) with the activation between. Biases are added per row; fc2's only
     with fc2_bias (else the caller adds it: experts split over TP, experts.py)."""
     fc2_biases = [e.fc2_bias if fc2_bias else None for e in experts]
-    # zero-bubble schedules (weight gradients in W) and gradient-accumulation fusion (added into DDP's buffer)
-    if weight_grad.split_enabled() or wgrad_fusion.fusable(experts[0].fc1_weight):
-        h = experts[0].activation(grouped_linear(x, [e.fc1_weight for e in experts], [e.fc1_bias for e in experts],
-                                                 counts))
-        return grouped_linear(h, [e.fc2_weight for e in experts], fc2_biases, counts)
-    fc1 = torch.stack([e.fc1_weight for e in experts]).transpose(1, 2)
-    fc2 = torch.stack([e.fc2_weight for e in experts]).transpose(1, 2)
-    h = grouped_mm(x, fc1, counts)
+    if wgrad_fusion.fusable(experts[0].fc1_weight):  # gradient-accumulation fusion: into DDP's buffer
+        def product(y, weights):
+            return grouped_linear(y, weights, counts)
+    else:
+        def product(y, weights):
+            return grouped_mm(y, torch.stack(weights).transpose(1, 2), counts)
+    h = product(x, [e.fc1_weight for e in experts])
     if experts[0].fc1_bias is not None:
         h = h + per_row(torch.stack([e.fc1_bias for e in experts]), counts)
     h = experts[0].activation(h)
-    out = grouped_mm(h, fc2, counts)
+    out = product(h, [e.fc2_weight for e in experts])
     if fc2_biases[0] is not None:
         out = out + per_row(torch.stack(fc2_biases), counts)
     return out
@@ -81,40 +82,31 @@ def per_row(biases, counts):
                                                torch.tensor(counts, device=biases.device)), biases)
 
 
-class _DeferredGroupedLinear(torch.autograd.Function):
-    """Rows of x [N, in] split by counts, group g times w[g] [in, out] (+ b[g] [out]): the products
-    and the input gradient of _GroupedMM, the weights' (and biases') gradients through
-    weight_grad.now_or_later, so inside a B action they wait for W. w and b are the parameters
-    stacked detached (params: the parameters themselves, weights then biases)."""
+class _GroupedLinear(torch.autograd.Function):
+    """_GroupedMM with the weights [out, in] as inputs of their own: each one's gradient goes through
+    wgrad_fusion.weight_gradient (into its grad sink, the function returning None for it), and each is
+    an edge of the graph for the zero-bubble split."""
 
     @staticmethod
-    def forward(ctx, x, w, b, counts, anchor, params):
+    def forward(ctx, x, *weights_counts):  # counts last: needs_grad indexes the tensor inputs
+        *weights, counts = weights_counts
+        w = torch.stack(weights).transpose(1, 2)
         ctx.save_for_backward(x, w)
-        ctx.counts, ctx.params = counts, params
-        y = _mm(x, w, counts)
-        return y if b is None else y + per_row(b, counts)
+        ctx.counts, ctx.weights = counts, weights
+        return _mm(x, w, counts)
 
     @staticmethod
     def backward(ctx, g):
         x, w = ctx.saved_tensors
-        counts, params, g = ctx.counts, ctx.params, g.contiguous()
-        dx = _mm(g, w.transpose(1, 2), counts) if ctx.needs_input_grad[0] else None
-        biases = len(params) > len(counts)
-
-        def weight_grads():  # [out, in] per weight (None: added into its grad sink, wgrad_fusion.py)
-            pairs = list(zip(x.split(counts), g.split(counts)))
-            return [wgrad_fusion.weight_gradient(p, gi, xi) for p, (xi, gi) in zip(params, pairs)] + \
-                ([gi.sum(0) for _, gi in pairs] if biases else [])
-
-        weight_grad.now_or_later(params, weight_grads)
-        return dx, None, None, None, None, None
+        counts, g = ctx.counts, g.contiguous()
+        dx = _mm(g, w.transpose(1, 2), counts) if needs_grad(ctx, 0) else None
+        pairs = zip(ctx.weights, x.split(counts), g.split(counts))
+        dws = [wgrad_fusion.weight_gradient(p, gi, xi) if needs_grad(ctx, 1 + i) else None
+               for i, (p, xi, gi) in enumerate(pairs)]
+        return (dx, *dws, None)
 
 
-def grouped_linear(x, weights, biases, counts):
-    """x [N, in] sorted by group (counts rows each) -> [N, out], row block g through weights[g]
-    [out, in] (+ biases[g] [out], or all None): one grouped matmul whose weight gradients are
-    deferrable (zero-bubble schedules). No communication."""
-    w = torch.stack([p.detach() for p in weights]).transpose(1, 2)
-    b = None if biases[0] is None else torch.stack([p.detach() for p in biases])
-    params = tuple(weights) + (() if b is None else tuple(biases))
-    return _DeferredGroupedLinear.apply(x, w, b, list(counts), weight_grad.anchor(x), params)
+def grouped_linear(x, weights, counts):
+    """x [N, in] sorted by group (counts rows each) -> [N, out], row block g through weights[g] [out, in],
+    whose gradients go to their grad sinks (gradient-accumulation fusion)."""
+    return _GroupedLinear.apply(x, *weights, list(counts))

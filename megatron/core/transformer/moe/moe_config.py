@@ -8,6 +8,12 @@ from typing import Optional
 
 from ...config_fields import flag_namer, opt
 from ...errors import ConfigError
+from ...ranges import NON_NEGATIVE, POSITIVE, check_ranges
+
+# the MoE numbers outside these ranges fail in check_moe (NaN and inf everywhere, ranges.py); a negative loss
+# weight or bias step would push the routing away from balance, silently
+NUMBER_RULES = {"moe_aux_loss_coeff": NON_NEGATIVE, "moe_z_loss_coeff": NON_NEGATIVE,
+                "moe_router_bias_update_rate": NON_NEGATIVE, "moe_expert_capacity_factor": POSITIVE}
 
 
 @dataclass
@@ -70,6 +76,7 @@ def check_moe(cfg) -> None:
     if cfg.num_experts < 1 or ep < 1 or cfg.moe_layer_freq < 1:
         raise ConfigError(f"{f('num_experts')}, {f('expert_model_parallel_size')} and {f('moe_layer_freq')} "
                           "must be positive")
+    check_ranges(cfg, NUMBER_RULES, f)
     if not 1 <= cfg.moe_router_topk <= cfg.num_experts:
         raise ConfigError(f"{f('moe_router_topk')} ({cfg.moe_router_topk}) must be between 1 and "
                           f"{f('num_experts')} ({cfg.num_experts})")
@@ -87,8 +94,6 @@ def check_moe(cfg) -> None:
                           f"{f('tensor_model_parallel_size')})")
     if etp is not None and etp != cfg.tensor_model_parallel_size:
         check_folding(cfg, f)
-    if cfg.moe_expert_capacity_factor is not None and cfg.moe_expert_capacity_factor <= 0:
-        raise ConfigError(f"{f('moe_expert_capacity_factor')} must be positive (leave it out: dropless)")
     if cfg.moe_pad_expert_input_to_capacity and cfg.moe_expert_capacity_factor is None:
         raise ConfigError(f"{f('moe_pad_expert_input_to_capacity')} needs {f('moe_expert_capacity_factor')}")
     if cfg.moe_shared_expert_gate and not cfg.moe_shared_expert_intermediate_size:

@@ -3,7 +3,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ...tensor_parallel import weight_grad, wgrad_fusion
+from ...tensor_parallel import wgrad_fusion
 from ...tensor_parallel.param_meta import param_meta, set_init
 from . import aux_losses
 from .capacity import drop_over_capacity
@@ -64,7 +64,7 @@ class TopKRouter(nn.Module):
         factor, dropped pairs have index E and prob 0 (capacity.py); rows [T] (with cp_group): the
         tokens' rows in the micro-batch, whose routing is all-gathered over cp_group for the drops."""
         c = self.config
-        logits = (weight_grad.linear if weight_grad.split_enabled() else wgrad_fusion.linear_or_fused)(x, self.weight)
+        logits = wgrad_fusion.linear_or_fused(x, self.weight)
         probs, indices, scores = topk_routing(logits, c.moe_router_topk, c.moe_router_score_function,
                                               c.moe_router_pre_softmax, self.expert_bias)
         chosen = indices  # the balance losses and counts see the choice before any drop

@@ -3,7 +3,7 @@ Megatron-Core's optional sigmoid gate (--moe-shared-expert-gate, Qwen2-MoE's sha
 import torch
 from torch import nn
 
-from ...tensor_parallel import weight_grad, wgrad_fusion
+from ...tensor_parallel import wgrad_fusion
 from ...tensor_parallel.param_meta import set_init, set_sequence_parallel
 from ..mlp import MLP
 
@@ -26,5 +26,5 @@ class SharedExpertMLP(MLP):
 
     def forward(self, x):
         out = super().forward(x)
-        linear = weight_grad.linear if weight_grad.split_enabled() else wgrad_fusion.linear_or_fused  # ZB: in W
-        return out if self.gate_weight is None else torch.sigmoid(linear(x, self.gate_weight)) * out
+        gate = self.gate_weight
+        return out if gate is None else torch.sigmoid(wgrad_fusion.linear_or_fused(x, gate)) * out
