@@ -213,7 +213,13 @@ def step_flops(ours: Ours, shape):
     return num_floating_point_operations(ours.cfg, shape.micro_batch * shape.num_micro)
 
 
-def loss_tolerance(dtype):
-    """Relative agreement of the first losses: fp32 sums in another order (1e-5 relative covers a
-    few hundred roundings of 6e-8); bf16 rounds every activation to 8 bits (4e-3 relative each)."""
-    return 2e-5 if dtype == torch.float32 else 2e-2
+def disagreement(a, b, dtype):
+    """None when first-step (loss, grad norm) pairs a and b agree, else what differs. Tolerances: fp32
+    sums in another order (2e-5 of the loss, 1e-4 of the norm: hundreds of roundings of 6e-8);
+    bf16 rounds activations to 8 bits (4e-3 each, averaging out in the mean loss: 1e-3), and the
+    plain loop's grad norm is a bf16 sum of bf16 squares (2e-2)."""
+    tol = (2e-5, 1e-4) if dtype == torch.float32 else (1e-3, 2e-2)
+    for what, x, y, t in (("loss", a[0], b[0], tol[0]), ("grad norm", a[1], b[1], tol[1])):
+        if not abs(x - y) <= t * abs(y):
+            return f"first-step {what} {x} vs {y} (relative tolerance {t})"
+    return None

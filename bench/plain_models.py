@@ -168,7 +168,7 @@ def plain_step(model, opt, batches, clip, forward=None):
     """nanoGPT's loop: zero_grad, grad accumulation, clip by global norm, step (the learning rate is the
     caller's scheduler's). forward: the (compiled) callable for model's forward (default the model); it
     returns the loss, or (lm loss, router losses) for MoE. -> (mean lm loss, grad norm) as tensors."""
-    forward = forward or model
+    forward = model if forward is None else forward
     opt.zero_grad(set_to_none=True)
     total = 0.0
     for b in batches:

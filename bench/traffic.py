@@ -37,23 +37,23 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def count_step(groups, shape, dtype=torch.bfloat16, seed=1234, fake=False):
-    """{"ours": {op: OpCount}, "plain": {op: OpCount}, "losses": (ours, plain) of the first step} for
+    """{"ours": {op: OpCount}, "plain": {op: OpCount}, "first": [(loss, grad norm) of ours, of plain]} for
     the second training step of each at `shape`, on the CPU in an initialised world of one.
     fake: run on FakeTensorMode tensors (shapes only, no arithmetic: the same ops and counts for a
-    dense model, whose ops do not depend on values, in a tenth of the time; losses are then None)."""
+    dense model, whose ops do not depend on values, in a tenth of the time; "first" is then None)."""
     if fake:
         with FakeTensorMode(allow_non_fake_inputs=True):
             out = count_step(groups, shape, dtype, seed)
-        out["losses"] = None
+        out["first"] = None
         return out
     hp = pair.Hyper(seed=seed)
     ours = pair.Ours(shape, groups, "cpu", dtype, hp)
     plain = pair.Plain(shape, ours, "cpu", dtype, hp, optim="fused")
     batches = pair.make_batches(shape, seed, "cpu")
     # the first step (one microbatch is enough) allocates what is lazily allocated (AdamW's state)
-    first = [step(batches[:1])[0] for step in (ours.step, plain.step)]
-    first = None if isinstance(first[0], FakeTensor) else tuple(float(x) for x in first)
-    out = {"losses": first}
+    first = [step(batches[:1]) for step in (ours.step, plain.step)]
+    first = None if isinstance(first[0][0], FakeTensor) else [tuple(float(x) for x in f) for f in first]
+    out = {"first": first}
     for name, model in (("ours", ours), ("plain", plain)):
         with OpTraffic() as t:
             model.step(batches)
@@ -140,11 +140,12 @@ def main(argv=None):
         shape = gpu_shape.scaled(k)
         r = count_step(groups, shape, DTYPES[a.dtype], fake=a.fake)
         results[k] = {n: scaled(r[n], k) for n in ("ours", "plain")}
-        lo, lp = r["losses"] or (float("nan"), float("nan"))
-        print(f"/ {k}: hidden {shape.hidden}, seq {shape.seq}, vocab {shape.vocab}, {shape.layers} layers; first-step "
-              f"losses ours {lo:.5f} plain {lp:.5f} ({time.perf_counter() - t0:.1f} s)")
-        if r["losses"] and abs(lo - lp) > pair.loss_tolerance(DTYPES[a.dtype]) * abs(lp):
-            sys.exit("first-step losses differ: the two models do not compute the same function")
+        print(f"/ {k}: hidden {shape.hidden}, seq {shape.seq}, vocab {shape.vocab}, {shape.layers} layers; first step "
+              f"(loss, grad norm) ours {r['first'] and r['first'][0]} plain {r['first'] and r['first'][1]} "
+              f"({time.perf_counter() - t0:.1f} s)")
+        differ = r["first"] and pair.disagreement(*r["first"], DTYPES[a.dtype])
+        if differ:
+            sys.exit(f"ours vs plain: {differ}: the two models do not compute the same function")
     res = results[a.scale]
     head = (f"# Traffic per training step at the GPU shape ({a.arch}, counted at / {a.scale} on CPU, {a.dtype}, "
             f"bytes x {a.scale}^2)\n")
