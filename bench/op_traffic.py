@@ -2,20 +2,22 @@
 
     with OpTraffic() as t:
         step()
-    t.ops  # {"aten.mm": OpCount(launches=..., read=..., written=..., flops=...), ...}
+    t.ops  # {"mm": OpCount(launches=..., read=..., written=..., flops=...), ...}: per aten op name
 
 What counts as a GPU kernel and what it moves (the rules are meant to match eager CUDA):
 - views and metadata (view, transpose, expand, detach, _unsafe_view, split, ...) and allocations
   (empty*) move nothing and launch nothing;
 - every other op is one launch that reads each tensor argument once and writes each fresh
   output; an argument the op mutates (in-place ops, foreach lists) is read and written, an
-  `out=` argument and the destination of copy_/fill_/zero_ are written only;
+  `out=` argument and the destination of copy_/fill_/zero_ are written only, *_like factories
+  read nothing;
 - a broadcast (stride-0) argument is read once, not once per use (a bias added to every row);
 - multi-tensor ops (_foreach_*, _fused_adam*) launch as CUDA's multi_tensor_apply batches them
   (tensors and 64 Ki-element chunks per launch by list depth); _foreach_norm adds a cleanup launch;
 - ops on zero elements launch nothing; .item() (_local_scalar_dense) counts as a launch (a sync);
-- FLOPs: matrix products (torch.utils.flop_counter's formulas) and attention, 4 B H Sq Sk D
-  forward and twice that backward (causal masking not subtracted, as MFU counts them).
+- FLOPs: matrix products (torch.utils.flop_counter's formulas; MoE's _grouped_mm: 2 N K M over its
+  N rows) and attention, 4 B H Sq Sk D forward and twice that backward (causal masking not
+  subtracted, as MFU counts them).
 Byte counts are the minimum an ideal kernel of each op moves (GEMM operands read once), so
 equal GEMMs cancel in a difference and what remains is elementwise and reduction traffic.
 """
@@ -148,7 +150,9 @@ def count_op(func, args, kwargs, out):
         c.launches = multi_tensor_launches([t.numel() for t in lists[0]], len(lists)) + (name == "_foreach_norm")
     else:
         c.launches = 1
-    if packet in flop_registry:
+    if name == "_grouped_mm" and args[0].dim() == 2 and args[1].dim() == 3:  # rows of a [N, K] x groups of [K, M]
+        c.flops = 2 * args[0].shape[0] * args[0].shape[1] * args[1].shape[2]
+    elif packet in flop_registry:
         c.flops = int(flop_registry[packet](*args, **kwargs, out_val=out))
     elif packet in ATTENTION_FWD or packet in ATTENTION_BWD:
         c.flops = attention_flops(func, args)

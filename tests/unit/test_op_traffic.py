@@ -54,6 +54,15 @@ def test_gemm_flops_and_bytes():
     assert (c.read, c.written) == ((64 * 32 + 48 * 32 + 48) * 4, 64 * 48 * 4)
 
 
+def test_grouped_mm_flops():
+    if not hasattr(torch, "_grouped_mm"):
+        return
+    x, w = torch.randn(48, 32, dtype=torch.bfloat16), torch.randn(3, 32, 16, dtype=torch.bfloat16)
+    offs = torch.tensor([16, 32, 48], dtype=torch.int32)
+    ops = counted(lambda: torch._grouped_mm(x, w, offs=offs))
+    assert ops["_grouped_mm"].flops == 2 * 48 * 32 * 16
+
+
 def test_attention_flops():
     q = torch.randn(2, 4, 16, 8)
     ops = counted(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True))
