@@ -7,13 +7,14 @@
         --out bench/results/overhead_gpt.md                                 # issue 27's GPU shapes
 
 Ours and the plain models are bench/pair.py's: the plain model (bench/plain_models.py: nanoGPT-style
-GPT, gpt-fast-style Llama; bench/plain_moe.py: a loop-over-experts MoE) starts from our weights, so
-the first step's token loss and grad norm must agree (checked: both compute the same function, hence
-the same FLOPs); "plain (compiled)" is the same model under torch.compile. The timed steps are
-interleaved (A B C A B C ..., order reversed every round) so machine noise hits all alike. Reported
-per model: median ms/step, tokens/s, model TFLOP/s (megatron/training/flops.py, the figure our log
-uses) and MFU (on a GPU in the peak table), and on CUDA the peak memory one step needs alone (what it
-holds between steps plus the most its step allocates on top). The table goes to --out as markdown and JSON.
+GPT, gpt-fast-style Llama; bench/plain_moe_model.py: a loop-over-experts MoE) starts from our
+weights, so the first step's token loss and grad norm must agree (checked: both compute the same
+function, hence the same FLOPs); "plain (compiled)" is the same model under torch.compile. The timed
+steps are interleaved (A B C A B C ..., order reversed every round) so machine noise hits all alike.
+Reported per model: median ms/step, tokens/s, model TFLOP/s (megatron/training/flops.py, the figure
+our log uses) and MFU (on a GPU in the peak table), and on CUDA the peak memory one step needs alone
+(what it holds between steps plus the most its step allocates on top). The table goes to --out as
+markdown and JSON.
 """
 import argparse
 import dataclasses
@@ -70,8 +71,9 @@ def parse(argv):
     p.add_argument("--preset", default=None, choices=sorted(pair.PRESETS),
                    help="a shape of issue 27's GPU measurements (the shape flags below override it)")
     p.add_argument("--arch", default=None, choices=pair.ARCHS, help="default gpt (or the preset's)")
+    p.add_argument("--query-groups", "--kv-heads", type=int, default=None, help="key/value head groups (llama)")
     for flag, kind, what in [("--layers", int, "layers"), ("--hidden", int, "hidden size"),
-                             ("--heads", int, "attention heads"), ("--query-groups", int, "key/value groups (llama)"),
+                             ("--heads", int, "attention heads"),
                              ("--ffn", int, "MLP (expert) hidden size (default 4 x hidden)"),
                              ("--seq", int, "sequence length"), ("--vocab", int, "vocabulary (no padding: ours pads "
                                                                                    "to a multiple it divides)"),
@@ -186,12 +188,17 @@ def main(argv=None):
            f"{'%.1f%%' % (100 * r['mfu']) if r['mfu'] is not None else 'n/a'} | "
            f"{'%.2f' % (r['peak_memory_bytes'] / 2**30) if r['peak_memory_bytes'] is not None else 'n/a'} | "
            f"{r['first_loss']:.5f} |" for r in rows.values()])
-    summary = "; ".join(f"ours / {LABELS[n]}: {v:.3f}" for n, v in ratios.items())
+    summary = "ratio (median ms/step) " + "; ".join(f"ours / {LABELS[n]}: {v:.3f}" for n, v in ratios.items())
     print("\n" + table + "\n" + summary)
-
-    cmd = "PYTHONPATH=. python bench/overhead.py " + " ".join(argv if argv is not None else sys.argv[1:])
     dev_name = torch.cuda.get_device_name(0) if device.type == "cuda" else \
         f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    for r in rows.values():  # one line per model for bench/gpu_suite.py's report
+        print("RESULT " + json.dumps({
+            "name": f"{a.shape.arch} {r['model']} (bench/overhead.py)", "device": dev_name,
+            "ms_per_step": round(r["median_ms"], 1), "tflops": round(r["model_tflops"], 1), "mfu": r["mfu"],
+            "peak_mem_gib": r["peak_memory_bytes"] / 2**30 if r["peak_memory_bytes"] is not None else None}))
+
+    cmd = "PYTHONPATH=. python bench/overhead.py " + " ".join(argv if argv is not None else sys.argv[1:])
     meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "torch": torch.__version__,
             "device": dev_name, "dtype": a.dtype, "command": cmd, "shape": dataclasses.asdict(a.shape),
             "tokens_per_step": a.shape.tokens_per_step, "model_flops_per_step": flops,
@@ -201,8 +208,8 @@ def main(argv=None):
                    + [f"- {k}: {v}" for k, v in meta.items()]
                    + ["- ours: GPTModel + DistributedDataParallel + MegatronOptimizer (fp32 main weights, fused "
                       "AdamW) + train_step" + (" (fused-kernel fronts on torch)" if a.torch_ops else ""),
-                      f"- plain: bench/plain_models.py / plain_moe.py, torch.optim.AdamW ({a.plain_optim}) on its "
-                      "bf16/fp32 parameters, clip_grad_norm_(foreach); same initial weights, first losses agree",
+                      f"- plain: bench/plain_models.py / plain_moe_model.py, torch.optim.AdamW ({a.plain_optim}) on "
+                      "its own parameters, clip_grad_norm_(foreach); same initial weights, first step agrees",
                       "", table, "", f"**{summary}**", ""])
     if not a.no_write:
         out = a.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",

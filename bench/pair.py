@@ -3,7 +3,7 @@
 "Ours" is the real thing on a world of one: GPTModel from TransformerConfig over the process
 groups of initialize_model_parallel(1, 1), initialize_parameters, DistributedDataParallel +
 MegatronOptimizer (fp32 main weights), LRScheduler and megatron/training/training.py's train_step
-with a forward_step like pretrain_gpt.py's. "Plain" is bench/plain_models.py's (or plain_moe.py's)
+with a forward_step like pretrain_gpt.py's. "Plain" is bench/plain_models.py's (or plain_moe_model.py's)
 model of the same architecture, given our initial weights, trained by plain_models.plain_step with
 torch.optim.AdamW on its own parameters and the same learning-rate schedule.
 """
@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from bench import plain_models, plain_moe
+from bench import plain_models, plain_moe_model
 from megatron.core.config import TransformerConfig
 from megatron.core.distributed import DistributedDataParallel
 from megatron.core.models.gpt import GPTModel
@@ -166,7 +166,7 @@ class Plain:
                     self.model, copy = plain_models.PlainLlama(s.vocab, s.seq, s.hidden, s.heads, s.groups, s.ffn,
                                                                s.layers), plain_models.copy_into_llama
                 else:
-                    self.model, copy = plain_moe.PlainMoEGPT(s), plain_moe.copy_into_moe
+                    self.model, copy = plain_moe_model.PlainMoEGPT(s), plain_moe_model.copy_into_moe
         finally:
             torch.set_default_dtype(default)
         copy(ours.model, self.model)

@@ -149,6 +149,9 @@ def main(argv=None):
     res = results[a.scale]
     head = (f"# Traffic per training step at the GPU shape ({a.arch}, counted at / {a.scale} on CPU, {a.dtype}, "
             f"bytes x {a.scale}^2)\n")
+    head += (f"\n- command: `PYTHONPATH=. python bench/traffic.py {' '.join(sys.argv[1:] if argv is None else argv)}`"
+             f" (torch {torch.__version__})\n- rates: {a.bandwidth} TB/s for bytes, {a.matmul_tflops} TFLOP/s for "
+             "GEMMs; ms = per-op roofline max(bytes / bandwidth, FLOPs / rate)\n")
     md = head + "\n" + table(res["ours"], res["plain"], bw, fr, a.rows or None) + "\n"
     s = summary(res["ours"], res["plain"], bw)
     md += (f"\nours / plain bytes: {s['bytes_ratio']:.3f} ({s['bytes_ours'] / 1e9:.1f} GB vs "

@@ -14,7 +14,7 @@ from bench import pair
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--layers", "2", "--hidden", "64", "--heads", "4", "--seq", "32", "--vocab", "256", "--micro-batch", "2",
         "--num-micro", "2", "--rounds", "1", "--steps-per-round", "1", "--warmup", "1", "--threads", "1"]
-ARCHS = {"gpt": [], "llama": ["--query-groups", "2", "--ffn", "128"], "moe": ["--experts", "4", "--ffn", "128"]}
+ARCHS = {"gpt": [], "llama": ["--kv-heads", "2", "--ffn", "128"], "moe": ["--experts", "4", "--ffn", "128"]}
 
 
 def run_overhead(tmp_path, argv):
@@ -23,8 +23,14 @@ def run_overhead(tmp_path, argv):
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT}, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "| ours |" in out.read_text() or "| plain |" in out.read_text()
-    return json.loads((tmp_path / "overhead.json").read_text())
+    res = json.loads((tmp_path / "overhead.json").read_text())
+    # what bench/gpu_suite.py's report reads: the table, a "ratio" line, one RESULT line per model
+    lines = proc.stdout.splitlines()
+    assert any(ln.startswith("ratio ") for ln in lines)
+    results = [json.loads(ln[len("RESULT "):]) for ln in lines if ln.startswith("RESULT ")]
+    assert len(results) == len(res["rows"]) and all(r["ms_per_step"] > 0 for r in results)
+    assert out.read_text().count("\n| ") == len(res["rows"]) + 1  # header + a row per model
+    return res
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
