@@ -7,9 +7,9 @@ import torch
 
 from megatron.core.config import ConfigError, TransformerConfig
 from megatron.core.parallel_state import ParallelConfigError, grid_rank, grid_rank_lists, validate_parallel_sizes
-from megatron.core.transformer import ring_attention
 from megatron.core.transformer.context_parallel import CPSlice, batch_on_this_cp_rank, local_positions, slice_sequence
-from megatron.core.transformer.ring_attention import block_backward, block_forward, merge
+from megatron.core.transformer.ring_attention import merge
+from megatron.core.transformer.ring_kernels import BlockKernel
 
 
 def test_chunks_i_and_2c_minus_1_minus_i_cover_the_sequence_once():
@@ -53,19 +53,18 @@ def test_config_errors_name_the_flags():
         TransformerConfig(**dict(base, cp_comm_type="a2a", context_parallel_size=8)).resolve().validate()
 
 
-@pytest.mark.parametrize("cpu_flash", [True, False], ids=["cpu-flash-kernel", "explicit"])
-def test_block_math_matches_autograd(cpu_flash, monkeypatch):
-    if not cpu_flash:  # the path other devices take
-        monkeypatch.setattr(ring_attention, "_cpu_flash", lambda q: False)
+@pytest.mark.parametrize("kernel", ["cpu_flash", "math"])
+def test_block_math_matches_autograd(kernel):
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 4, 6, 8, generator=gen, dtype=torch.float64) for _ in range(3))
     k, v = k[:, :2], v[:, :2]  # GQA: 2 groups for 4 heads
     scale = 1 / math.sqrt(8)
-    out, lse = block_forward(q, k, v, scale, causal=True)
+    blocks = BlockKernel(kernel)
+    out, lse = blocks.forward(q, k, v, scale, causal=True)
     # two halves of the keys merged by their log-sum-exp give the whole (full mask)
-    whole, whole_lse = block_forward(q, k, v, scale, causal=False)
-    a, la = block_forward(q, k[:, :, :3], v[:, :, :3], scale, causal=False)
-    b, lb = block_forward(q, k[:, :, 3:], v[:, :, 3:], scale, causal=False)
+    whole, whole_lse = blocks.forward(q, k, v, scale, causal=False)
+    a, la = blocks.forward(q, k[:, :, :3], v[:, :, :3], scale, causal=False)
+    b, lb = blocks.forward(q, k[:, :, 3:], v[:, :, 3:], scale, causal=False)
     merged, merged_lse = merge(a, la, b, lb)
     assert torch.allclose(merged, whole) and torch.allclose(merged_lse, whole_lse)
     qa, ka, va = (t.clone().requires_grad_() for t in (q, k, v))
@@ -74,7 +73,7 @@ def test_block_math_matches_autograd(cpu_flash, monkeypatch):
     assert torch.allclose(out, ref)
     dout = torch.randn(ref.shape, generator=gen, dtype=torch.float64)
     ref.backward(dout)
-    dq, dk, dv = block_backward(q, k, v, out, dout, lse, scale, causal=True)
+    dq, dk, dv = blocks.backward(q, k, v, out, dout, lse, scale, causal=True)
     for got, want in ((dq, qa.grad), (dk, ka.grad), (dv, va.grad)):
         assert torch.allclose(got, want)
 

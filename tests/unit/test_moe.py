@@ -158,7 +158,6 @@ def test_expert_bias_moves_load_towards_balance():
 @pytest.mark.parametrize("kw,flag", [
     (dict(num_experts=6, expert_model_parallel_size=4), "--expert-model-parallel-size"),
     (dict(moe_router_topk=5), "--moe-router-topk"),
-    (dict(tensor_model_parallel_size=2, add_bias_linear=True), "--disable-bias-linear"),
     (dict(moe_pad_expert_input_to_capacity=True), "--moe-expert-capacity-factor"),
     (dict(tensor_model_parallel_size=2, num_attention_heads=4, expert_tensor_parallel_size=3),
      "--expert-tensor-parallel-size")])

@@ -57,8 +57,6 @@ class DistributedDataParallel:
                 # MoE experts' parameters get buffers of their own, reduced over the expert-DP group
                 key = (p.dtype, True) if expert_dp_group is not None and is_expert_parallel(p) else p.dtype
                 by_dtype.setdefault(key, []).append(p)
-        if self.shards_params and len({p.dtype for ps in by_dtype.values() for p in ps}) > 1:
-            raise ValueError("optim_grads_params needs the parameters of one dtype")
         self.buffers = []
         chunk_units = zero3.units(module) if self.shards_params else None
         for key, params in by_dtype.items():

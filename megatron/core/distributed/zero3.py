@@ -55,9 +55,9 @@ def layout_units(chunk_units, params):
 
 
 def working_set(chunk_sizes, prefetch):
-    """Largest set of full parameters gathered at once, in elements: over the chunks, the root
-    unit plus the largest layer unit (the two largest with prefetch). chunk_sizes: per chunk, the
-    padded element counts of its units in forward order, root first."""
+    """Largest set of full parameters gathered at once, in the unit of chunk_sizes (elements or bytes):
+    over the chunks, the root unit plus the largest layer unit (the two largest with prefetch).
+    chunk_sizes: per chunk, the padded sizes of its units in forward order, root first."""
     return max((sizes[0] + sum(sorted(sizes[1:], reverse=True)[:2 if prefetch else 1])
                 for sizes in chunk_sizes), default=0)
 
@@ -174,9 +174,10 @@ class ParamGatherer:
             self.release(b)
 
     def working_set_bytes(self):
-        """working_set() of these buckets, in bytes of the parameter dtype."""
-        sizes = [[sum(b.end - b.start for b in unit if not b.whole) for unit in us] for us in self._units]
-        return working_set(sizes, self.prefetch) * self.order[0].param.element_size() if self.order else 0
+        """working_set() of these buckets in bytes (a unit's buckets may hold parameters of different dtypes)."""
+        sizes = [[sum((b.end - b.start) * b.param.element_size() for b in unit if not b.whole) for unit in us]
+                 for us in self._units]
+        return working_set(sizes, self.prefetch)
 
     def wait_all(self):
         for b in self.order:

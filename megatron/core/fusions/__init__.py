@@ -30,6 +30,11 @@ def describe(config, device):
            ("bias-swiglu" if config.swiglu else "bias-gelu", activations.select(fused_activation, device, dtype))]
     if config.position_embedding_type == "rope":
         ops.append(("rope", rope.select(config.apply_rope_fusion, device, dtype)))
+    if config.context_parallel_size > 1 and config.cp_comm_type == "p2p":
+        from ..transformer.ring_kernels import choose_kernel, usable_kernels
+        device = torch.device(device)
+        ops.append(("ring-attention-blocks",
+                    choose_kernel(device.type, dtype, config.kv_channels, usable_kernels(device))))
     return ops
 
 

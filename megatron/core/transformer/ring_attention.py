@@ -7,16 +7,18 @@ src = r - j; what its queries may see of that block:
     causal, src <  r:  all local queries against src's first chunk, no mask (the second is later)
     causal, src >  r:  the local second chunk against both of src's chunks, no mask
     full mask:         everything against everything.
-Partial outputs are merged with their log-sum-exp, so only q, k, v, out and lse are kept for
-backward (as flash attention: no s x s probabilities). The next K/V block is sent and received
-while the current one is computed. The backward walks the ring the other way: K/V go to r - 1
-with the gradient accumulated for them so far (that hop overlapped with the next block's
-compute), and after C hops each dK/dV is home.
+Each block runs a kernel that returns its rows' log-sum-exp (ring_kernels.py: flash, cuDNN or the
+efficient one on CUDA, torch's flash kernel on CPU); partial outputs are merged with it, so only
+q, k, v, out and lse are kept for backward (as flash attention: no s x s probabilities). The next
+K/V block is sent and received while the current one is computed. The backward walks the ring the
+other way: K/V go to r - 1 with the gradient accumulated for them so far (that hop overlapped with
+the next block's compute), and after C hops each dK/dV is home.
 """
 import torch
 import torch.distributed as dist
 
 from ..watchdog import waiting
+from .ring_kernels import BlockKernel, acc, choose_kernel, usable_kernels
 
 
 class _Ring:
@@ -45,66 +47,6 @@ class _Ring:
         return buf
 
 
-def _expand(kv, heads):
-    """[b, groups, s, d] -> [b, heads, s, d] (query head i uses group i // (heads / groups))."""
-    return kv if kv.shape[1] == heads else kv.repeat_interleave(heads // kv.shape[1], dim=1)
-
-
-def _fold(grad, groups):
-    """The inverse of _expand for gradients: sum each group's heads."""
-    b, heads, s, d = grad.shape
-    return grad if heads == groups else grad.view(b, groups, heads // groups, s, d).sum(2)
-
-
-def _acc(t):
-    """t in the accumulation dtype: fp32 for half precision (fp64 stays fp64)."""
-    return t.to(torch.promote_types(t.dtype, torch.float32))
-
-
-def _scores(q, k, scale, causal):
-    s = torch.matmul(_acc(q), _acc(k).transpose(-1, -2)) * scale
-    if causal:
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
-    return s
-
-
-def _cpu_flash(q):
-    """Whether torch's CPU flash-attention kernels (which return the log-sum-exp) serve q."""
-    return q.device.type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
-
-
-def block_forward(q, k, v, scale, causal):
-    """q [b, h, sq, d], k / v [b, g, sk, d] -> (out [b, h, sq, d], lse [b, h, sq]), in the accumulation dtype.
-    On CPU torch's flash kernel (tens of times faster than the explicit scores), elsewhere explicit math."""
-    if _cpu_flash(q):
-        heads = q.shape[1]
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, _expand(k, heads), _expand(v, heads), 0.0, causal, scale=scale)
-        return _acc(out), _acc(lse)
-    s = _scores(q, _expand(k, q.shape[1]), scale, causal)
-    lse = torch.logsumexp(s, dim=-1)
-    return torch.matmul(torch.exp(s - lse.unsqueeze(-1)), _acc(_expand(v, q.shape[1]))), lse
-
-
-def block_backward(q, k, v, out, dout, lse, scale, causal):
-    """Gradients (dq, dk, dv) of one block, in the accumulation dtype, given the rows' final output
-    out [b, h, sq, d] and log-sum-exp lse [b, h, sq] (over every block) and their gradient dout."""
-    heads, groups = q.shape[1], k.shape[1]
-    if _cpu_flash(q):
-        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            dout.to(q.dtype), q, _expand(k, heads), _expand(v, heads), out.to(q.dtype).contiguous(), _acc(lse),
-            0.0, causal, scale=scale)
-        return _acc(grads[0]), _acc(_fold(grads[1], groups)), _acc(_fold(grads[2], groups))
-    delta = (dout * _acc(out)).sum(-1)
-    ke, ve = _acc(_expand(k, heads)), _acc(_expand(v, heads))
-    p = torch.exp(_scores(q, ke, scale, causal) - lse.unsqueeze(-1))
-    dv = torch.matmul(p.transpose(-1, -2), dout)
-    ds = p * (torch.matmul(dout, ve.transpose(-1, -2)) - delta.unsqueeze(-1))
-    dq = torch.matmul(ds, ke) * scale
-    dk = torch.matmul(ds.transpose(-1, -2), _acc(q)) * scale
-    return dq, _fold(dk, groups), _fold(dv, groups)
-
-
 def merge(out, lse, block_out, block_lse):
     """Combine two softmax-normalised partials of the same rows by their log-sum-exp."""
     new = torch.logaddexp(lse, block_lse)
@@ -123,18 +65,20 @@ def _plan(rank, src, causal, sq, sk):
 
 
 class RingAttention(torch.autograd.Function):
-    """q [b, h, s, d], k / v [b, g, s, d] (this rank's two chunks) -> out [b, h, s, d]. Talks to `group`."""
+    """q [b, h, s, d], k / v [b, g, s, d] (this rank's two chunks) -> out [b, h, s, d]. Talks to `group`.
+    kernel: the blocks' kernel (ring_kernels.KERNELS; None: ring_kernels.choose_kernel's)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, group, scale, causal):
+    def forward(ctx, q, k, v, group, scale, causal, kernel=None):
         ring = _Ring(group)
+        blocks = BlockKernel(kernel or choose_kernel(q.device.type, q.dtype, q.shape[-1], usable_kernels(q.device)))
         kv = torch.stack([k, v]).contiguous()
         sq, sk = q.shape[2], k.shape[2]
         out = lse = None
         for step in range(ring.size):
             pending = ring.start(kv) if step < ring.size - 1 else None
             rows, cols, mask = _plan(ring.rank, (ring.rank - step) % ring.size, causal, sq, sk)
-            o, s = block_forward(q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], scale, mask)
+            o, s = blocks.forward(q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], scale, mask)
             if out is None:  # step 0 covers every row (its own block)
                 out, lse = o, s
             else:
@@ -146,14 +90,14 @@ class RingAttention(torch.autograd.Function):
         b, h, _, d = out.shape
         out = torch.empty((sq, b, h, d), dtype=q.dtype, device=q.device).permute(1, 2, 0, 3).copy_(out)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.group, ctx.scale, ctx.causal = group, scale, causal
+        ctx.group, ctx.scale, ctx.causal, ctx.blocks = group, scale, causal, blocks
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         ring = _Ring(ctx.group)
-        dout = _acc(dout)
+        dout = acc(dout)
         sq, sk = q.shape[2], k.shape[2]
         dq = torch.zeros_like(dout)
         kv = torch.stack([k, v]).contiguous()
@@ -162,7 +106,7 @@ class RingAttention(torch.autograd.Function):
             src = (ring.rank + step) % ring.size  # the backward ring turns the other way
             pending = ring.start(kv, forward=False) if step < ring.size - 1 else None
             rows, cols, mask = _plan(ring.rank, src, ctx.causal, sq, sk)
-            g = block_backward(q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], out[:, :, rows],
+            g = ctx.blocks.backward(q[:, :, rows], kv[0][:, :, cols], kv[1][:, :, cols], out[:, :, rows],
                                dout[:, :, rows], lse[:, :, rows], ctx.scale, mask)
             dq[:, :, rows] += g[0]
             dkv = torch.zeros(kv.shape, dtype=dout.dtype, device=q.device)
@@ -177,10 +121,11 @@ class RingAttention(torch.autograd.Function):
                 kv = ring.finish(pending)
         dkv = ring.finish(carried)
         dk, dv = dkv.to(k.dtype).unbind(0)
-        return dq.to(q.dtype), dk, dv, None, None, None
+        return dq.to(q.dtype), dk, dv, None, None, None, None
 
 
-def ring_attention(q, k, v, group, scale, causal=True):
+def ring_attention(q, k, v, group, scale, causal=True, kernel=None):
     """q [b, h, s, d], k / v [b, g, s, d] holding chunks (i, 2C-1-i) of the sequence on CP rank i of
-    `group` -> out [b, h, s, d]; exact attention over the whole sequence (causal or full)."""
-    return RingAttention.apply(q, k, v, group, scale, causal)
+    `group` -> out [b, h, s, d]; exact attention over the whole sequence (causal or full). kernel: the
+    blocks' attention kernel (ring_kernels.py; None: the one chosen for q's device, dtype and head dim)."""
+    return RingAttention.apply(q, k, v, group, scale, causal, kernel)

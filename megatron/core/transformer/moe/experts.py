@@ -1,4 +1,14 @@
-"""The experts of one MoE layer held by this rank: an MLP each, split over TP like the dense MLP."""
+"""The experts of one MoE layer held by this rank: an MLP each, split over TP like the dense MLP.
+
+Biases split over expert TP as the dense MLP's: fc1's (column parallel) sharded like its weight, fc2's
+(row parallel) replicated and added once to the sum over the expert-TP group. The experts' outputs
+are partial sums that the caller reduces over that group (an all-reduce, or a reduce-scatter of
+gathered rows when folded), after which each row belongs to one token's choice; fc2's bias is added
+before it, on the group's first rank only, to exactly the rows the experts computed (no dropped pair
+reaches them; capacity padding is cut off after), as one process adds it inside each expert. Every
+rank takes the bias's gradient from the whole output gradient the reduction's backward hands it, so
+the replicas stay equal (and are counted once: param_meta.counted_once).
+"""
 import math
 
 import torch
@@ -7,14 +17,15 @@ from torch import nn
 
 from ...tensor_parallel import weight_grad
 from ...tensor_parallel.param_meta import set_expert_parallel, set_init, set_tensor_parallel
+from .grouped_gemm import grouped_experts, per_row
 
 
 class ExpertMLP(nn.Module):
     """One expert: [n, h] -> [n, h], partial over TP (the caller sums over the TP group).
 
     linear_fc1 [ffn(x2 with SwiGLU)/TP, h] ([gate; up] blocks split separately, as the dense MLP),
-    linear_fc2 [h, ffn/TP]; tp_size 1 (no TP, or expert TP 1): whole, replicated over TP. Biases only
-    with tp_size 1 (the config refuses them otherwise).
+    linear_fc2 [h, ffn/TP]; tp_size 1 (no TP, or expert TP 1): whole, replicated over TP. fc2's bias
+    is added here only when whole (else LocalExperts adds it once over TP, see the module docstring).
     """
 
     def __init__(self, config, tp_size, device=None):
@@ -31,12 +42,15 @@ class ExpertMLP(nn.Module):
         if tp_size > 1:
             set_tensor_parallel(self.fc1_weight, 0, stride=2 if config.swiglu else 1)
             set_tensor_parallel(self.fc2_weight, 1)
+        self.whole = tp_size == 1
         self.fc1_bias = self.fc2_bias = None
         if config.add_bias_linear:
             self.fc1_bias = nn.Parameter(torch.empty(rows // tp_size, **kw))
             self.fc2_bias = nn.Parameter(torch.empty(h, **kw))
             set_init(self.fc1_bias, "zeros")
             set_init(self.fc2_bias, "zeros")
+            if tp_size > 1:
+                set_tensor_parallel(self.fc1_bias, 0, stride=2 if config.swiglu else 1)
         for p in self.parameters():
             set_expert_parallel(p)
 
@@ -49,28 +63,51 @@ class ExpertMLP(nn.Module):
     def forward(self, x):
         linear = weight_grad.linear if weight_grad.split_enabled() else F.linear  # zero-bubble: weight grads in W
         h = self.activation(linear(x, self.fc1_weight, self.fc1_bias))
-        return linear(h, self.fc2_weight, self.fc2_bias)
+        return linear(h, self.fc2_weight, self.fc2_bias if self.whole else None)
 
 
 class LocalExperts(nn.Module):
     """Experts first .. first+count-1 of a layer (this expert-parallel rank's share).
 
     Held in a ModuleDict keyed by the GLOBAL expert index, so parameter names (init keys,
-    checkpoints) do not depend on the expert-parallel size.
+    checkpoints) do not depend on the expert-parallel size. first_tp_rank: whether this rank is the
+    first of the expert-TP group (split over tp_size > 1 ranks, it adds the fc2 biases).
     """
 
-    def __init__(self, config, first, count, tp_size, device=None):
+    def __init__(self, config, first, count, tp_size, device=None, first_tp_rank=True):
         super().__init__()
         self.first, self.count = first, count
         self.grouped = config.moe_grouped_gemm
+        self.split_fc2_bias = tp_size > 1 and config.add_bias_linear
+        self.first_tp_rank = first_tp_rank
         self.local_experts = nn.ModuleDict(
             {str(first + i): ExpertMLP(config, tp_size, device) for i in range(count)})
 
     def forward(self, x, counts):
         """x [N, h]: tokens sorted by local expert, counts[i] of them for local expert i (a list of
         ints summing to N) -> [N, h], each row through its expert (TP-partial). No communication."""
+        experts = list(self.local_experts.values())
         if self.grouped:
-            from .grouped_gemm import grouped_experts
-            return grouped_experts(list(self.local_experts.values()), x, counts)
-        outs = [expert(chunk) for expert, chunk in zip(self.local_experts.values(), x.split(counts))]
-        return torch.cat(outs) if outs else x[:0]
+            out = grouped_experts(experts, x, counts, fc2_bias=not self.split_fc2_bias)
+        else:
+            outs = [expert(chunk) for expert, chunk in zip(experts, x.split(counts))]
+            out = torch.cat(outs) if outs else x[:0]
+        if self.split_fc2_bias and experts:
+            # under zero-bubble splitting the biases' gradients reach them in W, as every weight's
+            biases = [weight_grad.deferred(e.fc2_bias) if weight_grad.split_enabled() else e.fc2_bias
+                      for e in experts]
+            out = _AddOnFirstRank.apply(out, per_row(torch.stack(biases), counts), self.first_tp_rank)
+        return out
+
+
+class _AddOnFirstRank(torch.autograd.Function):
+    """out + term where `add` (the expert-TP group's first rank), out unchanged elsewhere; term's
+    gradient is out's on every rank (the group sums the outs next, so the term enters once)."""
+
+    @staticmethod
+    def forward(ctx, out, term, add):
+        return out + term if add else out.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, grad, None

@@ -53,26 +53,28 @@ def grouped_mm(x, w, counts):
     return _GroupedMM.apply(x, w, list(counts))
 
 
-def grouped_experts(experts, x, counts):
+def grouped_experts(experts, x, counts, fc2_bias=True):
     """The ExpertMLPs `experts` on x [N, h] sorted by expert (counts rows each) -> [N, h], as two
-    grouped matmuls (fc1, fc2) with the activation between. Biases are added per row."""
+    grouped matmuls (fc1, fc2) with the activation between. Biases are added per row; fc2's only
+    with fc2_bias (else the caller adds it: experts split over TP, experts.py)."""
+    fc2_biases = [e.fc2_bias if fc2_bias else None for e in experts]
     if weight_grad.split_enabled():
         h = experts[0].activation(grouped_linear(x, [e.fc1_weight for e in experts], [e.fc1_bias for e in experts],
                                                  counts))
-        return grouped_linear(h, [e.fc2_weight for e in experts], [e.fc2_bias for e in experts], counts)
+        return grouped_linear(h, [e.fc2_weight for e in experts], fc2_biases, counts)
     fc1 = torch.stack([e.fc1_weight for e in experts]).transpose(1, 2)
     fc2 = torch.stack([e.fc2_weight for e in experts]).transpose(1, 2)
     h = grouped_mm(x, fc1, counts)
     if experts[0].fc1_bias is not None:
-        h = h + _per_row(torch.stack([e.fc1_bias for e in experts]), counts)
+        h = h + per_row(torch.stack([e.fc1_bias for e in experts]), counts)
     h = experts[0].activation(h)
     out = grouped_mm(h, fc2, counts)
-    if experts[0].fc2_bias is not None:
-        out = out + _per_row(torch.stack([e.fc2_bias for e in experts]), counts)
+    if fc2_biases[0] is not None:
+        out = out + per_row(torch.stack(fc2_biases), counts)
     return out
 
 
-def _per_row(biases, counts):
+def per_row(biases, counts):
     """[G, n] biases -> [N, n], bias g repeated counts[g] times."""
     return F.embedding(torch.repeat_interleave(torch.arange(len(counts), device=biases.device),
                                                torch.tensor(counts, device=biases.device)), biases)
@@ -89,7 +91,7 @@ class _DeferredGroupedLinear(torch.autograd.Function):
         ctx.save_for_backward(x, w)
         ctx.counts, ctx.params = counts, params
         y = _mm(x, w, counts)
-        return y if b is None else y + _per_row(b, counts)
+        return y if b is None else y + per_row(b, counts)
 
     @staticmethod
     def backward(ctx, g):

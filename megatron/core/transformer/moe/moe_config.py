@@ -87,9 +87,6 @@ def check_moe(cfg) -> None:
                           f"{f('tensor_model_parallel_size')})")
     if etp is not None and etp != cfg.tensor_model_parallel_size:
         check_folding(cfg, f)
-    if cfg.add_bias_linear and (cfg.tensor_model_parallel_size if etp is None else etp) > 1:
-        raise ConfigError(f"MoE experts with {f('tensor_model_parallel_size')} > 1 have no biases: give "
-                          f"{f('add_bias_linear')}")
     if cfg.moe_expert_capacity_factor is not None and cfg.moe_expert_capacity_factor <= 0:
         raise ConfigError(f"{f('moe_expert_capacity_factor')} must be positive (leave it out: dropless)")
     if cfg.moe_pad_expert_input_to_capacity and cfg.moe_expert_capacity_factor is None:

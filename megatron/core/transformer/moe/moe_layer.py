@@ -46,7 +46,9 @@ class MoELayer(nn.Module):
         self.ep, self.share = ep, share or TokenShare(sources=ep)
         self.router = TopKRouter(config, layer_number, device, cp_group)
         expert_tp_size = comm.world(etp_group) if self.folded else self.tp_size if self.expert_tp else 1
-        self.experts = LocalExperts(config, ep_rank * count, count, expert_tp_size, device)
+        expert_tp_group = etp_group if self.folded else self.expert_tp
+        self.experts = LocalExperts(config, ep_rank * count, count, expert_tp_size, device,
+                                    first_tp_rank=expert_tp_size == 1 or comm.rank(expert_tp_group) == 0)
         if self.folded:  # each TP rank routes other tokens: the router's gradient is summed over TP
             set_sequence_parallel(self.router.weight)
         self.dispatcher = build_dispatcher(config.moe_token_dispatcher_type, config.num_experts, ep_rank * count,

@@ -1,0 +1,145 @@
+"""Everything worth knowing from a lent GPU, in one call (bench/gpu_suite.sh runs this).
+
+Steps, in order of value, each under its own time cap and all under one budget (default 470 s):
+the GPU's two ceilings, building the fused kernels, tests/gpu (crash-proof: pytest-xdist workers),
+compute-sanitizer over the binding-error test, the kernel table (fused vs eager vs compiled, TB/s),
+then ours vs a plain PyTorch loop vs peers at the GPT-3 1.3B, Llama 1B and small-MoE shapes, with
+the planner's predicted step time and memory next to the measured ones. A step whose script or
+flag this checkout lacks is reported as such, so the same suite runs on older commits.
+Everything goes to OUT: suite.log (all output), gpu_<card>.md (the tables), results.json.
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from gpu_suite_report import render
+
+PY = sys.executable
+GPT13 = ("--num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
+         "--max-position-embeddings 2048")
+LLAMA1 = ("--num-layers 16 --hidden-size 2048 --num-attention-heads 32 --ffn-hidden-size 8192 --seq-length 2048 "
+          "--max-position-embeddings 2048 --position-embedding-type rope --normalization RMSNorm --swiglu "
+          "--group-query-attention --num-query-groups 8 --disable-bias-linear --untie-embeddings-and-output-weights")
+MOE = ("--num-layers 6 --hidden-size 384 --num-attention-heads 8 --ffn-hidden-size 1536 --seq-length 1024 "
+       "--max-position-embeddings 1024 --num-experts 8 --moe-router-topk 2 --moe-router-load-balancing-type aux_loss "
+       "--moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --moe-token-dispatcher-type alltoall --moe-grouped-gemm "
+       "--disable-bias-linear")
+RUN = ("--mock-data --tokenizer-type NullTokenizer --lr 1e-4 --bf16 --hidden-dropout 0 --attention-dropout 0 "
+       "--eval-iters 0 --eval-interval 100000 --log-interval 5 --micro-batch-size 4 --global-batch-size 16")
+# speed switches Megatron-LM's own GPU recipes pass; used where this checkout has them
+SPEED_FLAGS = ["--cross-entropy-loss-fusion"]
+OVERHEAD13 = ("--device cuda --dtype bf16 --layers 24 --hidden 2048 --heads 16 --seq 2048 --vocab 50304 "
+              "--micro-batch 4 --num-micro 4 --rounds 2 --steps-per-round 2 --warmup 2 --baseline-optim fused")
+
+
+def steps(out, help_text):
+    """(name, cap seconds, shell command or None with the reason) for each step."""
+    has = lambda path: os.path.exists(path)  # noqa: E731
+    flags = " ".join(f for f in SPEED_FLAGS if f in help_text["pretrain"])
+    table = os.path.join(out, "kernel_table.json")
+    kjson = os.path.join(out, "kernels.json")
+    kernel_args = ""
+    if "--json" in help_text["kernels"]:
+        kernel_args += f" --json {kjson}"
+    if "--write-table" in help_text["kernels"]:
+        kernel_args += f" --write-table {table}"
+    env = f"MEGATRON_KERNEL_TABLE={table} " if "--write-table" in help_text["kernels"] else ""
+    pre = f"{env}{PY} pretrain_gpt.py {RUN}"
+    ovh = help_text["overhead"]
+    sanitizer = "compute-sanitizer" if subprocess.run("command -v compute-sanitizer", shell=True,
+                                                      capture_output=True).returncode == 0 else None
+    return [
+        ("ceilings", 40, f"{PY} bench/gpu_ceilings.py"),
+        ("build", 200, f"{PY} -m pip install -q --no-deps --no-build-isolation -e ."),
+        # test_kernel_speed times what the kernels step times (with torch.compile: minutes): not twice
+        ("tests/gpu", 200, f"{PY} -m pytest -q -p no:cacheprovider -n 4 tests/gpu "
+                           "--ignore tests/gpu/test_kernel_speed.py"),
+        ("sanitizer", 120, (f"{sanitizer} --tool memcheck --print-limit 10 {PY} -m pytest -q -p no:cacheprovider "
+                            "tests/gpu/test_kernels.py -k errors") if sanitizer else (None, "no compute-sanitizer")),
+        ("kernels", 150, f"{PY} bench/kernels.py --out {out}/kernels.md{kernel_args}"),
+        ("gpt1.3b ours", 120, f"{pre} {GPT13} --vocab-size 50304 --train-iters 15 {flags}"),
+        ("gpt1.3b ours vs plain", 150, f"{env}{PY} bench/overhead.py {OVERHEAD13} --no-write"),
+        ("gpt1.3b plain compiled", 170, f"{PY} bench/overhead.py {OVERHEAD13} --no-write --compile"
+         if "--compile" in ovh else (None, "bench/overhead.py has no --compile here")),
+        ("gpt1.3b HF", 120, f"{PY} bench/peers.py --device cuda --steps 4"),
+        ("llama1b ours", 100, f"{pre} {LLAMA1} --vocab-size 50304 --train-iters 15 {flags}"),
+        ("llama1b ours vs plain", 150, f"{env}{PY} bench/overhead.py {OVERHEAD13.replace('--heads 16', '--heads 32')}"
+         " --layers 16 --arch llama --kv-heads 8 --no-write" if "--arch" in ovh
+         else (None, "bench/overhead.py has no --arch llama here")),
+        ("moe ours", 100, f"{pre} {MOE} --vocab-size 50257 --train-iters 20"),
+        ("moe ours vs plain", 120, f"{env}{PY} bench/moe_plain.py --device cuda --dtype bf16"
+         if has("bench/moe_plain.py") else (None, "no bench/moe_plain.py here")),
+    ]
+
+
+def help_of(cmd):
+    try:
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=60).stdout
+    except subprocess.TimeoutExpired:
+        return ""
+
+
+def run_step(name, cap, cmd, log):
+    log.write(f"\n### {name} (cap {cap} s): {cmd}\n")
+    log.flush()
+    t0 = time.time()
+    # a session of its own, so that a step at its cap is killed with every process it started
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen(["bash", "-c", cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env=env)
+    try:
+        text, _ = proc.communicate(timeout=cap)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        text, _ = proc.communicate()
+        rc = "timeout"
+    log.write(text)
+    log.write(f"### {name}: rc={rc} in {time.time() - t0:.0f} s\n")
+    log.flush()
+    print(f"[suite] {name}: rc={rc} in {time.time() - t0:.0f} s", flush=True)
+    return {"name": name, "rc": rc, "seconds": round(time.time() - t0, 1), "output": text,
+            "results": [json.loads(m) for m in re.findall(r"^RESULT (\{.*\})$", text, re.M)]}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default=os.environ.get("OUT") or "bench/results/gpu_suite")
+    p.add_argument("--budget", type=float, default=470.0, help="seconds for all steps together")
+    p.add_argument("--only", default=None, help="comma-separated step names (substring match)")
+    p.add_argument("--label", default=None, help="what was measured (e.g. the commit), for the report")
+    a = p.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    start = time.time()
+    help_text = {name: help_of(f"{PY} {script} --help") for name, script in
+                 (("pretrain", "pretrain_gpt.py"), ("kernels", "bench/kernels.py"), ("overhead", "bench/overhead.py"))}
+    done = []
+    with open(os.path.join(a.out, "suite.log"), "w") as log:
+        for name, cap, cmd in steps(a.out, help_text):
+            if a.only and not any(k in name for k in a.only.split(",")):
+                continue
+            left = a.budget - (time.time() - start)
+            if isinstance(cmd, tuple):
+                done.append({"name": name, "rc": "n/a", "skipped": cmd[1]})
+            elif left < min(cap, 30):
+                done.append({"name": name, "rc": "n/a", "skipped": f"budget ({left:.0f} s left)"})
+            else:
+                done.append(run_step(name, int(min(cap, left)), cmd, log))
+    label = a.label or subprocess.run("git rev-parse --short HEAD", shell=True, capture_output=True,
+                                      text=True).stdout.strip() or "unknown"
+    card, text = render(done, label, a.out)
+    with open(os.path.join(a.out, f"gpu_{card}.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(a.out, "results.json"), "w") as f:
+        json.dump([{k: v for k, v in d.items() if k != "output"} for d in done], f, indent=1)
+    print(text)
+    print(f"[suite] {time.time() - start:.0f} s in all; wrote {a.out}/gpu_{card}.md", flush=True)
+
+
+if __name__ == "__main__":
+    main()
