@@ -1,9 +1,10 @@
 """Ours and a plain PyTorch model of the same shape and weights, built for the benchmarks.
 
 "Ours" is the real thing on a world of one: GPTModel from TransformerConfig over the process
-groups of initialize_model_parallel(1, 1), initialize_parameters, DistributedDataParallel +
-MegatronOptimizer (fp32 main weights), LRScheduler and megatron/training/training.py's train_step
-with a forward_step like pretrain_gpt.py's. "Plain" is bench/plain_models.py's (or plain_moe_model.py's)
+groups of initialize_model_parallel(1, 1), built by megatron/training/training.py's
+setup_model_and_optimizer as pretrain() builds it (initialize_parameters, DistributedDataParallel,
+MegatronOptimizer with fp32 main weights, the LR schedule), trained by its train_step with a
+forward_step like pretrain_gpt.py's. "Plain" is bench/plain_models.py's (or plain_moe_model.py's)
 model of the same architecture, given our initial weights, trained by plain_models.plain_step with
 torch.optim.AdamW on its own parameters and the same learning-rate schedule.
 """
@@ -19,15 +20,14 @@ import torch.distributed as dist
 
 from bench import plain_models, plain_moe_model
 from megatron.core.config import TransformerConfig
-from megatron.core.distributed import DistributedDataParallel
 from megatron.core.models.gpt import GPTModel
-from megatron.core.optimizer import LRScheduler, MegatronOptimizer
+from megatron.core.optimizer import LRScheduler
 from megatron.core.parallel_state import initialize_model_parallel
 from megatron.core.pipeline_parallel import loss_means
-from megatron.core.tensor_parallel.initialization import initialize_parameters
 from megatron.core.tensor_parallel.random import model_parallel_seed
+from megatron.training.config import TrainingConfig
 from megatron.training.flops import num_floating_point_operations
-from megatron.training.training import train_step
+from megatron.training.training import setup_model_and_optimizer, train_step
 
 ARCHS = ("gpt", "llama", "moe")
 
@@ -106,6 +106,8 @@ def ours_config(shape, dtype, torch_ops=False):
             "moe": dict(num_experts=shape.experts, moe_router_topk=shape.topk, moe_aux_loss_coeff=shape.aux_loss_coeff,
                         moe_z_loss_coeff=shape.z_loss_coeff, moe_token_dispatcher_type="alltoall",
                         moe_grouped_gemm=True, add_bias_linear=False)}[shape.arch]
+    # the flags our speed runs add (bench/gpu_suite.py's SPEED_FLAGS), where this checkout has them
+    arch.update({f: True for f in ("cross_entropy_loss_fusion",) if f in TransformerConfig.__dataclass_fields__})
     if torch_ops:  # every fused-kernel front on its plain torch path
         arch.update(norm_fusion=False, bias_gelu_fusion=False, bias_swiglu_fusion=False, apply_rope_fusion=False,
                     masked_softmax_fusion=False)
@@ -124,15 +126,24 @@ def forward_step(model, batch):
     return {"lm loss": (model(batch["tokens"], labels=batch["labels"]), batch["loss_mask"])}
 
 
+def model_provider(config, groups, device, pre_process=True, post_process=True, vp_stage=None):
+    return GPTModel(config, groups, pre_process=pre_process, post_process=post_process, device=device,
+                    vp_stage=vp_stage)
+
+
 class Ours:
+    """Built as pretrain() builds it (training.setup_model_and_optimizer), from the configs of `shape`."""
+
     def __init__(self, shape, groups, device, dtype, hp: Hyper, torch_ops=False):
         model_parallel_seed(hp.seed, groups.tp_rank, groups.pp_rank, device)
         self.cfg, self.groups = ours_config(shape, dtype, torch_ops), groups
-        self.model = GPTModel(self.cfg, groups, pre_process=True, post_process=True, device=device)
-        initialize_parameters(self.model, hp.seed, groups.tp_rank, groups.tp_size)
-        self.ddp = DistributedDataParallel(self.model, groups.dp)
-        self.opt = MegatronOptimizer(self.ddp, groups, hp.lr, hp.weight_decay, hp.betas, hp.eps, hp.clip_grad)
-        self.sched = LRScheduler(self.opt, hp.lr, hp.min_lr, hp.decay_iters, hp.warmup_iters, "cosine")
+        t = TrainingConfig(micro_batch_size=shape.micro_batch, global_batch_size=shape.micro_batch * shape.num_micro,
+                           train_iters=hp.decay_iters, lr=hp.lr, min_lr=hp.min_lr, lr_decay_style="cosine",
+                           lr_warmup_iters=hp.warmup_iters, weight_decay=hp.weight_decay, clip_grad=hp.clip_grad,
+                           adam_beta1=hp.betas[0], adam_beta2=hp.betas[1], adam_eps=hp.eps, seed=hp.seed,
+                           bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, loss_scale=1.0)
+        self.model, self.ddp, self.opt, self.sched = setup_model_and_optimizer(self.cfg, t, groups, device,
+                                                                               model_provider)
         self.iteration = 0
         self.model.train()
 
