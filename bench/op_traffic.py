@@ -12,16 +12,19 @@ What counts as a GPU kernel and what it moves (the rules are meant to match eage
   `out=` argument and the destination of copy_/fill_/zero_ are written only, *_like factories
   read nothing;
 - a broadcast (stride-0) argument is read once, not once per use (a bias added to every row);
+- indexing kernels touch only the indexed elements of their big operand (gather, index, embedding,
+  index_put_, scatter_add_, index_add_, nll_loss: the target's logits);
 - multi-tensor ops (_foreach_*, _fused_adam*) launch as CUDA's multi_tensor_apply batches them
   (tensors and 64 Ki-element chunks per launch by list depth); _foreach_norm adds a cleanup launch;
 - ops on zero elements launch nothing; .item() (_local_scalar_dense) counts as a launch (a sync);
 - FLOPs: matrix products (torch.utils.flop_counter's formulas; MoE's _grouped_mm: 2 N K M over its
-  N rows) and attention, 4 B H Sq Sk D forward and twice that backward (causal masking not
-  subtracted, as MFU counts them).
+  N rows; megatron::wgrad_accumulate's GEMM) and attention, 4 B H Sq Sk D forward and twice that
+  backward (causal masking not subtracted, as MFU counts them).
 Byte counts are the minimum an ideal kernel of each op moves (GEMM operands read once), so
 equal GEMMs cancel in a difference and what remains is elementwise and reduction traffic.
 """
 import dataclasses
+import math
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -37,7 +40,12 @@ NO_KERNEL = {aten._unsafe_view, aten.detach, aten.alias, aten.lift_fresh, aten.e
 NO_READ = {aten.zeros_like, aten.ones_like, aten.full_like, aten.empty_like, aten.rand_like, aten.randn_like,
            aten.new_zeros, aten.new_ones, aten.new_full}  # take only the argument's shape
 WRITE_ONLY_SELF = {aten.copy_, aten.fill_, aten.zero_, aten.normal_, aten.uniform_, aten.random_, aten.bernoulli_,
-                   aten.exponential_, aten._foreach_copy_, aten._foreach_zero_}
+                   aten.exponential_, aten._foreach_copy_, aten._foreach_zero_, aten.index_copy_, aten.scatter_}
+# indexing kernels touch only the indexed elements of their big operand: gathers read what they output,
+# in-place scatters touch what their source holds (index_put_: its index positions)
+GATHERS = {aten.index: "self", aten.gather: "self", aten.index_select: "self", aten.take: "self",
+           aten.embedding: "weight"}
+SCATTERS = {aten.scatter_add_: "src", aten.index_add_: "source", aten.index_copy_: "source", aten.scatter_: "src"}
 ATTENTION_FWD = {aten._scaled_dot_product_flash_attention_for_cpu, aten._scaled_dot_product_flash_attention,
                  aten._scaled_dot_product_efficient_attention, aten._scaled_dot_product_cudnn_attention}
 ATTENTION_BWD = {aten._scaled_dot_product_flash_attention_for_cpu_backward,
@@ -109,6 +117,28 @@ def attention_flops(func, args):
     return fwd if func.overloadpacket in ATTENTION_FWD else 2 * fwd
 
 
+def indexed_bytes(packet, arg, named, out):
+    """Bytes an indexing kernel touches of operand `arg` (named: the call's arguments by name), or None
+    where the generic rule (the whole tensor) holds."""
+    if GATHERS.get(packet) == arg:
+        return touched_bytes(out)
+    self = named.get("self")
+    if arg != "self" or not isinstance(self, torch.Tensor):
+        return None
+    if packet in SCATTERS:
+        src = named.get(SCATTERS[packet])
+        return touched_bytes(src) if isinstance(src, torch.Tensor) else named["index"].numel() * self.element_size()
+    if packet is aten.index_put_:
+        indices = named["indices"]
+        rows = max(t.numel() for t in indices if t is not None)
+        return rows * math.prod(self.shape[len(indices):]) * self.element_size()
+    if packet in (aten.nll_loss_forward, aten.nll_loss2d_forward):  # the target's logits only
+        return named["target"].numel() * self.element_size()
+    if packet in (aten.nll_loss_backward, aten.nll_loss2d_backward):  # self gives the shape only
+        return 0
+    return None
+
+
 def count_op(func, args, kwargs, out):
     """OpCount of one call of aten op `func` (None: a view, metadata op or allocation)."""
     packet = func.overloadpacket
@@ -118,12 +148,15 @@ def count_op(func, args, kwargs, out):
     multi = name.startswith("_foreach_") or name.startswith("_fused_")
     c = OpCount()
     lists = []  # the multi-tensor op's lists of per-parameter tensors
-    for i, arg in enumerate(func._schema.arguments):
-        value = args[i] if i < len(args) else kwargs.get(arg.name)
+    schema_args = func._schema.arguments
+    named = {a.name: args[i] if i < len(args) else kwargs.get(a.name) for i, a in enumerate(schema_args)}
+    for i, arg in enumerate(schema_args):
+        value = named[arg.name]
         tensors = _tensors(value)
         if not tensors:
             continue
-        size = sum(touched_bytes(t) for t in tensors)
+        size = indexed_bytes(packet, arg.name, named, out)
+        size = sum(touched_bytes(t) for t in tensors) if size is None else size
         # fused Adam marks its grads mutable for the unscale it does only with a grad_scale
         write = arg.alias_info is not None and arg.alias_info.is_write and not (
             name.startswith("_fused_adam") and arg.name == "grads" and kwargs.get("grad_scale") is None)
@@ -131,7 +164,8 @@ def count_op(func, args, kwargs, out):
             continue
         if write:
             c.written += size
-            if arg.name != "out" and not (packet in WRITE_ONLY_SELF and i == 0):
+            write_only = packet in WRITE_ONLY_SELF or (packet is aten.index_put_ and not named.get("accumulate"))
+            if arg.name != "out" and not (write_only and i == 0):
                 c.read += size
         else:
             c.read += size
@@ -152,6 +186,8 @@ def count_op(func, args, kwargs, out):
         c.launches = 1
     if name == "_grouped_mm" and args[0].dim() == 2 and args[1].dim() == 3:  # rows of a [N, K] x groups of [K, M]
         c.flops = 2 * args[0].shape[0] * args[0].shape[1] * args[1].shape[2]
+    elif name == "wgrad_accumulate":  # megatron::wgrad_accumulate(x, g, main!): main += g^T x, one GEMM
+        c.flops = 2 * named["x"].numel() * named["g"].shape[-1]
     elif packet in flop_registry:
         c.flops = int(flop_registry[packet](*args, **kwargs, out_val=out))
     elif packet in ATTENTION_FWD or packet in ATTENTION_BWD:

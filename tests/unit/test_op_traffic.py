@@ -46,6 +46,24 @@ def test_broadcast_operand_is_read_once():
     assert ops["add"].read == (64 * 32 + 32) * 2
 
 
+def test_indexing_touches_only_the_indexed_elements():
+    table, rows = torch.randn(1000, 16), torch.tensor([3, 7, 7, 9])
+    ops = counted(lambda: torch.nn.functional.embedding(rows, table))
+    assert ops["embedding"].read == 4 * 16 * 4 + 4 * 8                     # 4 rows of 16 fp32 + the ids
+    logits, labels = torch.randn(8, 1000), torch.randint(0, 1000, (8,))
+    ops = counted(lambda: logits.gather(1, labels.unsqueeze(1)))
+    assert ops["gather"].read == 8 * 4 + 8 * 8
+    ops = counted(lambda: torch.nn.functional.nll_loss(logits, labels))
+    assert ops["nll_loss_forward"].read == 8 * 4 + 8 * 8                   # the targets' logits + the targets
+    grad = torch.zeros(8, 1000)
+    ops = counted(lambda: grad.index_put_((torch.arange(8), labels), torch.ones(8)))
+    assert (ops["index_put_"].read, ops["index_put_"].written) == (2 * 8 * 8 + 8 * 4, 8 * 4)
+    ops = counted(lambda: grad.index_put_((torch.arange(8), labels), torch.ones(8), accumulate=True))
+    assert (ops["index_put_"].read, ops["index_put_"].written) == (2 * 8 * 8 + 8 * 4 + 8 * 4, 8 * 4)
+    ops = counted(lambda: grad.scatter_add_(1, labels.unsqueeze(1), torch.ones(8, 1)))
+    assert (ops["scatter_add_"].read, ops["scatter_add_"].written) == (8 * 4 + 8 * 8 + 8 * 4, 8 * 4)
+
+
 def test_gemm_flops_and_bytes():
     a, w, bias = torch.randn(64, 32), torch.randn(48, 32), torch.randn(48)
     ops = counted(lambda: torch.nn.functional.linear(a, w, bias))
