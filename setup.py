@@ -41,7 +41,8 @@ def fused_cuda_kernels():
         return [], None
     if torch.version.cuda is None or CUDA_HOME is None:
         return [], None
-    sources = sorted(glob.glob("csrc/fused/*.cu")) + ["csrc/fused/bindings.cpp"]
+    # the same list as megatron/core/fusions/_ext.py sources(): every kernel and binding file (not cpu_stub/)
+    sources = sorted(glob.glob("csrc/fused/*.cu")) + sorted(glob.glob("csrc/fused/*.cpp"))
     # the module records the hash of its sources; the loader rebuilds it when csrc/fused changes
     spec = importlib.util.spec_from_file_location("source_hash", "megatron/core/fusions/source_hash.py")
     source_hash = importlib.util.module_from_spec(spec)
@@ -81,7 +82,8 @@ setup(
     version="0.1.0",
     description="3D-parallel (tensor x pipeline x data) GPT/BERT pretraining on PyTorch, tested on CPU",
     packages=find_packages(include=["megatron", "megatron.*"]),
-    package_data={"megatron.training.planner": ["*.toml"]},  # the planner's calibration and validation tables
+    # the planner's calibration and validation tables; the per-GPU kernel choices
+    package_data={"megatron.training.planner": ["*.toml"], "megatron.core.fusions": ["kernel_table.json"]},
     py_modules=["pretrain_gpt"],
     ext_modules=dataset_helpers() + cuda_exts,
     cmdclass={"build_ext": OptionalBuildExt},

@@ -48,7 +48,9 @@ def steps(out, help_text):
         kernel_args += f" --json {kjson}"
     if "--write-table" in help_text["kernels"]:
         kernel_args += f" --write-table {table}"
-    env = f"MEGATRON_KERNEL_TABLE={table} " if "--write-table" in help_text["kernels"] else ""
+    # the figures the kernels step just measured, when it wrote them (a table named but missing is an error)
+    env = (f"env $(test -f {table} && echo MEGATRON_KERNEL_TABLE={table}) " if "--write-table" in help_text["kernels"]
+           else "")
     pre = f"{env}{PY} pretrain_gpt.py {RUN}"
     ovh = help_text["overhead"]
     sanitizer = "compute-sanitizer" if subprocess.run("command -v compute-sanitizer", shell=True,
@@ -59,8 +61,11 @@ def steps(out, help_text):
         # test_kernel_speed times what the kernels step times (with torch.compile: minutes): not twice
         ("tests/gpu", 200, f"{PY} -m pytest -q -p no:cacheprovider -n 4 tests/gpu "
                            "--ignore tests/gpu/test_kernel_speed.py"),
-        ("sanitizer", 120, (f"{sanitizer} --tool memcheck --print-limit 10 {PY} -m pytest -q -p no:cacheprovider "
-                            "tests/gpu/test_kernels.py -k errors") if sanitizer else (None, "no compute-sanitizer")),
+        ("sanitizer", 120, (f"{sanitizer} --tool memcheck --target-processes all --print-limit 10 "
+                            f"{PY} -m pytest -q -p no:cacheprovider "
+                            + ("tests/gpu/test_kernel_bindings.py" if has("tests/gpu/test_kernel_bindings.py")
+                               else "tests/gpu/test_kernels.py -k errors"))
+                           if sanitizer else (None, "no compute-sanitizer")),
         ("kernels", 150, f"{PY} bench/kernels.py --out {out}/kernels.md{kernel_args}"),
         ("gpt1.3b ours", 120, f"{pre} {GPT13} --vocab-size 50304 --train-iters 15 {flags}"),
         ("gpt1.3b ours vs plain", 150, f"{env}{PY} bench/overhead.py {OVERHEAD13} --no-write"),

@@ -95,6 +95,12 @@ class TransformerConfig(ModelParallelConfig, MoEConfig):
                             flag="--no-norm-fusion")
     apply_rope_fusion: bool = opt(True, "Use torch for the rotary embedding instead of a fused kernel.",
                                   flag="--no-rope-fusion")
+    fused_kernels: str = opt(
+        "auto", "This project's (not in Megatron-LM): where no --no-*-fusion flag is given, auto runs our csrc "
+        "kernel for an op only where a GPU measurement on file shows it faster than eager torch and "
+        "torch.compile on this GPU model (megatron/core/fusions/kernel_table.json, or the table "
+        "$MEGATRON_KERNEL_TABLE names), torch otherwise; csrc runs our kernels wherever they can run. The "
+        "start-up log says which each op runs and why.", choices=["auto", "csrc"])
     # activation recompute (Korthikanti et al. 2022)
     recompute_granularity: Optional[str] = opt(
         None, "Recompute activations in the backward pass instead of keeping them: full (whole layers, only "

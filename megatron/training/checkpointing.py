@@ -4,8 +4,9 @@ layout-free format of megatron/core/checkpointing.
 
 What is saved: every parameter as its fp32 master value ("param"), Adam's exp_avg and
 exp_avg_sq per parameter, Adam's step count and the loss scaler's state, the RNG states of
-every rank, the iteration and consumed samples (data resumes at the next sample), and the
-arguments. The LR schedule's position is saved (fp16-skipped iterations do not advance it).
+every rank with its layout position (checkpoint_rng.py), the iteration and consumed samples
+(data resumes at the next sample), and the arguments. The LR schedule's position is saved
+(fp16-skipped iterations do not advance it).
 So is the model's non-trained state, e.g. the MoE expert bias (checkpoint_model_state.py).
 
 Who writes what (no piece is written twice): the optimizer's state pieces (whole parameters,
@@ -31,14 +32,13 @@ from ..core.checkpointing import (
     local_shard,
     make_piece,
     open_reader,
-    rank_file,
     write_rank_file,
 )
 from ..core.optimizer import STATE_NAMES, StatePiece
 from ..core.tensor_parallel.param_meta import counted_once, data_parallel_replica, param_meta, tensor_parallel_split
-from ..core.tensor_parallel.random import get_rng_tracker
 from .checkpoint_args import find_source
 from .checkpoint_model_state import load_model_state, missing_model_state, model_state_keys, model_state_pieces
+from .checkpoint_rng import layout_position, layout_sizes, restore_or_reseed, rng_payload
 from .log import print_rank_0
 
 
@@ -64,15 +64,7 @@ def _config_dict(cfg):
 
 
 def _layout(groups, train_cfg):
-    return {"tp": groups.tp_size, "pp": groups.pp_size, "dp": groups.dp_size, "vpp": groups.vpp_size,
-            "distributed_optimizer": bool(train_cfg.use_distributed_optimizer)}
-
-
-def _rng_state(device):
-    state = {"torch": torch.get_rng_state(), "tracker": get_rng_tracker().get_states()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
+    return dict(layout_sizes(layout_position(groups)), distributed_optimizer=bool(train_cfg.use_distributed_optimizer))
 
 
 def save_checkpoint(root, iteration, consumed, model, optimizer, groups, model_cfg, train_cfg, device, scheduler=None,
@@ -92,7 +84,7 @@ def save_checkpoint(root, iteration, consumed, model, optimizer, groups, model_c
             pieces += [make_piece(key, name, sp.param, tp_rank, tp, lo, hi, value[lo - sp.start:hi - sp.start])
                        for name, value in sp.tensors.items()]
     pieces += model_state_pieces(model, groups)
-    payload = {"pieces": pieces, "rng": _rng_state(device)}
+    payload = {"pieces": pieces, "rng": rng_payload(groups, device)}
     metadata = copy.deepcopy({  # taken now: training goes on while a background save writes
         "consumed_samples": consumed,
         "lr_scheduler": scheduler.state_dict() if scheduler is not None else None,
@@ -187,7 +179,8 @@ def load_checkpoint(path, model, optimizer, groups, train_cfg, device, scheduler
     if load_optim:
         optimizer.load_scalar_state(meta["optimizer"])
     load_model_state(reader, model, groups, no_state)
-    _maybe_load_rng(reader, meta, groups, train_cfg, device)
+    if not (train_cfg.finetune or train_cfg.no_load_rng):
+        restore_or_reseed(reader, groups, train_cfg, device, meta["iteration"])
     reader.close()
     iteration, consumed = (0, 0) if train_cfg.finetune else (meta["iteration"], meta["consumed_samples"])
     # the schedule skips fp16-skipped iterations, so its position is saved rather than derived
@@ -196,22 +189,6 @@ def load_checkpoint(path, model, optimizer, groups, train_cfg, device, scheduler
     print_rank_0(f"> loaded checkpoint {path} (saved at {meta['layout']}) at iteration {iteration}, "
                  f"{consumed} consumed samples; optimizer state {'loaded' if load_optim else 'NOT loaded'}")
     return iteration, consumed
-
-
-def _maybe_load_rng(reader, meta, groups, train_cfg, device):
-    if train_cfg.finetune or train_cfg.no_load_rng:
-        return
-    saved = meta["layout"]
-    same = (saved["tp"], saved["pp"], saved["dp"]) == (groups.tp_size, groups.pp_size, groups.dp_size)
-    rng = reader.rng_state(rank_file(groups.rank)) if same else None
-    if rng is None:
-        # per-rank dropout streams do not map onto another layout; the seeds restart them
-        print_rank_0("> RNG states not restored (the layout differs from the checkpoint's)")
-        return
-    torch.set_rng_state(rng["torch"])
-    get_rng_tracker().set_states(rng["tracker"])
-    if device.type == "cuda" and "cuda" in rng:
-        torch.cuda.set_rng_state(rng["cuda"], device)
 
 
 class Checkpointer:

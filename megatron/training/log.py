@@ -157,6 +157,7 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
         "> implementations: " + " | ".join(f"{op}={impl}" for op, impl in fusions.describe(model_cfg, device))
         + " | cross entropy=vocab-parallel (torch) | optimizer=torch.optim.AdamW (fused)",
         f"> fused kernels (csrc): {fusions.kernels_status()}",
+        *(f"> kernel choice: {op}={impl} ({why})" for op, impl, why in fusions.explain(model_cfg, device)),
         f"> activation recompute: {_recompute(model_cfg)}",
         f"> MFU: {peak[0] if peak else 'n/a (' + _no_peak_reason(device) + ')'}",
         f"> batch: micro {train_cfg.micro_batch_size} x DP {groups.dp_size} x accumulation "

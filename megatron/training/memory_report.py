@@ -7,14 +7,13 @@ prints Megatron-LM's line
     max reserved: ...
 
 followed by `| estimated peak: ...`, tools/estimate_memory.py's total for that rank's pipeline
-stage (what --max allocated should stay under). Off CUDA there is nothing to measure and nothing
+stage (what max allocated should stay under). Off CUDA there is nothing to measure and nothing
 is printed. The stats source is a function of the device, so tests can give a fake one.
 """
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 
-from ..core.errors import MegatronUserError
 from .planner.predict import estimator  # loads tools/estimate_memory.py from the checkout
 
 MB = 2.0 ** 20
@@ -30,22 +29,23 @@ def cuda_memory_stats(device) -> Optional[Stats]:
             torch.cuda.memory_reserved(device), torch.cuda.max_memory_reserved(device))
 
 
-def estimated_peak_bytes(model_cfg, train_cfg, world_size, pp_rank) -> Optional[int]:
-    """tools/estimate_memory.py's peak bytes of a rank of pipeline stage pp_rank (resolved configs),
-    or None where the estimator is not in this copy or cannot price the layout."""
+def estimated_peak(model_cfg, train_cfg, world_size, pp_rank) -> Union[int, str]:
+    """tools/estimate_memory.py's peak bytes of a rank of pipeline stage pp_rank (resolved configs), or
+    why there is none: like the planner's line, the estimate is information and never stops a run."""
     try:
         est = estimator()
         return int(est.total_bytes(est.estimate(model_cfg, train_cfg, world_size, pp_rank)))
-    except (OSError, MegatronUserError):
-        return None
+    except Exception as e:  # noqa: BLE001 - an estimate must never stop training
+        return f"{type(e).__name__}: {e}".splitlines()[0][:200]
 
 
-def memory_line(rank, iteration, stats: Stats, estimate: Optional[int]) -> str:
+def memory_line(rank, iteration, stats: Stats, estimate: Union[int, str]) -> str:
+    """Megatron-LM's memory line, then the estimate (bytes) or why there is none (a string)."""
     allocated, max_allocated, reserved, max_reserved = (b / MB for b in stats)
     line = (f"[Rank {rank}] (after {iteration} iterations) memory (MB) | allocated: {allocated:.1f} | "
             f"max allocated: {max_allocated:.1f} | reserved: {reserved:.1f} | max reserved: {max_reserved:.1f}")
-    if estimate is None:
-        return line + " | estimated peak: n/a (tools/estimate_memory.py not available)"
+    if isinstance(estimate, str):
+        return line + f" | estimated peak: n/a ({estimate})"
     return line + f" | estimated peak: {estimate / MB:.1f} (tools/estimate_memory.py)"
 
 
@@ -56,7 +56,7 @@ def report_memory(iteration, groups, model_cfg, train_cfg, device,
     stats = stats_source(device)
     if stats is None or groups.dp_rank != 0:
         return None
-    estimate = estimated_peak_bytes(model_cfg, train_cfg, groups.world_size, groups.pp_rank)
+    estimate = estimated_peak(model_cfg, train_cfg, groups.world_size, groups.pp_rank)
     line = memory_line(groups.rank, iteration, stats, estimate)
     print(line, flush=True)
     return line

@@ -2,7 +2,11 @@
 odd shapes, forward and backward.
 
 Shapes are odd (1-element rows, rows not a multiple of 32, rows longer than a warp's 32 x 32,
-batch x heads not a multiple of the 4 rows per block); every free block of the caching
+batch x heads not a multiple of the 4 rows per block) and reach every path of each kernel: the
+16-byte vector path (row lengths a multiple of 8 elements), its scalar fallback (odd lengths,
+and `misaligned` inputs: contiguous views that start 2 bytes past a 16-byte boundary), rows
+longer than the register tile (the general path), and more rows than one wave of the
+persistent grid (so partial sums add over several rows per slot); every free block of the caching
 allocator, small pool included, is poisoned with NaN before the forward and before the backward
 (conftest.poison_cache), so an output element a kernel leaves unwritten fails; inputs keep their
 layout (a strided view stays one). The references are not our fronts' torch fallbacks: they run
@@ -29,11 +33,23 @@ def _rand(*shape, dtype, seed, scale=1.0):
 
 
 def _leaf(t):
-    """A fresh leaf with t's values and strides (clone() would make a strided view contiguous)."""
+    """A fresh leaf with t's values and strides (clone() would make a strided view contiguous),
+    and t's misalignment: a view that starts as many bytes past a 16-byte boundary as t does."""
     if not torch.is_tensor(t):
         return t
-    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    offset = (t.data_ptr() % 16) // t.element_size()
+    span = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else 0
+    base = torch.empty(span + offset, dtype=t.dtype, device=t.device)
+    out = base.as_strided(t.shape, t.stride(), offset)
     return out.copy_(t.detach()).requires_grad_(t.requires_grad)
+
+
+def _misaligned(t):
+    """t's values in a contiguous view that starts one element (2 or 4 bytes) past a 16-byte boundary."""
+    base = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    out = base[1:].view(t.shape).copy_(t.detach())
+    assert out.data_ptr() % 16 != 0
+    return out.requires_grad_(t.requires_grad)
 
 
 def _through_kernel(out):
@@ -94,8 +110,9 @@ def test_poison_reaches_small_and_large_allocations(numel):
     assert torch.equal(kept, torch.zeros_like(kept)), "live tensors must keep their values"
 
 
+# vector path: sk a multiple of 8 up to 16384; scalar: odd sk; general: sk > 16384; many rows: (8, 4, 64, 256)
 SOFTMAX_SHAPES = [(1, 1, 1, 1), (2, 3, 5, 7), (3, 5, 37, 37), (1, 2, 129, 1000), (2, 1, 17, 3000),
-                  (1, 1, 3, 8193), (1, 7, 64, 64)]
+                  (1, 1, 3, 8193), (1, 7, 64, 64), (1, 1, 2, 16384), (1, 1, 2, 16392), (8, 4, 64, 256)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -117,8 +134,10 @@ def test_masked_softmax(ext, dtype, shape):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SOFTMAX_SHAPES + [(2, 3, 9, 4), (2, 3, 4, 9)], ids=str)
-def test_causal_softmax(ext, dtype, shape):
+def test_causal_softmax(ext, dtype, shape, misaligned=False):
     x = _rand(*shape, dtype=dtype, seed=sum(shape) + 1, scale=3.0).requires_grad_()
+    if misaligned:
+        x = _misaligned(x)
     grad = _rand(*shape, dtype=dtype, seed=2)
     fused = _fused(lambda t: softmax.scaled_upper_triang_masked_softmax(t, 0.5, "csrc"), [x], grad)
     reference = _reference(lambda t: ref.masked_softmax(t, 0.5, causal=True), [x], grad)
@@ -127,16 +146,21 @@ def test_causal_softmax(ext, dtype, shape):
     assert (fused[0][..., above] == 0).all(), "entries above the diagonal must be exactly zero"
 
 
-NORM_SHAPES = [(1, 1), (7, 33), (129, 1000), (1024, 4096), (3, 12288), (2, 5, 64)]
+# vector path: h a multiple of 8 up to 8192 ((4096, 2048): several rows per slot of the persistent grid);
+# scalar: odd h; general: h > 8192
+NORM_SHAPES = [(1, 1), (7, 33), (129, 1000), (1024, 4096), (3, 12288), (2, 5, 64), (17, 8192), (9, 8200),
+               (4096, 2048)]
 
 
 @pytest.mark.parametrize("wdtype", ["same", "fp32"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", NORM_SHAPES, ids=str)
-def test_norms(ext, dtype, wdtype, shape):
+def test_norms(ext, dtype, wdtype, shape, misaligned=False):
     h = shape[-1]
     wt = dtype if wdtype == "same" else torch.float32
     x = _rand(*shape, dtype=dtype, seed=h, scale=2.0).add_(0.5).requires_grad_()
+    if misaligned:
+        x = _misaligned(x)
     w = _rand(h, dtype=wt, seed=3).add_(1.0).requires_grad_()
     b = _rand(h, dtype=wt, seed=4).requires_grad_()
     grad = _rand(*shape, dtype=dtype, seed=5)
@@ -148,14 +172,18 @@ def test_norms(ext, dtype, wdtype, shape):
     _check(fused, reference, dtype, f"RMSNorm {shape} weights {wdtype}")
 
 
-ACT_SHAPES = [(1, 2), (5, 7 * 2), (33, 1001 * 2), (4096, 2 * 2816), (2, 3, 130)]
+# vector path: last dim (and half of it) a multiple of 8; (4096, 2 * 2816) and (3000, 2 * 520): more rows
+# than one wave of the grid; scalar: (33, 1001 * 2), (2, 3, 130) and misaligned inputs
+ACT_SHAPES = [(1, 2), (5, 7 * 2), (33, 1001 * 2), (4096, 2 * 2816), (2, 3, 130), (3000, 2 * 520)]
 
 
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", ACT_SHAPES, ids=str)
-def test_bias_gelu_and_swiglu(ext, dtype, shape, bias):
+def test_bias_gelu_and_swiglu(ext, dtype, shape, bias, misaligned=False):
     x = _rand(*shape, dtype=dtype, seed=shape[-1], scale=2.0).requires_grad_()
+    if misaligned:
+        x = _misaligned(x)
     b = _rand(shape[-1], dtype=dtype, seed=6).requires_grad_() if bias else None
     inputs = [x, b] if bias else [x]
     grad = _rand(*shape, dtype=dtype, seed=7)
@@ -170,12 +198,14 @@ def test_bias_gelu_and_swiglu(ext, dtype, shape, bias):
     _check(fused, _reference(ref.bias_swiglu, inputs, grad), dtype, f"swiglu {shape}")
 
 
+@pytest.mark.parametrize("start", [0, 1], ids=["q", "misaligned"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", [(1, 1, 2, 2), (7, 3, 5, 8), (129, 2, 3, 64), (2048, 1, 4, 128)], ids=str)
-def test_rope(ext, dtype, shape):
+def test_rope(ext, dtype, shape, start):
     s, b, h, d = shape
-    qkv = _rand(s, b, h, 3 * d, dtype=dtype, seed=s + d)
-    x = qkv[..., :d].requires_grad_()  # q as attention slices it from the fused qkv projection
+    qkv = _rand(s, b, h, 3 * d + start, dtype=dtype, seed=s + d)
+    # q as attention slices it from the fused qkv projection (start 1: a view 1 element off 16 bytes)
+    x = qkv[..., start:start + d].requires_grad_()
     assert not x.is_contiguous() and not _leaf(x).is_contiguous()
     cos, sin = rope_cos_sin(s, d, 10000, "cuda", dtype)
     grad = _rand(s, b, h, d, dtype=dtype, seed=9)
@@ -188,11 +218,13 @@ def test_rope(ext, dtype, shape):
     _check(fused, reference, dtype, f"rope {shape}")
 
 
-def test_errors_are_python_exceptions(ext):
-    with pytest.raises(RuntimeError, match="must be a CUDA tensor"):
-        ext.softmax_forward(torch.zeros(2, 2), None, 1.0, True)
-    with pytest.raises(RuntimeError, match="unsupported dtype"):
-        ext.bias_gelu_forward(torch.zeros(2, 2, dtype=torch.float64, device="cuda"), None)
-    with pytest.raises(RuntimeError, match="mask must be"):
-        ext.softmax_forward(torch.zeros(1, 1, 2, 3, device="cuda"), torch.zeros(1, 1, 3, 3, dtype=torch.bool,
-                                                                                  device="cuda"), 1.0, False)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_misaligned_inputs(ext, dtype):
+    """Contiguous inputs that start one element past a 16-byte boundary, at row lengths the vector
+    path would take: every kernel falls back to its scalar path and computes the same."""
+    for shape in [(3, 5, 64), (129, 1000)]:
+        test_norms(ext, dtype, "same", shape, misaligned=True)
+    for shape in [(1, 2, 17, 3000), (8, 4, 64, 256)]:
+        test_causal_softmax(ext, dtype, shape, misaligned=True)
+    for shape in [(3000, 2 * 520), (5, 7 * 2)]:
+        test_bias_gelu_and_swiglu(ext, dtype, shape, bias=True, misaligned=True)

@@ -35,7 +35,7 @@ CASES = {  # name: (global unpadded shape, dim, stride, vocab-padding multiple)
 @pytest.mark.parametrize("save_tp,save_dp,load_tp", [(2, 2, 1), (1, 3, 4), (4, 1, 2)])
 def test_pieces_reassemble_and_reshard(case, save_tp, save_dp, load_tp):
     shape, dim, stride, mult = CASES[case]
-    g = torch.randn(shape)
+    g = torch.randn(shape, generator=torch.Generator().manual_seed(0))
 
     def shard_param(tp):
         if dim is None:
@@ -61,7 +61,7 @@ def test_pieces_reassemble_and_reshard(case, save_tp, save_dp, load_tp):
 
 def test_missing_piece_and_wrong_shape_are_errors():
     p = fake_param([4, 3], "w", 0)
-    g = torch.randn(8, 3)
+    g = torch.randn(8, 3, generator=torch.Generator().manual_seed(0))
     pieces = [make_piece("w", "param", p, 0, 2, 0, 12, take_shard(g, 0, 1, 0, 2))]
     with pytest.raises(CheckpointError, match="12 of 24 elements of 'w'"):
         assemble(pieces, "'w'")

@@ -1,14 +1,12 @@
-"""The fusion fronts on CPU: plain-torch results when kernels are unavailable, the flags pick
-torch, and the kernel path's Python side and math, with a stand-in for the CUDA module.
-
-The stand-in (`FakeKernels`) implements every binding of csrc/fused/bindings.cpp in torch,
-with the closed-form backward formulas the .cu files use (not autograd), so the autograd
-wrappers (what they save, argument order, bias gradients) and the kernels' derivations are
-checked against torch autograd in float64. The CUDA indexing itself is checked on a GPU
-(tests/gpu).
+"""The fusion fronts on CPU: plain-torch results when kernels are unavailable, the flags and the
+kernel table pick the implementation, and the kernel path's Python side and math, with a
+stand-in for the CUDA module (tests/fake_kernels.py: every binding in torch with the .cu files'
+closed-form backward formulas, recording its calls). Each kernel-path test also asserts that
+the stand-in ran, forward and backward: a routing regression would otherwise compare torch
+with torch. The CUDA indexing itself is checked on a GPU (tests/gpu).
 """
 import dataclasses
-import math
+import json
 
 import pytest
 import torch
@@ -16,9 +14,10 @@ import torch.nn.functional as F
 
 from megatron.core import fusions
 from megatron.core.config import ConfigError, TransformerConfig
-from megatron.core.fusions import _common, _ext, activations, attention, norm, rope, softmax
+from megatron.core.fusions import _common, _ext, activations, attention, kernel_table, norm, rope, softmax
 from megatron.core.transformer.core_attention import CoreAttention
 from megatron.core.transformer.rope import rope_cos_sin
+from tests.fake_kernels import FakeKernels
 
 DT = torch.float64
 CUDA = torch.device("cuda")  # only handed to select(): nothing runs on it
@@ -49,13 +48,30 @@ def test_cpu_selects_torch_for_every_flag_setting():
     assert attention.select("unfused", cpu, torch.float32) == "unfused"
 
 
+GPU = "Test GPU 80GB"
+FAST = {"fused_ms": 0.1, "eager_ms": 0.3, "compiled_ms": 0.2, "default": "csrc"}
+SLOW = {"fused_ms": 0.5, "eager_ms": 0.3, "compiled_ms": 0.2, "default": "torch"}
+
+
 @pytest.fixture
-def kernels_present(monkeypatch):
-    """Pretend our kernels (and nothing else optional) are available."""
+def kernels_present(monkeypatch, tmp_path):
+    """Pretend our kernels (and nothing else optional) are available on a GPU named GPU, with a
+    kernel table (MEGATRON_KERNEL_TABLE) where they win for every op; returns a writer of
+    another table."""
     monkeypatch.setattr(_ext, "load", lambda: FakeKernels())
+    monkeypatch.setattr(_common, "device_name", lambda device: GPU if torch.device(device).type == "cuda" else None)
+    path = tmp_path / "table.json"
+
+    def write(entries):
+        path.write_text(json.dumps({GPU: entries}))
+        kernel_table.load.cache_clear()
+    write(dict.fromkeys(kernel_table.OPS, FAST))
+    monkeypatch.setenv(kernel_table.ENV, str(path))
+    yield write
+    kernel_table.load.cache_clear()
 
 
-def test_kernels_are_picked_when_present_and_flags_pick_torch(kernels_present):
+def test_kernels_are_picked_where_the_table_says_and_flags_pick_torch(kernels_present):
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         assert softmax.select(True, CUDA, dtype) == "csrc"
         assert norm.select(True, CUDA, dtype) == "csrc"
@@ -68,22 +84,53 @@ def test_kernels_are_picked_when_present_and_flags_pick_torch(kernels_present):
         assert rope.select(False, CUDA, dtype) == "torch"
     assert softmax.select(True, CUDA, torch.float64) == "torch"  # no kernel for fp64
     assert attention.select("auto", CUDA, torch.bfloat16) == "sdpa"  # flash-attn / TE not installed
+    # measured slower for LayerNorm only: torch there, csrc for RMSNorm, csrc again when forced
+    kernels_present({**dict.fromkeys(kernel_table.OPS, FAST), "layernorm": SLOW})
+    assert norm.choice(True, CUDA, torch.bfloat16) == (
+        "torch", f"csrc 1.67x slower than eager and 2.50x slower than torch.compile on {GPU}, table.json")
+    assert norm.select(True, CUDA, torch.bfloat16, rms=True) == "csrc"
+    assert norm.choice(True, CUDA, torch.bfloat16, force="csrc") == ("csrc", "--fused-kernels csrc")
+    assert norm.choice(False, CUDA, torch.bfloat16, force="csrc") == ("torch", "--no-norm-fusion")
+    kernels_present({})  # nothing on file for this GPU: torch everywhere
+    for front in (softmax, norm, activations, rope):
+        impl, why = front.choice(True, CUDA, torch.bfloat16)
+        assert (impl, why) == ("torch", f"no GPU result on file for {GPU}, table.json")
 
 
-def test_describe_follows_the_flags(kernels_present):
+def test_describe_and_explain_follow_the_flags_and_the_table(kernels_present):
     cfg = TransformerConfig(attention_backend="unfused", position_embedding_type="rope", swiglu=True,
                             normalization="RMSNorm", params_dtype=torch.bfloat16)
     assert dict(fusions.describe(cfg, CUDA)) == {
-        "attention": "unfused (matmul + masked softmax + matmul), softmax csrc", "RMSNorm": "csrc",
-        "bias-swiglu": "csrc", "rope": "csrc"}
+        "attention": "unfused (matmul + masked softmax + matmul), softmax csrc, masked softmax csrc",
+        "RMSNorm": "csrc", "bias-swiglu": "csrc", "rope": "csrc"}
     off = dataclasses.replace(cfg, masked_softmax_fusion=False, norm_fusion=False, bias_swiglu_fusion=False,
                               apply_rope_fusion=False)
     assert dict(fusions.describe(off, CUDA)) == {
-        "attention": "unfused (matmul + masked softmax + matmul), softmax torch", "RMSNorm": "torch",
-        "bias-swiglu": "torch", "rope": "torch"}
+        "attention": "unfused (matmul + masked softmax + matmul), softmax torch, masked softmax torch",
+        "RMSNorm": "torch", "bias-swiglu": "torch", "rope": "torch"}
+    assert {op: why for op, _, why in fusions.explain(off, CUDA)} == {
+        "causal softmax": "--no-masked-softmax-fusion", "masked softmax": "--no-masked-softmax-fusion",
+        "RMSNorm": "--no-norm-fusion", "bias-swiglu": "--no-bias-swiglu-fusion", "rope": "--no-rope-fusion"}
     gelu = TransformerConfig(bias_gelu_fusion=False)
     assert dict(fusions.describe(gelu, CUDA)) == {
         "attention": "torch scaled_dot_product_attention", "LayerNorm": "csrc", "bias-gelu": "torch"}
+    assert fusions.explain(gelu, CUDA)[0] == ("LayerNorm", "csrc", f"csrc 0.33x eager, 0.50x torch.compile on {GPU}, "
+                                                                   "table.json")
+    assert [impl for _, impl, _ in fusions.explain(gelu, torch.device("cpu"))] == ["torch", "torch"]
+
+
+def test_modules_pick_what_the_table_and_flags_say(kernels_present, monkeypatch):
+    """The layers ask with their own op (LayerNorm vs RMSNorm, GeLU vs SwiGLU) and --fused-kernels
+    (built on meta, which stands for the GPU here: no CUDA memory on this machine)."""
+    from megatron.core.transformer.norm import build_norm
+    monkeypatch.setattr(_common, "device_name", lambda device: GPU)
+    monkeypatch.setattr(_common, "csrc_unavailable", lambda device, dtype: None)
+    kernels_present({**dict.fromkeys(kernel_table.OPS, FAST), "layernorm": SLOW})
+    cfg = TransformerConfig(params_dtype=torch.bfloat16, hidden_size=32, num_attention_heads=4)
+    assert build_norm(cfg, "meta").impl == "torch"
+    assert build_norm(dataclasses.replace(cfg, normalization="RMSNorm"), "meta").impl == "csrc"
+    assert build_norm(dataclasses.replace(cfg, fused_kernels="csrc"), "meta").impl == "csrc"
+    assert build_norm(dataclasses.replace(cfg, fused_kernels="csrc", norm_fusion=False), "meta").impl == "torch"
 
 
 def test_requested_backend_that_is_missing_is_a_config_error():
@@ -96,9 +143,15 @@ def test_requested_backend_that_is_missing_is_a_config_error():
 # ----------------------------------------------------------------------------- torch path
 
 
+def _leaf(t):
+    """A fresh leaf with t's values and strides (clone() would make a strided view contiguous)."""
+    out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
+    return out.copy_(t.detach()).requires_grad_(t.requires_grad)
+
+
 def _grads(fn, *inputs, seed=0):
     """fn(*inputs) and the gradients of <fn, random> wrt every input that requires grad."""
-    leaves = [t.detach().clone().requires_grad_(t.requires_grad) if torch.is_tensor(t) else t for t in inputs]
+    leaves = [_leaf(t) if torch.is_tensor(t) else t for t in inputs]
     out = fn(*leaves)
     out.backward(_rand(*out.shape, seed=seed, dtype=out.dtype))
     return out.detach(), [t.grad for t in leaves if torch.is_tensor(t) and t.requires_grad]
@@ -174,89 +227,11 @@ def test_unfused_attention_equals_sdpa(gqa, mask):
 # ----------------------------------------------------------------------------- kernel path
 
 
-class FakeKernels:
-    """megatron_fused_kernels in torch, with the .cu files' formulas (fp32 math on fp32 storage
-    becomes fp64 here: the checks are about the formulas, not rounding)."""
-
-    @staticmethod
-    def softmax_forward(x, mask, scale, causal):
-        sq, sk = x.shape[-2:]
-        masked = torch.ones(sq, sk, dtype=torch.bool).triu(1) if causal else mask
-        v = (x * scale).masked_fill(masked, float("-inf")) if masked is not None else x * scale
-        m = v.amax(-1, keepdim=True)
-        e = torch.exp(v - torch.where(torch.isinf(m), torch.zeros_like(m), m))
-        d = e.sum(-1, keepdim=True)
-        return torch.where(d == 0, torch.zeros_like(e), e / d)
-
-    @staticmethod
-    def softmax_backward(dy, y, scale):
-        return scale * y * (dy - (dy * y).sum(-1, keepdim=True))
-
-    @staticmethod
-    def norm_forward(x, weight, bias, eps, rms):
-        mu = torch.zeros_like(x[..., :1]) if rms else x.mean(-1, keepdim=True)
-        r = torch.rsqrt(((x - mu) ** 2).mean(-1, keepdim=True) + eps)
-        y = (x - mu) * r * weight + (bias if bias is not None else 0)
-        return y, (mu.flatten() if not rms else x.new_empty(0)), r.flatten()
-
-    @staticmethod
-    def norm_backward(dy, x, mean, rstd, weight, rms, has_bias):
-        n = x.shape[-1]
-        mu = 0 if rms else mean.view(*x.shape[:-1], 1)
-        r = rstd.view(*x.shape[:-1], 1)
-        xh = (x - mu) * r
-        g = dy * weight
-        v = g - xh * (g * xh).sum(-1, keepdim=True) / n
-        if not rms:
-            v = v - g.sum(-1, keepdim=True) / n
-
-        def flat(t):
-            return t.reshape(-1, n)
-
-        return r * v, flat(dy * xh).sum(0), (flat(dy).sum(0) if has_bias and not rms else None)
-
-    @staticmethod
-    def _gelu_grad(v):
-        return 0.5 * (1 + torch.erf(v / math.sqrt(2))) + v * torch.exp(-0.5 * v * v) / math.sqrt(2 * math.pi)
-
-    @staticmethod
-    def bias_gelu_forward(x, bias):
-        v = x + bias if bias is not None else x
-        return 0.5 * v * (1 + torch.erf(v / math.sqrt(2)))
-
-    @classmethod
-    def bias_gelu_backward(cls, dy, x, bias):
-        return dy * cls._gelu_grad(x + bias if bias is not None else x)
-
-    @staticmethod
-    def swiglu_forward(x, bias):
-        g, u = (x + bias if bias is not None else x).chunk(2, -1)
-        return g * torch.sigmoid(g) * u
-
-    @staticmethod
-    def swiglu_backward(dy, x, bias):
-        g, u = (x + bias if bias is not None else x).chunk(2, -1)
-        s = torch.sigmoid(g)
-        return torch.cat([dy * u * s * (1 + g * (1 - s)), dy * g * s], dim=-1)
-
-    @staticmethod
-    def rope_apply(x, cos, sin, backward):
-        d = x.shape[-1]
-        half = d // 2
-        shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (d,)
-        c, s = cos.reshape(shape), sin.reshape(shape)
-        partner = torch.cat([x[..., half:], x[..., :half]], dim=-1)
-        sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(x.dtype)
-        if not backward:
-            return x * c + sign * partner * s
-        s_partner = torch.cat([s[..., half:], s[..., :half]], dim=-1)
-        return x * c - sign * partner * s_partner
-
-
 @pytest.fixture
 def fake_kernels(monkeypatch):
-    """Route the fronts' kernel path to FakeKernels for CPU tensors."""
-    monkeypatch.setattr(_ext, "load", lambda: FakeKernels())
+    """Route the fronts' kernel path to a FakeKernels for CPU tensors; returns it (its calls)."""
+    fake = FakeKernels()
+    monkeypatch.setattr(_ext, "load", lambda: fake)
     monkeypatch.setattr(_common, "KERNEL_DTYPES", (torch.float64,))
 
     def ok(*ts):
@@ -264,14 +239,22 @@ def fake_kernels(monkeypatch):
 
     for module in (softmax, norm, activations, rope):
         monkeypatch.setattr(module, "csrc_ok_for", ok)
+    return fake
 
 
-def _same(kernel_fn, torch_fn, *inputs):
+def _same(kernel_fn, torch_fn, *inputs, fake, calls):
+    """kernel_fn (through the stand-in) and torch_fn agree, and the stand-in ran exactly `calls`."""
+    fake.calls.clear()
     (o1, g1), (o2, g2) = _grads(kernel_fn, *inputs), _grads(torch_fn, *inputs)
+    assert fake.called() == set(calls), f"the kernel path ran {sorted(fake.called())}, not {sorted(calls)}"
     torch.testing.assert_close(o1, o2, rtol=1e-10, atol=1e-12)
     assert len(g1) == len(g2)
     for a, e in zip(g1, g2):
         torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12)
+
+
+SOFTMAX = ("softmax_forward", "softmax_backward")
+NORM = ("norm_forward", "norm_backward")
 
 
 def test_kernel_path_softmax(fake_kernels):
@@ -280,31 +263,52 @@ def test_kernel_path_softmax(fake_kernels):
     mask[0, 0, 1] = True
     for m in (mask, mask[:1]):
         _same(lambda t: softmax.scaled_masked_softmax(t, m, 0.3, "csrc"),
-              lambda t: softmax.torch_scaled_masked_softmax(t, m, 0.3), x)
+              lambda t: softmax.torch_scaled_masked_softmax(t, m, 0.3), x, fake=fake_kernels, calls=SOFTMAX)
     _same(lambda t: softmax.scaled_upper_triang_masked_softmax(t, 0.3, "csrc"),
-          lambda t: softmax.torch_scaled_masked_softmax(t, None, 0.3, causal=True), x)
+          lambda t: softmax.torch_scaled_masked_softmax(t, None, 0.3, causal=True), x, fake=fake_kernels,
+          calls=SOFTMAX)
+    assert ("softmax_backward", x.shape, True) in fake_kernels.calls, "the causal backward skips the zeros"
 
 
 def test_kernel_path_norms(fake_kernels):
     x, w, b = _rand(3, 2, 16, seed=12), _rand(16, seed=13), _rand(16, seed=14)
     args = (x.requires_grad_(), w.requires_grad_(), b.requires_grad_())
-    _same(lambda *t: norm.layer_norm(*t, 1e-5, "csrc"), lambda *t: F.layer_norm(t[0], (16,), t[1], t[2], 1e-5), *args)
+    _same(lambda *t: norm.layer_norm(*t, 1e-5, "csrc"), lambda *t: F.layer_norm(t[0], (16,), t[1], t[2], 1e-5), *args,
+          fake=fake_kernels, calls=NORM)
     _same(lambda x_, w_: norm.rms_norm(x_, w_, 1e-5, "csrc"), lambda x_, w_: norm.torch_rms_norm(x_, w_, 1e-5),
-          x, w)
+          x, w, fake=fake_kernels, calls=NORM)
 
 
 def test_kernel_path_activations(fake_kernels):
     x, b = _rand(3, 2, 16, seed=15).requires_grad_(), _rand(16, seed=16).requires_grad_()
-    _same(lambda *t: activations.bias_gelu(*t, "csrc"), activations.torch_bias_gelu, x, b)
-    _same(lambda t: activations.bias_gelu(t, None, "csrc"), activations.torch_bias_gelu, x)
-    _same(lambda *t: activations.bias_swiglu(*t, "csrc"), activations.torch_bias_swiglu, x, b)
-    _same(lambda t: activations.bias_swiglu(t, None, "csrc"), activations.torch_bias_swiglu, x)
+    gelu, swiglu = ("bias_gelu_forward", "bias_gelu_backward"), ("swiglu_forward", "swiglu_backward")
+    _same(lambda *t: activations.bias_gelu(*t, "csrc"), activations.torch_bias_gelu, x, b, fake=fake_kernels,
+          calls=gelu)
+    _same(lambda t: activations.bias_gelu(t, None, "csrc"), activations.torch_bias_gelu, x, fake=fake_kernels,
+          calls=gelu)
+    _same(lambda *t: activations.bias_swiglu(*t, "csrc"), activations.torch_bias_swiglu, x, b, fake=fake_kernels,
+          calls=swiglu)
+    _same(lambda t: activations.bias_swiglu(t, None, "csrc"), activations.torch_bias_swiglu, x, fake=fake_kernels,
+          calls=swiglu)
+    # the tanh form (--openai-gelu) has no kernel: torch, and no call
+    _same(lambda *t: activations.bias_gelu(*t, "csrc", "tanh"), lambda *t: activations.torch_bias_gelu(*t, "tanh"),
+          x, b, fake=fake_kernels, calls=())
 
 
 def test_kernel_path_rope_is_the_exact_transpose(fake_kernels):
     x = _rand(5, 2, 3, 8, seed=17).requires_grad_()
     cos, sin = rope_cos_sin(5, 8, 10000, "cpu", DT)
-    _same(lambda t: rope.apply_rope(t, cos, sin, "csrc"), lambda t: rope.torch_apply_rope(t, cos, sin), x)
+    rope_calls = ("rope_apply",)
+    _same(lambda t: rope.apply_rope(t, cos, sin, "csrc"), lambda t: rope.torch_apply_rope(t, cos, sin), x,
+          fake=fake_kernels, calls=rope_calls)
     # halves of cos / sin that differ (not what rope_cos_sin makes): the backward is still exact
     cos2, sin2 = _rand(5, 1, 1, 8, seed=18), _rand(5, 1, 1, 8, seed=19)
-    _same(lambda t: rope.apply_rope(t, cos2, sin2, "csrc"), lambda t: rope.torch_apply_rope(t, cos2, sin2), x)
+    _same(lambda t: rope.apply_rope(t, cos2, sin2, "csrc"), lambda t: rope.torch_apply_rope(t, cos2, sin2), x,
+          fake=fake_kernels, calls=rope_calls)
+    # q as attention slices it from the fused qkv output reaches the kernel as the view itself
+    qkv = _rand(5, 2, 3, 24, seed=20)
+    q = qkv[..., :8].requires_grad_()
+    fake_kernels.calls.clear()
+    _same(lambda t: rope.apply_rope(t, cos, sin, "csrc"), lambda t: rope.torch_apply_rope(t, cos, sin), q,
+          fake=fake_kernels, calls=rope_calls)
+    assert ("rope_apply", q.shape, False, False) in fake_kernels.calls, "the strided view was copied first"

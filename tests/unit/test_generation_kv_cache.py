@@ -1,8 +1,10 @@
 """Generation with the KV cache equals recomputing the whole sequence, for every GPT the trainer builds.
 
 One process, no process group: a one-rank stand-in TP group (comm.PlanGroup) makes every TP
-collective the identity. Tiny fp32 models with random weights (std 0.3, so that the greedy
-tokens depend on the input and a wrong cache would change them)."""
+collective the identity. Tiny fp64 models with random weights (std 0.3, so that the greedy
+tokens depend on the input and a wrong cache would change them): the cached and the whole forward sum
+in other orders, so they compare within the chain bound of tests/rounding.py, and a near tie of two
+logits cannot pick another greedy token on another CPU."""
 import pytest
 import torch
 
@@ -14,6 +16,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.parallel_state import ProcessGroups
 from megatron.core.tensor_parallel.initialization import initialize_parameters
 from megatron.core.transformer.kv_cache import KVCache
+from tests.rounding import CHAIN_RTOL_FP64, assert_within
 
 VOCAB, B, PROMPT, NEW = 40, 2, 5, 6
 VARIANTS = {
@@ -39,7 +42,7 @@ def _groups():
 def _config(**variant):
     cfg = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, vocab_size=VOCAB,
                             make_vocab_size_divisible_by=8, hidden_dropout=0.0, attention_dropout=0.0,
-                            init_method_std=0.3, **variant)
+                            init_method_std=0.3, params_dtype=torch.float64, **variant)
     cfg.validate()
     return cfg
 
@@ -54,6 +57,13 @@ def _full_logits(model, ids):
     """The plain forward over the whole sequence: [b, s, VOCAB]."""
     with torch.no_grad():
         return model(ids)[..., :VOCAB]
+
+
+def _assert_close_in_fp32(cached, full, what):
+    """forward_with_cache hands back its fp64 logits rounded to fp32: within the chain bound of the whole
+    forward's, then one fp32 rounding each, so at most one fp32 ulp (<= eps |x|) further apart."""
+    bound = CHAIN_RTOL_FP64 * full.abs().max().item() + torch.finfo(torch.float32).eps * full.abs()
+    assert_within(cached.double(), full, bound, what)
 
 
 def _prompt():
@@ -74,7 +84,7 @@ def test_cached_greedy_equals_recomputed(name):
     cache, step = KVCache(), ids
     for end in range(PROMPT, PROMPT + NEW + 1):
         cached = forward_with_cache(model, step, cache)[:, -1]
-        torch.testing.assert_close(cached, _full_logits(model, recomputed[:, :end])[:, -1], rtol=1e-5, atol=1e-5)
+        _assert_close_in_fp32(cached, _full_logits(model, recomputed[:, :end])[:, -1], f"cached logits at {end}")
         assert cache.seq_len == end
         step = recomputed[:, end:end + 1]
 
@@ -86,7 +96,7 @@ def test_prompt_in_pieces(name):
     ids = torch.randint(0, VOCAB, (B, 9), generator=torch.Generator().manual_seed(3))
     cache = KVCache()
     pieces = [forward_with_cache(model, ids[:, a:b], cache) for a, b in ((0, 4), (4, 5), (5, 9))]
-    torch.testing.assert_close(torch.cat(pieces, dim=1), _full_logits(model, ids), rtol=1e-5, atol=1e-5)
+    _assert_close_in_fp32(torch.cat(pieces, dim=1), _full_logits(model, ids), "logits of the pieces")
 
 
 def test_bert_is_refused():

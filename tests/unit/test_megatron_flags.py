@@ -112,7 +112,7 @@ def test_distributed_timeout_reaches_init_process_group(monkeypatch):
 def test_partial_rotary_rotates_only_the_leading_dims():
     cfg = TransformerConfig(hidden_size=32, num_attention_heads=2, position_embedding_type="rope", rotary_percent=0.5)
     assert cfg.rotary_dim == 8
-    x = torch.randn(5, 2, 2, 16)
+    x = torch.randn(5, 2, 2, 16, generator=torch.Generator().manual_seed(0))
     cos, sin = rope_cos_sin(5, cfg.rotary_dim, 10000, "cpu")
     y = apply_rope(x, cos, sin)
     assert torch.equal(y[..., 8:], x[..., 8:])
@@ -147,7 +147,8 @@ def test_softmax_in_fp32_runs_the_half_precision_softmax_in_fp32(monkeypatch):
         return real(x, scale, impl)
 
     monkeypatch.setattr(attention_front.softmax_front, "scaled_upper_triang_masked_softmax", spy)
-    q, k, v = (torch.randn(6, 1, 2, 8).to(torch.bfloat16) for _ in range(3))
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(6, 1, 2, 8, generator=g).to(torch.bfloat16) for _ in range(3))
     out = attention_front.unfused(q, k, v, None, 0.0, 0.35, "torch", softmax_in_fp32=True)
     attention_front.unfused(q, k, v, None, 0.0, 0.35, "torch")
     attention_front.unfused(q.float(), k.float(), v.float(), None, 0.0, 0.35, "torch", softmax_in_fp32=True)

@@ -4,10 +4,10 @@ simulation, and tools/plan.py runs end to end."""
 import pytest
 
 from megatron.core.pipeline_parallel.schedules import build_schedule
-from megatron.core.pipeline_parallel.simulator import simulate
+from megatron.core.pipeline_parallel.simulator import simulate, v_stage
+from megatron.core.pipeline_parallel.zb_v import zb_v
 from megatron.training.flops import lookup_peak
-from megatron.training.planner import cost as cost_mod
-from megatron.training.planner import load_calibration, make_cluster, plan, predict
+from megatron.training.planner import load_calibration, make_cluster, pipeline_cost, plan, predict
 from megatron.training.planner.predict import PLAN_DEFAULTS, estimator
 from tools import plan as plan_cli
 
@@ -70,16 +70,25 @@ def test_calibration_peaks_are_the_mfu_table():
         assert lookup_peak(names[gpu], "bf16")[1] == g["peak_bf16_tflops"]
 
 
-def test_extrapolated_pipeline_equals_the_simulation(monkeypatch):
-    costs = {0: (1.0, 2.2), 1: (1.1, 2.0), 2: (1.0, 2.0), 3: (1.3, 2.5)}
+@pytest.mark.parametrize("schedule", ["1f1b", "zb_h1", "zb_v"])
+def test_extrapolated_pipeline_equals_the_simulation(schedule, monkeypatch):
+    costs = {0: (1.0, 1.4, 0.8), 1: (1.1, 1.2, 0.8), 2: (1.0, 1.3, 0.7), 3: (1.3, 1.5, 1.0)}
 
     def cost(rank, a):
-        return costs[rank][a.kind == "B"] if a.kind in ("F", "B") else 0.05
+        return costs[rank]["FBW".index(a.kind)] if a.kind in ("F", "B", "W") else 0.05
 
-    P, M, V = 4, 40, 1
-    direct = simulate(build_schedule(P, M, V), cost)
-    monkeypatch.setattr(cost_mod, "_SIM_ACTIONS", 8 * P * 3 * P)  # force the extrapolation
-    makespan, bubble = cost_mod._simulate(P, M, V, cost)
+    P, M = 4, 40
+    if schedule == "zb_v":
+        def build(m):
+            return {r: zb_v(P, m, 2, r) for r in range(P)}
+        where = dict(stage_of=v_stage, streams=True)
+    else:
+        def build(m):
+            return build_schedule(P, m, 1, schedule)
+        where = {}
+    direct = simulate(build(M), cost, **where)
+    monkeypatch.setattr(pipeline_cost, "_SIM_ACTIONS", 8 * P * 3 * P)  # force the extrapolation
+    makespan, bubble = pipeline_cost.simulate_long(build, P, M, cost, **where)
     assert makespan == pytest.approx(direct.makespan, rel=1e-9)
     assert bubble == pytest.approx(direct.bubble, rel=1e-9)
 

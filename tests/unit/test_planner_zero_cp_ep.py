@@ -47,6 +47,40 @@ def test_context_parallel_bytes_equal_formula(comm):
     assert p2p_message_bytes(c, b, tp) == 64 // C * b * 64 * 2
 
 
+@pytest.mark.parametrize("tp,groups", [(1, 2), (2, 2), (2, 4)])
+def test_ulysses_bytes_are_what_its_all_to_alls_send(tp, groups, monkeypatch):
+    """--cp-comm-type a2a per rank and layer: the planner's bytes equal what a2a_attention's
+    all-to-alls send, (C-1)/C of each tensor, forward (q, k, v, the output) and backward (their
+    gradients). At TP2 with 2 query groups one K/V group per TP rank does not split C = 2 ways:
+    it goes as one copy per query head. The collective is replaced by a copy on a stand-in group."""
+    import torch
+
+    from megatron.core.comm import PlanGroup
+    from megatron.core.transformer import context_parallel
+    from megatron.training.planner.traffic import context_parallel_bytes, ulysses_sent_bytes
+    C, b, heads, d = 2, 2, 4, 16
+    flags = BASE + ["--global-batch-size", "8", "--micro-batch-size", str(b), "--attention-dropout", "0",
+                    "--tensor-model-parallel-size", str(tp), "--context-parallel-size", str(C),
+                    "--cp-comm-type", "a2a", "--group-query-attention", "--num-query-groups", str(groups)]
+    c, _ = configs(flags, tp * C)
+    assert c.kv_channels == d
+    sent = []
+
+    def copy(out, x, group=None):
+        sent.append(x.numel() * x.element_size() * (C - 1) / C)
+        out.copy_(x)
+    monkeypatch.setattr(context_parallel.dist, "all_to_all_single", copy)
+    s = 64 // C  # this rank's tokens; bf16 as the flags say
+    q = torch.randn(s, b, heads // tp, d, dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(s, b, groups // tp, d, dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    out = context_parallel.a2a_attention(q, k, v, PlanGroup(C, 0))
+    forward = sum(sent)
+    out.float().sum().backward()
+    backward = sum(sent) - forward
+    assert len(sent) == 8 and sorted(sent[:4]) == sorted(ulysses_sent_bytes(c, b, tp))
+    assert context_parallel_bytes(c, b, tp) == (forward, backward)
+
+
 def test_expert_parallel_bytes_equal_formula():
     """All-to-all per step (bench/moe.py): 4 h x bytes x remote pairs, remote pairs = T k (EP-1)/EP
     per MoE layer and microbatch under even routing; T = the CP rank's tokens."""

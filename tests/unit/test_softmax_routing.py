@@ -1,7 +1,7 @@
 """The masked-softmax front hands padding masks to our kernel, in the form its binding takes.
 
 On CPU, `_ext.load` returns a stand-in that records every call and checks its arguments as
-csrc/fused/bindings.cpp does (contiguous x [b, heads, sq, sk]; a contiguous bool mask
+csrc/fused/bind_softmax.cpp does (contiguous x [b, heads, sq, sk]; a contiguous bool mask
 [b or 1, 1, sq, sk] on x's device), then computes the masked softmax in float64. The fronts'
 "is this a CUDA tensor of a kernel dtype" check is widened to float64 CPU tensors, as in
 tests/unit/test_fusions.py.
@@ -32,7 +32,7 @@ class RecordingKernels:
         v = x * scale if masked is None else (x * scale).masked_fill(masked.bool(), float("-inf"))
         return torch.nan_to_num(torch.softmax(v, dim=-1), nan=0.0)
 
-    def softmax_backward(self, grad, y, scale):
+    def softmax_backward(self, grad, y, scale, causal=False):
         self.calls.append(("backward", grad, y, scale))
         assert grad.is_contiguous() and grad.shape == y.shape
         return scale * y * (grad - (grad * y).sum(-1, keepdim=True))

@@ -9,32 +9,48 @@ or plain torch by availability and the config's flags, and always falls back to 
     rope.apply_rope                   --no-rope-fusion
 
 Modules choose once, at construction (select(...) with the device and dtype they are built
-for); a call whose tensors the chosen kernel cannot take (CPU tensors, another dtype) runs
-torch instead. describe() reports the choices the same way, for the start-up log.
+for, through kernel_table.choose: our kernel only where a GPU result on file beats eager torch
+and torch.compile on this GPU, unless a flag says otherwise); a call whose tensors the chosen
+kernel cannot take (CPU tensors, another dtype) runs torch instead. explain() and describe()
+report the choices the same way, for the start-up log.
 """
 import torch
 
-from . import _ext, activations, attention, norm, rope, softmax
+from . import _ext, activations, attention, kernel_table, norm, rope, softmax
+
+
+def explain(config, device):
+    """[(op, implementation, why)] for the fused ops `config`'s model uses on `device`, as its modules pick them."""
+    dtype, force = config.params_dtype, config.fused_kernels
+    ops = []
+    if attention.select(config.attention_backend, device, dtype) == "unfused":
+        ops.append(("causal softmax", *softmax.choice(config.masked_softmax_fusion, device, dtype, True, force)))
+        ops.append(("masked softmax", *softmax.choice(config.masked_softmax_fusion, device, dtype, False, force)))
+    ops.append((config.normalization, *norm.choice(config.norm_fusion, device, dtype,
+                                                    config.normalization == "RMSNorm", force)))
+    if config.swiglu:
+        ops.append(("bias-swiglu", *activations.choice(config.bias_swiglu_fusion, device, dtype, True, force)))
+    else:
+        ops.append(("bias-gelu", *activations.choice(config.bias_gelu_fusion, device, dtype, False, force)))
+    if config.position_embedding_type == "rope":
+        ops.append(("rope", *rope.choice(config.apply_rope_fusion, device, dtype, force)))
+    return ops
 
 
 def describe(config, device):
     """[(op, implementation)] for the ops `config`'s model uses on `device`, as its modules pick them."""
-    dtype = config.params_dtype
-    backend = attention.select(config.attention_backend, device, dtype)
+    backend = attention.select(config.attention_backend, device, config.params_dtype)
+    choices = explain(config, device)
     attn = attention.NAMES[backend]
     if backend == "unfused":
-        attn += ", softmax " + softmax.select(config.masked_softmax_fusion, device, dtype, causal=True)
-    fused_activation = config.bias_swiglu_fusion if config.swiglu else config.bias_gelu_fusion
-    ops = [("attention", attn),
-           (config.normalization, norm.select(config.norm_fusion, device, dtype)),
-           ("bias-swiglu" if config.swiglu else "bias-gelu", activations.select(fused_activation, device, dtype))]
-    if config.position_embedding_type == "rope":
-        ops.append(("rope", rope.select(config.apply_rope_fusion, device, dtype)))
+        attn += ", softmax " + choices[0][1] + ", masked softmax " + choices[1][1]
+        choices = choices[2:]
+    ops = [("attention", attn)] + [(op, impl) for op, impl, _ in choices]
     if config.context_parallel_size > 1 and config.cp_comm_type == "p2p":
         from ..transformer.ring_kernels import choose_kernel, usable_kernels
         device = torch.device(device)
         ops.append(("ring-attention-blocks",
-                    choose_kernel(device.type, dtype, config.kv_channels, usable_kernels(device))))
+                    choose_kernel(device.type, config.params_dtype, config.kv_channels, usable_kernels(device))))
     return ops
 
 
@@ -47,6 +63,10 @@ def kernels_status():
 def check_config(config):
     """Raise ConfigError when an explicitly requested backend cannot run here (before any process group)."""
     from ..config import ConfigError, TransformerConfig, flag_of
+    try:
+        kernel_table.load(kernel_table.table_path())
+    except kernel_table.KernelTableError as e:
+        raise ConfigError(f"{e}; fix it, or unset {kernel_table.ENV} to use the committed table") from None
     backend = attention.ALIASES.get(config.attention_backend, config.attention_backend)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if config.transformer_impl == "transformer_engine":

@@ -29,8 +29,9 @@ _state = {"tried": False, "module": None, "status": "not loaded yet"}
 
 
 def sources(root=CSRC):
-    """The extension's sources: every kernel file plus the bindings."""
-    return sorted(glob.glob(os.path.join(root, "*.cu"))) + [os.path.join(root, "bindings.cpp")]
+    """The extension's sources: every kernel file (*.cu) and every binding file (*.cpp); cpu_stub/
+    holds the CPU test build's stand-ins (tests/csrc_stub.py), not part of the module."""
+    return sorted(glob.glob(os.path.join(root, "*.cu"))) + sorted(glob.glob(os.path.join(root, "*.cpp")))
 
 
 def _prebuilt():

@@ -1,19 +1,26 @@
 """Bias + GeLU and bias + SwiGLU fronts for the MLP.
 
-"csrc" fuses the bias add into the activation (the linear layer then skips its bias);
-"torch" is F.gelu (exact, erf) or F.silu(gate) * up. There is no apex or Transformer Engine
-candidate: neither exposes these as standalone functions.
+"csrc" fuses the bias add into the activation (the linear layer then skips its bias) and
+sums the bias gradient in the backward's pass; "torch" is F.gelu (exact, erf) or
+F.silu(gate) * up. There is no apex or Transformer Engine candidate: neither exposes these as
+standalone functions. Which one a module runs: kernel_table.choose.
 """
 import torch
 import torch.nn.functional as F
 
 from . import _ext
-from ._common import csrc_ok, csrc_ok_for
+from ._common import csrc_ok_for, kernel_choice
 
 
-def select(enabled, device, dtype):
-    """'csrc' | 'torch' (same rule for GeLU and SwiGLU)."""
-    return "csrc" if enabled and csrc_ok(device, dtype) else "torch"
+def choice(enabled, device, dtype, swiglu=False, force="auto"):
+    """('csrc' | 'torch', why) for bias + GeLU (bias + SwiGLU: swiglu=True) over tensors of dtype on device."""
+    if swiglu:
+        return kernel_choice("bias-swiglu", device, dtype, enabled, force, "--no-bias-swiglu-fusion")
+    return kernel_choice("bias-gelu", device, dtype, enabled, force, "--no-bias-gelu-fusion")
+
+
+def select(enabled, device, dtype, swiglu=False, force="auto"):
+    return choice(enabled, device, dtype, swiglu, force)[0]
 
 
 def torch_bias_gelu(x, bias=None, approximate="none"):
@@ -39,9 +46,9 @@ class _CsrcBiasAct(torch.autograd.Function):
     def backward(ctx, grad):
         ext = _ext.load()
         x, bias = ctx.saved_tensors
-        dx = (ext.swiglu_backward if ctx.swiglu else ext.bias_gelu_backward)(grad.contiguous(), x, bias)
-        dbias = dx.reshape(-1, dx.shape[-1]).sum(0) if bias is not None and ctx.needs_input_grad[1] else None
-        return dx, dbias, None
+        # the kernel sums the bias gradient in the same pass (fp32, over the unrounded dx)
+        dx, dbias = (ext.swiglu_backward if ctx.swiglu else ext.bias_gelu_backward)(grad.contiguous(), x, bias)
+        return dx, (dbias if ctx.needs_input_grad[1] else None), None
 
 
 def _csrc_fits(x, bias):

@@ -88,9 +88,11 @@ def build_te(config, tp_group, layer_number):
         return None
 
 
-def unfused(q, k, v, attn_mask, p, scale, softmax_impl, softmax_in_fp32=False):
-    """Explicit scores, the masked-softmax front (softmax_impl from softmax.select), dropout, matmul.
+def unfused(q, k, v, attn_mask, p, scale, softmax_impl, softmax_in_fp32=False, masked_softmax_impl=None):
+    """Explicit scores, the masked-softmax front (softmax_impl from softmax.select(causal=True) for the causal
+    mask, masked_softmax_impl from causal=False for a bool mask; default the same), dropout, matmul.
     softmax_in_fp32: half-precision scores go through torch's softmax in fp32 (the kernels already do)."""
+    masked_softmax_impl = masked_softmax_impl or softmax_impl
     s, b, heads, d = q.shape
     sk, groups = k.shape[0], k.shape[2]
     if groups != heads:  # query head i uses key/value group i // (heads / groups), as SDPA's GQA
@@ -100,14 +102,15 @@ def unfused(q, k, v, attn_mask, p, scale, softmax_impl, softmax_in_fp32=False):
     kt = k.permute(1, 2, 3, 0).reshape(b * heads, d, sk)
     v = v.permute(1, 2, 0, 3).reshape(b * heads, sk, d)
     scores = torch.bmm(q, kt).view(b, heads, s, sk)
-    if softmax_in_fp32 and scores.dtype in HALF_DTYPES and softmax_impl == "torch":
+    impl = softmax_impl if attn_mask is None else masked_softmax_impl
+    if softmax_in_fp32 and scores.dtype in HALF_DTYPES and impl == "torch":
         scores = scores.float()
     if attn_mask is None:
         probs = softmax_front.scaled_upper_triang_masked_softmax(scores, scale, softmax_impl)
     elif attn_mask.dtype == torch.bool:
         # kernels take [b, 1, sq, sk]; a padding mask comes as [b, 1, 1, sk]
         masked = ~attn_mask.expand(attn_mask.shape[0], 1, s, sk)
-        probs = softmax_front.scaled_masked_softmax(scores, masked, scale, softmax_impl)
+        probs = softmax_front.scaled_masked_softmax(scores, masked, scale, masked_softmax_impl)
     else:
         probs = torch.softmax(scores * scale + attn_mask, dim=-1)
     probs = probs.to(v.dtype)

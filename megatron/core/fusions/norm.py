@@ -1,28 +1,28 @@
 """LayerNorm and RMSNorm fronts.
 
-Implementations, first usable: "csrc" (our kernel: fp32 statistics, keeps the input and
-fp32 mean / rstd for the backward; weights of the input's dtype or fp32), "apex"
-(apex.normalization's fused_layer_norm_affine / fused_rms_norm_affine), "torch"
-(F.layer_norm; RMSNorm with fp32 statistics, written out).
+Implementations: "csrc" (our kernel: fp32 statistics, keeps the input and fp32 mean / rstd
+for the backward; weights of the input's dtype or fp32), "apex" (apex.normalization's
+fused_layer_norm_affine / fused_rms_norm_affine), "torch" (F.layer_norm; RMSNorm with fp32
+statistics, written out). Which one a module runs: kernel_table.choose (torch unless a GPU
+result on file says otherwise).
 """
 import torch
 import torch.nn.functional as F
 
 from . import _ext
-from ._common import csrc_ok, csrc_ok_for, importable
+from ._common import csrc_ok_for, importable, kernel_choice
 
 _APEX = "apex.normalization.fused_layer_norm"
 
 
-def select(enabled, device, dtype):
-    """'csrc' | 'apex' | 'torch' for a norm over tensors of dtype on device."""
-    if not enabled:
-        return "torch"
-    if csrc_ok(device, dtype):
-        return "csrc"
-    if torch.device(device).type == "cuda" and importable(_APEX):
-        return "apex"
-    return "torch"
+def choice(enabled, device, dtype, rms=False, force="auto"):
+    """('csrc' | 'apex' | 'torch', why) for a LayerNorm (RMSNorm: rms=True) over tensors of dtype on device."""
+    others = {} if torch.device(device).type == "cuda" and importable(_APEX) else {"apex": "apex is not installed"}
+    return kernel_choice("rmsnorm" if rms else "layernorm", device, dtype, enabled, force, "--no-norm-fusion", others)
+
+
+def select(enabled, device, dtype, rms=False, force="auto"):
+    return choice(enabled, device, dtype, rms, force)[0]
 
 
 def torch_rms_norm(x, weight, eps):
@@ -50,7 +50,8 @@ class _CsrcNorm(torch.autograd.Function):
 
 def _csrc_fits(x, weight, bias):
     return (csrc_ok_for(x, weight, bias) and weight.is_contiguous()
-            and weight.dtype in (x.dtype, torch.float32) and (bias is None or bias.dtype == weight.dtype))
+            and weight.dtype in (x.dtype, torch.float32)
+            and (bias is None or (bias.dtype == weight.dtype and bias.is_contiguous())))
 
 
 def layer_norm(x, weight, bias, eps, impl="torch"):

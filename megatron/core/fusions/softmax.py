@@ -6,30 +6,33 @@ True = masked out (Megatron-LM's convention); masked entries get probability 0 a
 every entry masked is all zeros (not NaN, not uniform). Causal masks column c of query row
 q when c > q (top-left aligned, as torch SDPA's is_causal). The output has x's dtype.
 
-Implementations, first usable: "csrc" (our kernel, CUDA, fp32 math, any row length), "apex"
-(apex's Megatron kernel, causal only: its padding variant makes fully masked rows uniform;
-fp16/bf16 and the shapes it supports), "torch". Used by the unfused attention path; SDPA,
-flash-attn and Transformer Engine do their own softmax.
+Implementations: "csrc" (our kernel, CUDA, fp32 math, any row length), "apex" (apex's
+Megatron kernel, causal only: its padding variant makes fully masked rows uniform; fp16/bf16
+and the shapes it supports), "torch"; which one a module runs: kernel_table.choose (the
+causal and the padding-mask softmax are measured apart). Used by the unfused attention path;
+SDPA, flash-attn and Transformer Engine do their own softmax.
 """
 import functools
 
 import torch
 
 from . import _ext
-from ._common import HALF_DTYPES, csrc_ok, csrc_ok_for, importable
+from ._common import HALF_DTYPES, csrc_ok_for, importable, kernel_choice
 
 _APEX = "scaled_upper_triang_masked_softmax_cuda"
 
 
-def select(enabled, device, dtype, causal=True):
-    """'csrc' | 'apex' | 'torch' for tensors of dtype on device; enabled=False (flag) -> 'torch'."""
-    if not enabled:
-        return "torch"
-    if csrc_ok(device, dtype):
-        return "csrc"
-    if causal and torch.device(device).type == "cuda" and dtype in HALF_DTYPES and importable(_APEX):
-        return "apex"
-    return "torch"
+def choice(enabled, device, dtype, causal=True, force="auto"):
+    """('csrc' | 'apex' | 'torch', why) for tensors of dtype on device; enabled=False (flag) -> torch."""
+    others = {}
+    if not (causal and torch.device(device).type == "cuda" and dtype in HALF_DTYPES and importable(_APEX)):
+        others["apex"] = "apex's causal softmax kernel is not installed" if causal else "apex takes no padding mask"
+    op = "causal softmax" if causal else "masked softmax"
+    return kernel_choice(op, device, dtype, enabled, force, "--no-masked-softmax-fusion", others)
+
+
+def select(enabled, device, dtype, causal=True, force="auto"):
+    return choice(enabled, device, dtype, causal, force)[0]
 
 
 @functools.lru_cache(maxsize=8)
@@ -55,13 +58,13 @@ class _CsrcSoftmax(torch.autograd.Function):
     def forward(ctx, x, mask, scale, causal):
         y = _ext.load().softmax_forward(x.contiguous(), mask, scale, causal)
         ctx.save_for_backward(y)  # the output is all the backward needs
-        ctx.scale = scale
+        ctx.scale, ctx.causal = scale, causal
         return y
 
     @staticmethod
     def backward(ctx, grad):
         (y,) = ctx.saved_tensors
-        return _ext.load().softmax_backward(grad.contiguous(), y, ctx.scale), None, None, None
+        return _ext.load().softmax_backward(grad.contiguous(), y, ctx.scale, ctx.causal), None, None, None
 
 
 class _ApexCausalSoftmax(torch.autograd.Function):

@@ -10,12 +10,13 @@ import glob
 import hashlib
 import os
 
-PATTERNS = ("*.cu", "*.cuh", "*.h", "bindings.cpp")
+PATTERNS = ("*.cu", "*.cuh", "*.h", "*.cpp")
 MACRO = "MEGATRON_FUSED_SOURCE_HASH"  # read by csrc/fused/source_hash.h
 
 
 def hashed_files(root):
-    """The files the hash covers: every kernel source and header, and the bindings (sorted)."""
+    """The files the hash covers: every kernel source and header, and the binding files (sorted;
+    not cpu_stub/, which the module never contains)."""
     return sorted({f for pattern in PATTERNS for f in glob.glob(os.path.join(root, pattern))})
 
 

@@ -30,7 +30,8 @@ class SelfAttention(nn.Module):
         self.num_attention_heads_per_partition = config.num_attention_heads // tp
         self.num_query_groups_per_partition = config.num_query_groups // tp
         self.recompute_core = config.recompute_granularity == "selective"
-        self.rope_impl = rope_front.select(config.apply_rope_fusion, device or "cpu", config.params_dtype)
+        self.rope_impl = rope_front.select(config.apply_rope_fusion, device or "cpu", config.params_dtype,
+                                           force=config.fused_kernels)
         qkv_size = (config.num_attention_heads + 2 * config.num_query_groups) * config.kv_channels
         out_std = config.init_method_std / math.sqrt(2.0 * config.num_layers)
         self.linear_qkv = ColumnParallelLinear(

@@ -31,7 +31,10 @@ class CoreAttention(nn.Module):
         self.dropout = config.attention_dropout
         self.scale = 1.0 / math.sqrt(config.kv_channels)
         self.backend = attention_front.select(config.attention_backend, device, dtype)
-        self.softmax_impl = softmax_front.select(config.masked_softmax_fusion, device, dtype, causal=True)
+        self.softmax_impl = softmax_front.select(config.masked_softmax_fusion, device, dtype, causal=True,
+                                                 force=config.fused_kernels)
+        self.masked_softmax_impl = softmax_front.select(config.masked_softmax_fusion, device, dtype, causal=False,
+                                                        force=config.fused_kernels)
         self.softmax_in_fp32 = config.attention_softmax_in_fp32
         self.te_attention = None
         self.cp_group, self.cp_comm_type = cp_group, config.cp_comm_type
@@ -42,7 +45,9 @@ class CoreAttention(nn.Module):
 
     def describe(self):
         name = attention_front.NAMES[self.backend]
-        return name + (f", softmax={self.softmax_impl}" if self.backend == "unfused" else "")
+        if self.backend != "unfused":
+            return name
+        return name + f", softmax={self.softmax_impl}, masked softmax={self.masked_softmax_impl}"
 
     def forward(self, q, k, v, attn_mask=None):
         if self.cp_group is not None:  # this rank holds two chunks of each sequence (context_parallel.py)
@@ -64,5 +69,6 @@ class CoreAttention(nn.Module):
         if backend == "flash":
             return attention_front.flash(q, k, v, p, self.scale)
         if backend == "unfused":
-            return attention_front.unfused(q, k, v, attn_mask, p, self.scale, self.softmax_impl, self.softmax_in_fp32)
+            return attention_front.unfused(q, k, v, attn_mask, p, self.scale, self.softmax_impl, self.softmax_in_fp32,
+                                           self.masked_softmax_impl)
         return attention_front.sdpa(q, k, v, attn_mask, p)

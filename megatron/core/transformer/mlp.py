@@ -20,7 +20,8 @@ class MLP(nn.Module):
         super().__init__()
         self.swiglu = config.swiglu
         fused = config.bias_swiglu_fusion if config.swiglu else config.bias_gelu_fusion
-        self.activation_impl = activations.select(fused, device or "cpu", config.params_dtype)
+        self.activation_impl = activations.select(fused, device or "cpu", config.params_dtype, swiglu=config.swiglu,
+                                                  force=config.fused_kernels)
         self.gelu_approximate = "tanh" if config.openai_gelu else "none"
         fc1_out = config.ffn_hidden_size * (2 if config.swiglu else 1)
         self.linear_fc1 = ColumnParallelLinear(

@@ -14,13 +14,13 @@ from ..tensor_parallel.param_meta import set_init, set_sequence_parallel
 
 
 class LayerNorm(nn.Module):
-    """[..., h] -> same. fusion=False forces the torch implementation."""
+    """[..., h] -> same. fusion=False forces the torch implementation, force="csrc" our kernel."""
 
     def __init__(self, hidden_size, eps=1e-5, sequence_parallel=False, params_dtype=torch.float32, device=None,
-                 fusion=True):
+                 fusion=True, force="auto"):
         super().__init__()
         self.eps = eps
-        self.impl = norm_front.select(fusion, device or "cpu", params_dtype)
+        self.impl = norm_front.select(fusion, device or "cpu", params_dtype, rms=False, force=force)
         self.weight = nn.Parameter(torch.empty(hidden_size, dtype=params_dtype, device=device))
         self.bias = nn.Parameter(torch.empty(hidden_size, dtype=params_dtype, device=device))
         set_init(self.weight, "ones")
@@ -38,10 +38,10 @@ class RMSNorm(nn.Module):
     """[..., h] -> same: x / sqrt(mean(x^2) + eps) * weight, statistics in fp32."""
 
     def __init__(self, hidden_size, eps=1e-5, sequence_parallel=False, params_dtype=torch.float32, device=None,
-                 fusion=True):
+                 fusion=True, force="auto"):
         super().__init__()
         self.eps = eps
-        self.impl = norm_front.select(fusion, device or "cpu", params_dtype)
+        self.impl = norm_front.select(fusion, device or "cpu", params_dtype, rms=True, force=force)
         self.weight = nn.Parameter(torch.empty(hidden_size, dtype=params_dtype, device=device))
         set_init(self.weight, "ones")
         set_sequence_parallel(self.weight, sequence_parallel)
@@ -55,4 +55,4 @@ class RMSNorm(nn.Module):
 def build_norm(config, device=None):
     cls = {"LayerNorm": LayerNorm, "RMSNorm": RMSNorm}[config.normalization]
     return cls(config.hidden_size, config.norm_epsilon, config.sequence_parallel, config.params_dtype, device,
-               fusion=config.norm_fusion)
+               fusion=config.norm_fusion, force=config.fused_kernels)

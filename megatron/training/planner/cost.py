@@ -2,28 +2,26 @@
 
 Per microbatch and GPU: GEMMs from their FLOPs and the calibrated efficiency of their shape;
 norms, dropout, GeLU, softmax and the optimizer from the bytes they stream through HBM; TP/SP
-collectives and pipeline sends from their bytes and the link they cross. The pipeline's per-rank
-forward and backward times feed the schedule simulator (megatron/core/pipeline_parallel/
-simulator.py), whose makespan holds the bubble; DP gradient (and parameter) collectives are
+collectives and pipeline sends from their bytes and the link they cross. The per-chunk forward,
+input-gradient and weight-gradient times feed the schedule training runs through the simulator
+(pipeline_cost.py), whose makespan holds the bubble; DP gradient (and parameter) collectives are
 added after it, minus what --overlap-grad-reduce hides behind the last backward.
 """
 import dataclasses
+from typing import NamedTuple
 
-from ...core.pipeline_parallel.schedules import build_schedule
-from ...core.pipeline_parallel.simulator import simulate
-from ...core.pipeline_parallel.split import layer_split
-from .hardware import Cluster, collective_time, gemm_time, memory_time, p2p_time, ring_bytes
+from .hardware import Cluster, all_to_all_time, collective_time, gemm_time, memory_time, p2p_time, ring_bytes
 from .moe_cost import expert_parallel_time, moe_fraction, moe_mlp_costs
+from .pipeline_cost import pipeline_time
 from .traffic import (
     context_parallel_bytes,
     embedding_collectives,
     head_collectives,
     layer_collectives,
-    p2p_message_bytes,
+    ulysses_sent_bytes,
 )
 
 _UNFUSED = ("local", "unfused")
-_SIM_ACTIONS = 60_000  # simulate at most this many actions; beyond, extrapolate the steady state
 
 
 @dataclasses.dataclass
@@ -35,6 +33,7 @@ class StepTime:
     finalize: float      # finalize_model_grads: SP-replicated grads over TP, tied embedding over first/last stage
     bubble: float        # the simulator's mean idle fraction of the pipeline part
     layer_forward: float  # one layer, one microbatch: compute + TP collectives
+    schedule: str = ""   # the pipeline schedule simulated (schedules.SCHEDULES name, or zb_v)
 
     @property
     def total(self) -> float:
@@ -45,9 +44,19 @@ def _elt(c):
     return 2 if c.params_dtype is not None and c.params_dtype.itemsize == 2 else 4
 
 
-def layer_costs(c, b, cluster: Cluster, tp):
-    """(forward s, backward s, recompute s) of one transformer layer on one microbatch of b samples,
-    per GPU of a TP group of tp. TP collectives are not overlapped with compute (they are not here)."""
+class PassCosts(NamedTuple):
+    """Seconds of one microbatch through a part of the model; weight is the part of backward that
+    the zero-bubble schedules run as W (the weight-gradient GEMMs, the embedding table's gradient)."""
+    forward: float
+    backward: float
+    recompute: float = 0.0
+    weight: float = 0.0
+
+
+def layer_costs(c, b, cluster: Cluster, tp) -> PassCosts:
+    """Seconds of one transformer layer on one microbatch of b samples, per GPU of a TP group of tp.
+    TP collectives are not overlapped with compute (they are not here). Backward runs two GEMMs per
+    forward GEMM of a weight (the input's gradient, the weight's): the weight's are W."""
     s, h, a, d = c.seq_length, c.hidden_size, c.num_attention_heads, c.kv_channels
     q, kv, f = a * d, c.num_query_groups * d, c.ffn_hidden_size
     cp = c.context_parallel_size
@@ -60,7 +69,10 @@ def layer_costs(c, b, cluster: Cluster, tp):
         moe_gemms, moe_stream = moe_mlp_costs(c, m, cluster, tp)
         mlp, mlp_stream = (1 - moe) * mlp + moe * moe_gemms, (1 - moe) * mlp_stream + moe * moe_stream
     gemms = gemm_time(cluster, m, (q + 2 * kv) // tp, h) + gemm_time(cluster, m, h, q // tp) + mlp
-    core = gemm_time(cluster, s // cp, s, d, b * a // tp) + gemm_time(cluster, s // cp, d, s, b * a // tp)
+    if c.cp_comm_type == "a2a" and cp > 1:  # Ulysses: the whole sequence on a / (tp C) heads per rank
+        core = gemm_time(cluster, s, s, d, b * a // (tp * cp)) + gemm_time(cluster, s, d, s, b * a // (tp * cp))
+    else:  # this rank's s / C queries against all s keys
+        core = gemm_time(cluster, s // cp, s, d, b * a // tp) + gemm_time(cluster, s // cp, d, s, b * a // tp)
     rep, att = m * h / (tp if sp else 1), a * s // cp * s * b / tp
     # streamed bytes: 2 norms (read + write), 2 bias-dropout-adds (2 reads, 1 write, 1-byte mask),
     # the activation (read + write, SwiGLU reads two), Q/K/V layout copies; unfused attention adds
@@ -83,17 +95,21 @@ def layer_costs(c, b, cluster: Cluster, tp):
         rec = core + memory_time(cluster, att_stream)
     else:
         rec = 0.0
-    return fwd, bwd, rec
+    return PassCosts(fwd, bwd, rec, gemms)
 
 
 def context_parallel_time(c, b, cluster: Cluster, tp, core):
     """(forward s, backward s) of one layer's CP attention traffic not hidden by compute. p2p: the ring
     sends K/V to the neighbour (tp ranks apart; over the network when the CP group spans nodes) while
     the current block computes, so only what exceeds the attention core (forward: core, backward:
-    2 core) shows. all_gather: a collective before the attention, not overlapped."""
+    2 core) shows. all_gather: a collective before the attention, not overlapped. a2a: four
+    all-to-alls (q, k, v, the output; their gradients backward) around the attention, not overlapped."""
     if c.context_parallel_size == 1:
         return 0.0, 0.0
     C = c.context_parallel_size
+    if c.cp_comm_type == "a2a":
+        took = sum(all_to_all_time(cluster, sent, C, tp) for sent in ulysses_sent_bytes(c, b, tp))
+        return took, took
     fwd_bytes, bwd_bytes = context_parallel_bytes(c, b, tp)
     if c.cp_comm_type == "all_gather":
         full = fwd_bytes * C / (C - 1)
@@ -106,71 +122,26 @@ def context_parallel_time(c, b, cluster: Cluster, tp, core):
     return max(fwd - core, 0.0), max(bwd - 2 * core, 0.0)
 
 
-def head_costs(c, b, cluster: Cluster, tp):
-    """(forward s, backward s) of the output layer and the vocab-parallel cross entropy (last stage)."""
+def head_costs(c, b, cluster: Cluster, tp) -> PassCosts:
+    """The output layer and the vocab-parallel cross entropy (last stage); W: the output weight's GEMM."""
     m, h, v = c.seq_length // c.context_parallel_size * b, c.hidden_size, c.padded_vocab_size
     g = gemm_time(cluster, m, v // tp, h)
     ce = memory_time(cluster, 3 * 4 * m * v / tp)  # fp32 logits: max, exp-sum, grad passes
     comm_fwd, comm_bwd = (tp_time(cluster, ops, tp) for ops in head_collectives(c, b, tp))
-    return g + ce + comm_fwd, 2 * g + ce + comm_bwd
+    return PassCosts(g + ce + comm_fwd, 2 * g + ce + comm_bwd, weight=g)
 
 
-def embedding_costs(c, b, cluster: Cluster, tp):
-    """(forward s, backward s) of the vocab-parallel embedding (first stage)."""
+def embedding_costs(c, b, cluster: Cluster, tp) -> PassCosts:
+    """The vocab-parallel embedding (first stage): its backward is the table's gradient (W) and,
+    with SP, the gather of the output's gradient (B)."""
     touch = memory_time(cluster, 3 * c.seq_length // c.context_parallel_size * b * c.hidden_size * _elt(c))
     comm_fwd, comm_bwd = (tp_time(cluster, ops, tp) for ops in embedding_collectives(c, b, tp))
-    return touch + comm_fwd, 2 * touch + comm_bwd
+    return PassCosts(touch + comm_fwd, 2 * touch + comm_bwd, weight=2 * touch)
 
 
 def tp_time(cluster: Cluster, ops, tp):
     """Seconds of a list of (kind, bytes) collectives over a TP group (consecutive ranks)."""
     return sum(collective_time(cluster, kind, nbytes, tp, 1) for kind, nbytes in ops)
-
-
-def pipeline_time(c, t, cluster: Cluster, tp, pp, dp):
-    """(makespan s, bubble fraction, per-rank forward/backward costs) of the schedule over all microbatches."""
-    b, V = t.micro_batch_size, c.virtual_pipeline_model_parallel_size or 1
-    M = t.global_batch_size // (b * dp)
-    fwd, bwd, rec = layer_costs(c, b, cluster, tp)
-    hf, hb = head_costs(c, b, cluster, tp)
-    ef, eb = embedding_costs(c, b, cluster, tp)
-    split = layer_split(c.num_layers, pp, V if V > 1 else None)
-    act_bytes = p2p_message_bytes(c, b, tp)
-    crosses = tp * c.context_parallel_size * dp >= cluster.gpus_per_node  # stages are tp cp dp ranks apart
-    send = p2p_time(cluster, act_bytes, crosses) if pp > 1 else 0.0
-
-    def chunk_cost(rank, chunk, backward):
-        n = split[rank][chunk][1]
-        first, last = rank == 0 and chunk == 0, rank == pp - 1 and chunk == V - 1
-        if backward:
-            return n * (bwd + rec) + (hb if last else 0.0) + (eb if first else 0.0)
-        return n * fwd + (hf if last else 0.0) + (ef if first else 0.0)
-
-    def cost(rank, action):
-        if action.kind in ("F", "B"):
-            return chunk_cost(rank, action.chunk, action.kind == "B")
-        n_send = sum(op.kind.startswith("send") for op in action.ops)
-        n_recv = len(action.ops) - n_send
-        return send * max(n_send, n_recv)
-
-    return _simulate(pp, M, V, cost), (fwd, bwd, rec)
-
-
-def _simulate(P, M, V, cost):
-    """(makespan, bubble) of the default schedule; long ones are simulated at two smaller
-    microbatch counts and extended linearly (the steady state repeats one period per microbatch)."""
-    if P == 1:
-        busy = sum(cost(0, a) for a in build_schedule(1, M, V)[0] if a.kind in ("F", "B"))
-        return busy, 0.0
-    if 4 * P * M * V <= _SIM_ACTIONS:
-        tl = simulate(build_schedule(P, M, V), cost)
-        return tl.makespan, tl.bubble
-    M1 = max(P, (_SIM_ACTIONS // (8 * P * V)) // P * P)
-    t1, t2 = (simulate(build_schedule(P, m, V), cost) for m in (M1, M1 + P))
-    extra = (M - M1 - P) / P
-    makespan = t2.makespan + (t2.makespan - t1.makespan) * extra
-    idle1, idle2 = t1.makespan * t1.bubble, t2.makespan * t2.bubble
-    return makespan, (idle2 + (idle2 - idle1) * extra) / makespan
 
 
 def dp_collectives(mem, distributed_optimizer, strategy="optim", shards=1, micro=1, full_recompute=False) -> dict:
@@ -243,7 +214,10 @@ def step_time(c, t, cluster: Cluster, tp, pp, dp, mems, sp_grad_bytes=0) -> Step
     """Seconds of one iteration. mems: tools/estimate_memory.py's estimate() of each pipeline stage
     (its grad and parameter buffer bytes are what the DP collectives move); the slowest stage counts.
     sp_grad_bytes: traffic.sequence_parallel_grad_bytes of the stage holding the most."""
-    (makespan, bubble), (fwd, bwd, rec) = pipeline_time(c, t, cluster, tp, pp, dp)
+    b = t.micro_batch_size
+    fwd, bwd, rec, _ = layer = layer_costs(c, b, cluster, tp)
+    makespan, bubble, schedule = pipeline_time(c, t, cluster, tp, pp, dp, layer, head_costs(c, b, cluster, tp),
+                                               embedding_costs(c, b, cluster, tp))
     elt, cp = _elt(c), c.context_parallel_size
     micro = t.global_batch_size // (t.micro_batch_size * dp)
     exposed = optimizer = 0.0
@@ -259,4 +233,4 @@ def step_time(c, t, cluster: Cluster, tp, pp, dp, mems, sp_grad_bytes=0) -> Step
     if pp > 1 and not c.untie_embeddings_and_output_weights:  # tied word embeddings: first <-> last stage
         emb += collective_time(cluster, "all_reduce", c.padded_vocab_size * c.hidden_size / tp * 4, 2,
                               tp * dp * (pp - 1))
-    return StepTime(makespan, exposed, optimizer, emb, bubble, fwd)
+    return StepTime(makespan, exposed, optimizer, emb, bubble, fwd, schedule)

@@ -61,7 +61,7 @@ def _cp(space, lay):
 def _cp_comm(space, lay):
     if lay["cp"] == 1:
         return [None]
-    return ["p2p", "all_gather"] if space.full else ["p2p"]
+    return ["p2p", "all_gather", "a2a"] if space.full else ["p2p"]
 
 
 def _ep(space, lay):
@@ -153,7 +153,7 @@ def describe(layout: dict) -> str:
     """Short label: TP2 PP4 VPP2 DP8 mb1 SP DO rec=full."""
     parts = [f"TP{layout['tp']}", f"PP{layout['pp']}"] + ([f"VPP{layout['vpp']}"] if layout["vpp"] > 1 else [])
     if layout.get("cp", 1) > 1:
-        parts.append(f"CP{layout['cp']}" + ("ag" if layout["cp_comm"] == "all_gather" else ""))
+        parts.append(f"CP{layout['cp']}" + {"all_gather": "ag", "a2a": "a2a"}.get(layout["cp_comm"], ""))
     if layout.get("ep", 1) > 1:
         parts.append(f"EP{layout['ep']}")
     parts += [f"DP{layout['dp']}", f"mb{layout['mb']}"] + (["SP"] if layout["sp"] else [])

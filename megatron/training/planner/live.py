@@ -6,7 +6,6 @@ from typing import Optional
 
 import torch
 
-from ...core.errors import MegatronUserError
 from .hardware import make_cluster
 from .predict import predict_resolved
 
@@ -28,22 +27,25 @@ def prediction_line(model_cfg, train_cfg, world_size, gpu, gpus_per_node) -> str
     """'> planner: ...' for resolved configs on world_size GPUs of calibration key `gpu`."""
     p = predict_resolved(model_cfg, train_cfg, world_size, make_cluster(gpu, world_size, gpus_per_node))
     return (f"> planner (docs/planner.md; {world_size} x {gpu}, {gpus_per_node} per node): predicted "
-            f"{p.step.total:.3f} s per iteration (bubble {100 * p.step.bubble:.1f}%), "
+            f"{p.step.total:.3f} s per iteration ({p.step.schedule} bubble {100 * p.step.bubble:.1f}%), "
             f"{p.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {100 * p.mfu:.1f}%, "
             f"{p.memory_bytes / 1e9:.1f} GB on the most loaded GPU")
 
 
 def predicted_step_line(model_cfg, train_cfg, world_size, device) -> Optional[str]:
-    """prediction_line for this run's GPU, or None: not CUDA, a GPU the calibration lacks, or a
-    layout the model cannot price (the estimator's file absent from an installed copy)."""
+    """prediction_line for this run's GPU; None off CUDA or on a GPU the calibration lacks. The
+    prediction is information only: whatever goes wrong in it (a layout the model cannot price, the
+    estimator's file absent from an installed copy, a bug) gives one '> planner: no prediction
+    (reason)' line instead, and the run goes on."""
     device = torch.device(device)
     if device.type != "cuda":
         return None
-    gpu = calibration_gpu(torch.cuda.get_device_name(device), torch.cuda.get_device_properties(device).total_memory)
-    if gpu is None:
-        return None
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", torch.cuda.device_count()))
     try:
+        gpu = calibration_gpu(torch.cuda.get_device_name(device), torch.cuda.get_device_properties(device).total_memory)
+        if gpu is None:
+            return None
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", torch.cuda.device_count()))
         return prediction_line(model_cfg, train_cfg, world_size, gpu, max(1, min(per_node, world_size)))
-    except (OSError, MegatronUserError):
-        return None
+    except Exception as e:  # noqa: BLE001 - a prediction must never stop training
+        reason = str(e).splitlines()[0] if str(e) else ""
+        return f"> planner: no prediction ({type(e).__name__}{': ' + reason if reason else ''})"

@@ -20,20 +20,36 @@ def _act(c, b):
     return c.seq_length // c.context_parallel_size * b * c.hidden_size * _elt(c)
 
 
+def ulysses_sent_bytes(c, b, tp) -> list:
+    """Bytes one rank sends in each all-to-all of --cp-comm-type a2a (context_parallel.a2a_attention)
+    per layer and microbatch of b samples, forward: q, k, v (heads scattered over the CP group, the
+    sequence gathered) and the output back; backward: their gradients, the same bytes. Each tensor
+    is this rank's [s/C, b, n/tp, d] and (C-1)/C of it leaves; K/V groups that do not split C ways
+    go as one copy per query head."""
+    C = c.context_parallel_size
+    heads, groups = c.num_attention_heads // tp, (c.num_query_groups or c.num_attention_heads) // tp
+    kv_heads = groups if groups % C == 0 else heads
+    one_head = (c.seq_length // C) * b * c.kv_channels * _elt(c) * (C - 1) / C
+    return [heads * one_head, kv_heads * one_head, kv_heads * one_head, heads * one_head]
+
+
 def context_parallel_bytes(c, b, tp) -> tuple[float, float]:
     """(forward, backward) bytes one rank sends over its CP group per layer and microbatch of b
     samples, with u = its K and V = 2 (s/C) b (g/tp) d x element bytes. p2p ring: forward (C-1) u,
     backward (C-1) u of K/V and C u of dK/dV (the last hop brings them home); all_gather: forward
-    (C-1) u (all-gather), backward (C-1) u (reduce-scatter). a2a is not modelled (raises)."""
+    (C-1) u (all-gather), backward (C-1) u (reduce-scatter); a2a: ulysses_sent_bytes both ways."""
     C = c.context_parallel_size
     if C == 1:
         return 0.0, 0.0
+    if c.cp_comm_type == "a2a":
+        sent = sum(ulysses_sent_bytes(c, b, tp))
+        return sent, sent
     u = 2 * (c.seq_length // C) * b * (c.num_query_groups or c.num_attention_heads) // tp * c.kv_channels * _elt(c)
     if c.cp_comm_type == "p2p":
         return (C - 1) * u, (C - 1) * u + C * u
     if c.cp_comm_type == "all_gather":
         return (C - 1) * u, (C - 1) * u
-    raise NotImplementedError(f"the planner does not model --cp-comm-type {c.cp_comm_type}")
+    raise ValueError(f"the planner knows no --cp-comm-type {c.cp_comm_type}")
 
 
 def layer_collectives(c, b, tp):

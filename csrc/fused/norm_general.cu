@@ -1,13 +1,15 @@
-// LayerNorm and RMSNorm, forward and backward, fp32 statistics for every storage type.
+// LayerNorm and RMSNorm, the general path (norm.cu picks it for what the fast path cannot
+// take: rows longer than its register tile, a row length that is not a multiple of 16 bytes,
+// a pointer that is not 16-byte aligned). Scalar loads, any layout; the same math.
 //
-// Forward and the input gradient: one warp per row (rows are hidden-size long, at most a
-// few tens of KB, so the second and third reads of a row hit the cache). Statistics are
-// two-pass (mean, then the sum of squared deviations): as accurate as Welford, simpler.
-// Weight and bias gradients are column sums over all rows: blocks of 32 columns x 8 row
-// lanes write fp32 partial sums for a slice of rows, and a second kernel adds the slices.
+// Forward and the input gradient: one warp per row (the second and third reads of a row hit
+// the cache). Statistics are two-pass (mean, then the sum of squared deviations). Weight and
+// bias gradients are column sums over all rows: blocks of 32 columns x 8 row lanes write fp32
+// partial sums for a slice of rows, and column_sums adds the slices.
 #include <climits>
 
 #include "common.cuh"
+#include "norm_paths.h"
 
 namespace megatron_fused {
 namespace {
@@ -114,20 +116,6 @@ __global__ void norm_backward_partial_kernel(const T* __restrict__ dy, const T* 
   }
 }
 
-template <typename W>
-__global__ void norm_backward_final_kernel(const float* __restrict__ part_w, const float* __restrict__ part_b,
-                                           W* __restrict__ dw, W* __restrict__ db, int parts, int cols) {
-  for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x) {
-    float tw = 0.f, tb = 0.f;
-    for (int p = 0; p < parts; ++p) {
-      tw += part_w[static_cast<int64_t>(p) * cols + c];
-      tb += part_b[static_cast<int64_t>(p) * cols + c];
-    }
-    dw[c] = from_float<W>(tw);
-    if (db != nullptr) db[c] = from_float<W>(tb);
-  }
-}
-
 template <typename T, typename W>
 cudaError_t forward_impl(const void* x, const void* w, const void* b, void* y, float* mean, float* rstd, int64_t rows,
                          int cols, float eps, bool rms, cudaStream_t stream) {
@@ -160,7 +148,7 @@ cudaError_t backward_impl(const void* dy, const void* x, const float* mean, cons
     norm_backward_dx_kernel<T, W, false><<<grid, block, 0, stream>>>(dyp, xp, mean, rstd, static_cast<const W*>(w),
                                                                      static_cast<T*>(dx), rows, cols);
   }
-  const int parts = norm_partials(rows);
+  const int parts = norm_general_partials(rows);
   const int64_t rows_per_part = (rows + parts - 1) / parts;
   float* part_w = workspace;
   float* part_b = workspace + static_cast<int64_t>(parts) * cols;
@@ -172,37 +160,27 @@ cudaError_t backward_impl(const void* dy, const void* x, const float* mean, cons
     norm_backward_partial_kernel<T, false><<<pgrid, pblock, 0, stream>>>(dyp, xp, mean, rstd, part_w, part_b, rows,
                                                                          cols, rows_per_part);
   }
-  norm_backward_final_kernel<W><<<elementwise_blocks(cols, 256), 256, 0, stream>>>(
-      part_w, part_b, static_cast<W*>(dw), rms ? nullptr : static_cast<W*>(db), parts, cols);
-  return cudaGetLastError();
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  return column_sums(workspace, parts, cols, (rms || db == nullptr) ? 1 : 2, dw, db, dtype_of<W>(), stream);
 }
 
 }  // namespace
 
-int norm_partials(int64_t rows) {
+int norm_general_partials(int64_t rows) {
   const int64_t p = (rows + kRowsPerPartial - 1) / kRowsPerPartial;
   return static_cast<int>(p < 1 ? 1 : (p > kMaxPartials ? kMaxPartials : p));
 }
 
-// The weight type is the input's or fp32 (fp32 master-style norm weights under bf16 activations).
-#define NORM_DISPATCH(dtype, wdtype, FN, ...)                            \
-  MEGATRON_DISPATCH(dtype, T, {                                          \
-    if (wdtype == dtype) return FN<T, T>(__VA_ARGS__);                   \
-    if (wdtype == kFloat32) return FN<T, float>(__VA_ARGS__);            \
-    return cudaErrorInvalidValue;                                        \
-  })
-
-cudaError_t norm_forward(const void* x, const void* weight, const void* bias, void* y, float* mean, float* rstd,
+cudaError_t norm_forward_general(const void* x, const void* weight, const void* bias, void* y, float* mean, float* rstd,
                          int64_t rows, int cols, float eps, bool rms, int dtype, int wdtype, cudaStream_t stream) {
-  if (rows == 0 || cols == 0) return cudaSuccess;
   NORM_DISPATCH(dtype, wdtype, forward_impl, x, weight, bias, y, mean, rstd, rows, cols, eps, rms, stream);
   return cudaErrorInvalidValue;
 }
 
-cudaError_t norm_backward(const void* dy, const void* x, const float* mean, const float* rstd, const void* weight,
+cudaError_t norm_backward_general(const void* dy, const void* x, const float* mean, const float* rstd, const void* weight,
                           void* dx, void* dweight, void* dbias, float* workspace, int64_t rows, int cols, bool rms,
                           int dtype, int wdtype, cudaStream_t stream) {
-  if (rows == 0 || cols == 0) return cudaSuccess;
   NORM_DISPATCH(dtype, wdtype, backward_impl, dy, x, mean, rstd, weight, dx, dweight, dbias, workspace, rows, cols,
                 rms, stream);
   return cudaErrorInvalidValue;
