@@ -22,6 +22,7 @@ from .data import end_of_training_sets, microbatches, validation_window
 from .flops import num_floating_point_operations, peak_tflops_per_gpu
 from .log import TrainingLogger, print_rank_0, print_rank_last, startup_summary
 from .memory_errors import building
+from .memory_report import report_memory
 from .metrics_log import MetricsLog
 from .model_spec import ModelSpec
 from .numerics import check_finite
@@ -195,7 +196,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     model.train()
     # +2: past first-call costs
     trace_iter = min(iteration + 2, train_cfg.train_iters) if train_cfg.pipeline_trace else None
-    start = iteration
+    start, memory_reported = iteration, False
     for iteration in range(start + 1, (start if train_cfg.skip_train else train_cfg.train_iters) + 1):
         fault_point("train.iteration", iteration, groups.rank)
         batches = microbatches(train_ds, consumed, train_cfg.global_batch_size, train_cfg.micro_batch_size,
@@ -218,6 +219,9 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                 torch.cuda.synchronize()
             logger.log(iteration, consumed, lr, train_cfg.global_batch_size, flops, groups.world_size,
                        optimizer.loss_scale if train_cfg.fp16 else None)
+            if not memory_reported:  # as Megatron-LM, once: the peaks after the first logged iterations
+                report_memory(iteration, groups, model_cfg, train_cfg, device)
+                memory_reported = True
             balance = moe_hooks.balance_line(model_cfg, groups, device)
             if balance:
                 print_rank_last(f" iteration {iteration:8d} |{balance}")
