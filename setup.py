@@ -1,5 +1,5 @@
 """Install with `pip install -e .` (add `[test]` for the test suite, `[hf]` for HuggingFace conversion,
-`[tiktoken]` for --tokenizer-type TikTokenizer).
+`[tiktoken]` for --tokenizer-type TikTokenizer, `[wandb]` for --wandb-project).
 
 Two optional extensions; a failed build of either is a warning, not a failed install:
 - csrc/helpers.cpp (dataset index helpers, pybind11) -> megatron.core.datasets.helpers_cpp;
@@ -90,7 +90,8 @@ setup(
     python_requires=">=3.9",
     install_requires=["torch>=2.4", "numpy", "sentencepiece", "tensorboard", "regex"],
     # hf: HuggingFace tokenizers (--tokenizer-type HuggingFaceTokenizer) and checkpoint conversion
-    # (tools/checkpoint/convert.py); tiktoken: --tokenizer-type TikTokenizer; the tests that need them skip without them
-    extras_require={"test": ["pytest", "pytest-timeout", "transformers", "ruff", "tiktoken"],
-                    "hf": ["tokenizers", "transformers"], "tiktoken": ["tiktoken"]},
+    # (tools/checkpoint/convert.py); tiktoken: --tokenizer-type TikTokenizer; wandb: --wandb-project (W&B); the tests
+    # that need them skip without them
+    extras_require={"test": ["pytest", "pytest-timeout", "transformers", "ruff", "tiktoken", "wandb"],
+                    "hf": ["tokenizers", "transformers"], "tiktoken": ["tiktoken"], "wandb": ["wandb"]},
 )

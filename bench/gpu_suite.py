@@ -30,7 +30,8 @@ MOE = ("--num-layers 6 --hidden-size 384 --num-attention-heads 8 --ffn-hidden-si
        "--moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --moe-token-dispatcher-type alltoall --moe-grouped-gemm "
        "--disable-bias-linear")
 RUN = ("--mock-data --tokenizer-type NullTokenizer --lr 1e-4 --bf16 --hidden-dropout 0 --attention-dropout 0 "
-       "--eval-iters 0 --eval-interval 100000 --log-interval 5 --micro-batch-size 4 --global-batch-size 16")
+       "--eval-iters 0 --eval-interval 100000 --log-interval 5 --micro-batch-size 4 --global-batch-size 16 "
+       "--log-throughput")
 # speed switches Megatron-LM's own GPU recipes pass; used where this checkout has them
 SPEED_FLAGS = ["--cross-entropy-loss-fusion"]
 OVERHEAD13 = ("--device cuda --dtype bf16 --layers 24 --hidden 2048 --heads 16 --seq 2048 --vocab 50304 "

@@ -15,5 +15,5 @@ torchrun --standalone --nproc-per-node "$GPUS" pretrain_gpt.py \
     --weight-decay 0.1 --clip-grad 1.0 --adam-beta1 0.9 --adam-beta2 0.95 --seed 1234 \
     --hidden-dropout 0.0 --attention-dropout 0.0 \
     --mock-data --tokenizer-type NullTokenizer --vocab-size 50257 \
-    --log-interval 10 --eval-interval 200 --eval-iters 10 \
+    --log-interval 10 --eval-interval 200 --eval-iters 10 --log-throughput \
     --tensorboard-dir runs/gpt_350m "$@"

@@ -15,6 +15,7 @@ from . import config_checks
 from .config_fields import flag_of as flag_of  # re-exported (as ConfigError): importers name this module
 from .config_fields import opt
 from .errors import ConfigError as ConfigError
+from .transformer.model_options import ModelOptions, check_options, resolve_options
 from .transformer.moe.moe_config import MoEConfig
 
 
@@ -44,7 +45,7 @@ class ModelParallelConfig:
 
 
 @dataclass
-class TransformerConfig(ModelParallelConfig, MoEConfig):
+class TransformerConfig(ModelParallelConfig, MoEConfig, ModelOptions):
     num_layers: int = opt(4, "Number of transformer layers.")
     decoder_first_pipeline_num_layers: Optional[int] = opt(
         None, "Layers on the first pipeline stage (uneven split; the other stages share the rest evenly).")
@@ -80,8 +81,9 @@ class TransformerConfig(ModelParallelConfig, MoEConfig):
     # fused kernels (megatron/core/fusions): each flag forces the plain-torch path of one op
     attention_backend: str = opt(
         "auto", "Core attention: auto (flash-attn, else Transformer Engine, else torch SDPA, whichever is "
-        "installed and fits), flash, fused or te (Transformer Engine), sdpa, or local or unfused (explicit "
-        "scores and the masked-softmax kernel).",
+        "installed and fits), flash, te (Transformer Engine), fused (Transformer Engine's fused attention; without "
+        "it, torch SDPA with its cuDNN backend first), sdpa, or local or unfused (explicit scores and the "
+        "masked-softmax kernel).",
         choices=["auto", "flash", "fused", "te", "sdpa", "local", "unfused"])
     attention_softmax_in_fp32: bool = opt(
         False, "With bf16 / fp16, compute the unfused attention's torch softmax in fp32 (the fused softmax "
@@ -173,6 +175,8 @@ class TransformerConfig(ModelParallelConfig, MoEConfig):
             self.virtual_pipeline_model_parallel_size = chunks
         if self.virtual_pipeline_model_parallel_size == 1 and chunks in (None, 1):
             self.virtual_pipeline_model_parallel_size = None
+        resolve_options(self)  # --recompute-activations, the recomputed modules (model_options.py)
+        self.resolve_moe()  # --moe-layer-freq given as a pattern (moe_config.py)
         if self.recompute_granularity == "full":
             self.recompute_method, self.recompute_num_layers = config_checks.recompute_defaults(self)
         if self.transformer_impl == "transformer_engine" and self.attention_backend == "auto":
@@ -189,3 +193,4 @@ class TransformerConfig(ModelParallelConfig, MoEConfig):
     def validate(self) -> None:
         """Check the (resolved) configuration; assigns nothing. Raises ConfigError (config_checks.py)."""
         config_checks.validate(self)
+        check_options(self)

@@ -4,13 +4,14 @@ the checks (config_checks.py) can name flags without importing the classes they 
 import dataclasses
 
 
-def opt(default, help, flag=None, choices=None, nargs=None):
-    """A dataclass field with CLI metadata. flag: the Megatron-LM flag if not --field-name.
+def opt(default, help, flag=None, choices=None, nargs=None, parse=None):
+    """A dataclass field with CLI metadata. flag: the Megatron-LM flag if not --field-name;
+    parse: the function that turns the command-line text into the value (default: the field's type).
 
     A bool field whose flag is given and whose default is True is switched off by that flag
     (e.g. --disable-bias-linear).
     """
-    meta = {"help": help, "flag": flag, "choices": choices, "nargs": nargs}
+    meta = {"help": help, "flag": flag, "choices": choices, "nargs": nargs, "parse": parse}
     return dataclasses.field(default=default, metadata=meta)
 
 

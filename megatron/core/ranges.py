@@ -36,9 +36,10 @@ def describe(rule) -> str:
 
 
 def check_ranges(cfg, rules, flag) -> None:
-    """ConfigError for the first field of cfg outside its rule. rules: {field name: rule};
-    flag(name) -> the CLI flag named in the message."""
+    """ConfigError for the first field of cfg outside its rule (each item of a list-valued field, e.g.
+    several --moe-aux-loss-coeff). rules: {field name: rule}; flag(name) -> the CLI flag named in the message."""
     for name, rule in rules.items():
         value = getattr(cfg, name)
-        if value is not None and not inside(value, rule):
-            raise ConfigError(f"{flag(name)} must be {describe(rule)}, got {value}")
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if item is not None and not inside(item, rule):
+                raise ConfigError(f"{flag(name)} must be {describe(rule)}, got {item}")

@@ -10,6 +10,7 @@ import re
 import typing
 
 from ..core.config import ConfigError, TransformerConfig
+from . import not_built
 from .config import TrainingConfig
 
 
@@ -44,8 +45,8 @@ def _add_fields(group, cls):
             action = "store_false" if f.default is True else "store_true"
             group.add_argument(flag, dest=f.name, action=action, help=meta["help"])
         else:
-            group.add_argument(flag, dest=f.name, type=tp, default=f.default, choices=meta.get("choices"),
-                               nargs=meta.get("nargs"),
+            group.add_argument(flag, dest=f.name, type=meta.get("parse") or tp, default=f.default,
+                               choices=meta.get("choices"), nargs=meta.get("nargs"),
                                help=meta["help"] + (f" (default {f.default})" if f.default is not None else ""))
 
 
@@ -56,6 +57,7 @@ def build_parser(description="Pretrain a GPT model.", extra=()) -> argparse.Argu
     _add_fields(parser.add_argument_group("training, data and logging"), TrainingConfig)
     for title, cls in extra:
         _add_fields(parser.add_argument_group(title), cls)
+    not_built.add_flags(parser)
     return parser
 
 
@@ -66,6 +68,9 @@ def _take(cls, ns):
 
 def parse_args(argv=None, description="Pretrain a GPT model.", extra=()):
     """argv -> (TransformerConfig, TrainingConfig, one instance per extra dataclass), not yet
-    validated. extra: (group title, dataclass) pairs. Raises ConfigError."""
+    validated. extra: (group title, dataclass) pairs. Raises ConfigError (not_built.NotBuiltError for
+    Megatron-LM flags whose feature is not built here)."""
     ns = build_parser(description, extra).parse_args(argv)
-    return (_take(TransformerConfig, ns), _take(TrainingConfig, ns), *(_take(cls, ns) for _, cls in extra))
+    configs = (_take(TransformerConfig, ns), _take(TrainingConfig, ns), *(_take(cls, ns) for _, cls in extra))
+    not_built.check(ns, configs[0])  # one line naming every feature given that is not built here
+    return configs

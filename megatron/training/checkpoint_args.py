@@ -27,7 +27,9 @@ ARCHITECTURE = (
     "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "kv_channels", "group_query_attention",
     "num_query_groups", "max_position_embeddings", "position_embedding_type", "rotary_base", "rotary_percent",
     "normalization", "norm_epsilon", "post_norm", "swiglu", "openai_gelu", "add_bias_linear",
-    "untie_embeddings_and_output_weights", "vocab_size")
+    "untie_embeddings_and_output_weights", "layernorm_zero_centered_gamma", "vocab_size")
+# architecture flags added after checkpoints were written: a checkpoint without one was saved with this value
+SAVED_BEFORE = {"layernorm_zero_centered_gamma": False}
 # what --use-checkpoint-args takes from the checkpoint besides ARCHITECTURE (as Megatron-LM does;
 # vocab_size is the tokenizer's, resolved later, and compared then)
 ALSO_TAKEN = ("hidden_dropout", "attention_dropout")
@@ -35,6 +37,9 @@ ALSO_TAKEN = ("hidden_dropout", "attention_dropout")
 
 def check_ckpt_format(train_cfg):
     """ConfigError unless --ckpt-format names our format."""
+    # Megatron-FSDP's fsdp_dtensor is for reloading in any FSDP layout: ours is layout-free (fsdp_options.py)
+    if train_cfg.ckpt_format == "fsdp_dtensor" and train_cfg.use_megatron_fsdp:
+        return
     if train_cfg.ckpt_format != OUR_CKPT_FORMAT:
         raise ConfigError(f"--ckpt-format {train_cfg.ckpt_format} is not supported: this project reads and writes "
                           f"only its own layout-free sharded format, --ckpt-format {OUR_CKPT_FORMAT} (the default)")
@@ -103,7 +108,7 @@ def apply_checkpoint_args(model_cfg, train_cfg):
 def check_checkpoint_args(model_cfg, path):
     """ConfigError naming the first flag of ARCHITECTURE whose resolved value differs from the
     saved model arguments of the checkpoint at `path`, with both values."""
-    saved = _saved_model_args(path)
+    saved = {**SAVED_BEFORE, **_saved_model_args(path)}
     for name in ARCHITECTURE:
         if name in saved and saved[name] != getattr(model_cfg, name):
             flag = "the tokenizer's vocabulary size" if name == "vocab_size" else flag_of(TransformerConfig, name)

@@ -111,22 +111,30 @@ def save_checkpoint(root, iteration, consumed, model, optimizer, groups, model_c
                  f"(of which {waited:.3f} s waiting for the previous save); writing in the background (--async-save)")
 
 
-def _check_keys(reader, model):
-    """Every model tensor is in the checkpoint, and every checkpoint tensor in the model
-    (the union over all ranks: a pipeline stage holds only its layers). Returns the non-trained
-    state keys the checkpoint lacks (checkpoint_model_state.missing_model_state)."""
+def _check_keys(reader, model, strictness="raise_all"):
+    """Model tensors the checkpoint lacks and checkpoint tensors the model lacks (the union over all ranks: a
+    pipeline stage holds only its layers), handled as --dist-ckpt-strictness says (Megatron-LM's names:
+    its "unexpected" keys are the model's the checkpoint lacks). -> (the non-trained state keys the
+    checkpoint lacks (checkpoint_model_state.missing_model_state), the model tensors to leave as initialised)."""
     mine = {param_meta(p).init_key for p in model.parameters()}
-    for key in sorted(mine):
-        if not reader.has(key):
-            raise CheckpointError(f"checkpoint {reader.path} has no tensor {key!r} "
-                                  "(was it saved with other model flags?)")
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, (sorted(mine), model_state_keys(model)))
-    extra = set(reader.keys()) - {key for keys, _ in every for key in keys}
-    if extra:
-        raise CheckpointError(f"checkpoint tensor {sorted(extra)[0]!r} is not in the model "
+    wanted = {key for keys, _ in every for key in keys}  # every rank decides alike
+    absent = sorted(key for key in wanted if not reader.has(key))
+    extra = sorted(set(reader.keys()) - wanted)
+    if absent and strictness in ("assume_ok_unexpected", "raise_unexpected", "raise_all"):
+        raise CheckpointError(f"checkpoint {reader.path} has no tensor {absent[0]!r} "
+                              "(was it saved with other model flags?)")
+    if extra and strictness == "raise_all":
+        raise CheckpointError(f"checkpoint tensor {extra[0]!r} is not in the model "
                               f"({len(extra)} such; was it saved with other model flags?)")
-    return missing_model_state(reader, [state for _, state in every])
+    if absent:  # log_*, return_*, ignore_all: those keep their initial values
+        print_rank_0(f"> warning: checkpoint {reader.path} has no tensor {absent[0]!r} ({len(absent)} such): "
+                     f"left as initialised (--dist-ckpt-strictness {strictness})")
+    if extra and strictness == "log_all":
+        print_rank_0(f"> warning: checkpoint tensor {extra[0]!r} is not in the model ({len(extra)} such): not read "
+                     "(--dist-ckpt-strictness log_all)")
+    return missing_model_state(reader, [state for _, state in every]), set(absent)
 
 
 def _read_shard(reader, key, state, param, groups, ranges, fully_parallel):
@@ -155,16 +163,17 @@ def load_checkpoint(path, model, optimizer, groups, train_cfg, device, scheduler
     """
     reader = open_reader(path)  # with an index: only this rank's byte ranges
     meta = reader.metadata
-    no_state = _check_keys(reader, model)
+    no_state, absent = _check_keys(reader, model, train_cfg.dist_ckpt_strictness)
     load_optim = not (train_cfg.finetune or train_cfg.no_load_optim) and meta.get("optimizer") is not None \
         and reader.complete("exp_avg")
     ranges_of = {}
     for sp in optimizer.state_pieces():
         ranges_of.setdefault(id(sp.param), []).append((sp.start, sp.end))
-    for p in model.parameters():  # shapes are checked (local_shard) before anything changes
+    params = [p for p in model.parameters() if param_meta(p).init_key not in absent]
+    for p in params:  # shapes are checked (local_shard) before anything changes
         shape = reader.shape(param_meta(p).init_key)
         local_shard(torch.empty(shape, device="meta"), p, *tensor_parallel_split(p, groups))
-    for p in model.parameters():
+    for p in params:
         key = param_meta(p).init_key
         value = _read_shard(reader, key, "param", p, groups, None, train_cfg.ckpt_fully_parallel_load)
         p.data.copy_(value)

@@ -9,13 +9,16 @@ import torch
 
 from ..core.config import ConfigError, opt
 from ..core.distributed.strategy import SHARDING_STRATEGIES
-from . import config_checks
+from . import batch_schedule, config_checks
 from .bert_options import BertOptions as BertOptions  # re-exported: pretrain_bert.py imports it from here
+from .fsdp_options import FSDPOptions, resolve_fsdp
+from .logging_options import LoggingOptions
+from .run_options import RunOptions, check_run_options
 from .tokenizer import TOKENIZER_TYPES
 
 
 @dataclass
-class TrainingConfig:
+class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions):  # logging/timing/W&B/profiler flags: logging_options.py
     micro_batch_size: int = opt(8, "Samples per microbatch per data-parallel rank.")
     global_batch_size: Optional[int] = opt(
         None, "Samples per iteration over all data-parallel ranks (default micro batch x DP); "
@@ -172,22 +175,24 @@ class TrainingConfig:
         config_checks.check_sizes(self)
 
     def resolve_tokenizer_type(self) -> None:
-        """--mock-data without --tokenizer-type means NullTokenizer (the only default there is)."""
+        """--mock-data without --tokenizer-type means NullTokenizer; --vocab-file with --merge-file means
+        GPT2BPETokenizer, the one tokenizer that takes both (Megatron-LM's GPT-3 recipe gives no type)."""
         if self.tokenizer_type is None and self.mock_data:
             self.tokenizer_type = "NullTokenizer"
+        elif self.tokenizer_type is None and self.vocab_file and self.merge_file:
+            self.tokenizer_type = "GPT2BPETokenizer"
 
-    def resolve(self, dp_size: int) -> None:
-        """Fill the global batch size (default micro batch x DP) and, with --train-samples, the
-        iterations (train-samples // global batch, as Megatron-LM), once. Checks the schedule flags first."""
+    def resolve(self, dp_size: int, seq_length: Optional[int] = None) -> None:
+        """Fill the global batch size (default micro batch x DP; a step schedule's last size) and, with
+        --train-samples, the iterations (train-samples // global batch, or counted along the batch-size
+        schedule, as Megatron-LM), once; map the Megatron-FSDP flags (fsdp_options.py). Checks the
+        schedule flags first. seq_length: the model's (a step schedule's thresholds count tokens)."""
         self.check_schedule()
+        resolve_fsdp(self)
         self.resolve_sharding()
-        if self.global_batch_size is None:
-            self.global_batch_size = self.micro_batch_size * dp_size
-        if self.train_samples is not None and self.train_iters is None:
-            self.train_iters = self.train_samples // self.global_batch_size
-            if self.train_iters < 1:
-                raise ConfigError(f"--train-samples ({self.train_samples}) is less than one global batch "
-                                  f"({self.global_batch_size} samples)")
+        derive = self.train_samples is not None and self.train_iters is None
+        batch_schedule.resolve(self, seq_length or 1, dp_size)
+        self.train_iters_derived = self.train_iters_derived or derive
 
     def resolve_sharding(self) -> None:
         """--data-parallel-sharding-strategy from --use-distributed-optimizer (its alias for optim) when
@@ -206,6 +211,7 @@ class TrainingConfig:
     def validate(self, dp_size: int) -> None:
         """Check the resolved configuration for a data-parallel size; assigns nothing (config_checks.py)."""
         config_checks.validate(self, dp_size)
+        check_run_options(self)
 
     @property
     def per_split_paths(self):

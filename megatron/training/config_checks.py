@@ -33,7 +33,8 @@ def check_schedule(cfg) -> None:
         raise ConfigError("--lr is required (the peak learning rate; Megatron-LM has no default either), "
                           "e.g. --lr 3e-4")
     if cfg.train_samples is not None:
-        resolved = cfg.global_batch_size and cfg.train_iters == cfg.train_samples // cfg.global_batch_size
+        resolved = cfg.train_iters_derived or (cfg.global_batch_size and
+                                               cfg.train_iters == cfg.train_samples // cfg.global_batch_size)
         if cfg.train_iters is not None and not resolved:
             raise ConfigError("give --train-iters or --train-samples, not both")
         given = [f for f, v in (("--lr-decay-iters", cfg.lr_decay_iters), ("--lr-warmup-iters",
@@ -171,6 +172,8 @@ def validate_tokenizer(cfg) -> None:
                           "tools/preprocess_data.py used")
     if tok == "NullTokenizer" and (cfg.null_vocab_size is None or cfg.null_vocab_size < 1):
         raise ConfigError("--tokenizer-type NullTokenizer needs --vocab-size N (N >= 1)")
-    if tok not in ("NullTokenizer", "TikTokenizer") and cfg.null_vocab_size is not None:
+    # HuggingFaceTokenizer: Megatron-LM's recipes give --vocab-size beside it and Megatron-LM ignores it
+    # (the tokenizer's vocabulary is the model's); the start-up line says so (no_effect.py)
+    if tok not in ("NullTokenizer", "TikTokenizer", "HuggingFaceTokenizer") and cfg.null_vocab_size is not None:
         raise ConfigError(f"--vocab-size goes with --tokenizer-type NullTokenizer (or TikTokenizer), not {tok} "
                           "(whose files define the vocabulary)")

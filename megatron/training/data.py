@@ -42,7 +42,8 @@ def build_datasets(train_cfg, model_cfg, tokenizer):
     if t.mock_data:
         return _mock(lambda n, seed: MockGPTDataset(n, s, tokenizer.vocab_size, seed, tokenizer.eod), t, counts)
     config = GPTDatasetConfig(seq_length=s, seed=t.seed, cache_dir=index_cache_dir(t),
-                              vocab_size=tokenizer.vocab_size, tokenizer=tokenizer_record(t, tokenizer))
+                              vocab_size=tokenizer.vocab_size, tokenizer=tokenizer_record(t, tokenizer),
+                              mmap_bin_files=t.mmap_bin_files)
     return _from_files(build_gpt_datasets, config, t, counts)
 
 
@@ -129,7 +130,7 @@ def build_bert_datasets_from_config(train_cfg, model_cfg, tokenizer, binary_head
     config = BertDatasetConfig(seq_length=s, seed=t.seed, cache_dir=index_cache_dir(t),
                                vocab_size=tokenizer.vocab_size, cls_id=tokenizer.cls, sep_id=tokenizer.sep,
                                mask_id=tokenizer.mask, pad_id=tokenizer.pad, tokenizer=tokenizer_record(t, tokenizer),
-                               **options)
+                               mmap_bin_files=t.mmap_bin_files, **options)
     return _from_files(build_bert_datasets, config, t, counts)
 
 

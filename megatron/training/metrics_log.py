@@ -6,7 +6,8 @@ per line, for programs (the parity tests compare layouts with it) rather than pe
     {"type": "validation", "iteration": 10, "losses": {"lm loss": 6.71...}}
 
 Values are Python floats of the fp32 results (repr: exact); a non-finite one is written as NaN or
-Infinity (Python's json reads them back); grad_norm is null for a skipped fp16 step. One rank
+Infinity (Python's json reads them back); grad_norm is null for a skipped fp16 step. With
+--log-params-norm / --log-num-zeros-in-grad the record has "params_norm" / "num_zeros" too. One rank
 writes: the last pipeline stage's TP rank 0 and DP rank 0, which holds the losses. The file is
 started afresh by a run from iteration 0 and appended to by a resumed one.
 """
@@ -44,14 +45,17 @@ class MetricsLog:
     def _write(self, record):
         self.file.write(json.dumps(record) + "\n")
 
-    def iteration(self, iteration, consumed, losses: ReducedLosses, grad_norm, lr, updated, loss_scale=None):
-        """One training iteration: losses as train_step returns them, grad_norm a tensor or None."""
+    def iteration(self, iteration, consumed, losses: ReducedLosses, grad_norm, lr, updated, loss_scale=None,
+                  stats=None):
+        """One training iteration: losses as train_step returns them, grad_norm a tensor or None;
+        stats: step_stats' {"num-zeros": ..., "params-norm": ...}, written as num_zeros / params_norm."""
         if self.file is None:
             return
         self._write({"type": "train", "iteration": iteration, "consumed_samples": consumed,
                      "losses": {k: float(v) for k, v in loss_means(losses).items()},
                      "grad_norm": float(grad_norm) if grad_norm is not None else None,
-                     "lr": float(lr), "skipped": not updated, "loss_scale": loss_scale})
+                     "lr": float(lr), "skipped": not updated, "loss_scale": loss_scale,
+                     **{k.replace("-", "_"): v.item() for k, v in (stats or {}).items()}})
 
     def validation(self, iteration, losses: dict[str, float], split=None):
         """One evaluation: {term: mean loss} (training.evaluate). split: None during training (type

@@ -36,8 +36,19 @@ def check_writable(path, flag, kind="dir"):
 
 
 def check_outputs(train_cfg):
-    """--save, --tensorboard-dir and --pipeline-trace are writable (each where given)."""
+    """--save, --tensorboard-dir, --pipeline-trace, --wandb-save-dir and the torch.profiler trace folder
+    are writable (each where given)."""
+    profile = train_cfg.profile and train_cfg.use_pytorch_profiler and train_cfg.tensorboard_dir
     for flag, path, kind in (("--save", train_cfg.save, "dir"), ("--tensorboard-dir", train_cfg.tensorboard_dir, "dir"),
-                             ("--pipeline-trace", train_cfg.pipeline_trace, "file")):
+                             ("--pipeline-trace", train_cfg.pipeline_trace, "file"),
+                             ("--wandb-save-dir", train_cfg.wandb_project and train_cfg.wandb_save_dir, "dir"),
+                             ("--use-pytorch-profiler (its trace folder)",
+                              profile and profile_dir(train_cfg.tensorboard_dir), "dir")):
         if path:
             check_writable(path, flag, kind)
+
+
+def profile_dir(tensorboard_dir):
+    """Where --use-pytorch-profiler writes its traces: torch_profile beside the TensorBoard folder
+    (Megatron-LM's TENSORBOARD_DIR/../torch_profile)."""
+    return os.path.join(os.path.dirname(os.path.abspath(tensorboard_dir)), "torch_profile")

@@ -9,24 +9,29 @@ from torch import nn
 
 from ..core.debug import fault_point
 from ..core.distributed import DistributedDataParallel, finalize_model_grads
-from ..core.optimizer import LRScheduler, get_megatron_optimizer
-from ..core.optimizer.grad_scaler import ConstantGradScaler, DynamicGradScaler
+from ..core.optimizer import get_megatron_optimizer
 from ..core.pipeline_parallel import TOKEN_LOSS, default_schedule, get_forward_backward_func
 from ..core.pipeline_parallel.schedule_flag import schedule_for_flag
 from ..core.pipeline_parallel.split import chunk_roles
 from ..core.tensor_parallel.initialization import initialize_parameters
+from ..core.timers import phase
 from ..core.transformer.context_parallel import cp_slice
 from ..core.transformer.moe import step_hooks as moe_hooks
+from . import batch_schedule
 from .checkpointing import Checkpointer
 from .data import end_of_training_sets, microbatches, validation_window
-from .flops import num_floating_point_operations, peak_tflops_per_gpu
-from .log import TrainingLogger, print_rank_0, print_rank_last, startup_summary
+from .flops import num_floating_point_operations
+from .log import print_rank_0, print_rank_last, startup_summary
 from .memory_errors import building
 from .memory_report import report_memory
 from .metrics_log import MetricsLog
 from .model_spec import ModelSpec
 from .numerics import check_finite
+from .observability import open_observability
+from .optimizer_setup import build_grad_scaler, build_scheduler  # build_scheduler: imported from here by tests
 from .planner.live import predicted_step_line
+from .runtime_switches import ManualGC, empty_unused_memory, set_matmul_precision
+from .step_stats import step_stats
 
 _START_TIME = time.time()  # --exit-duration-in-mins counts from here (the trainer's import, near start-up)
 
@@ -56,13 +61,17 @@ def build_model(model_provider, model_cfg, groups, device):
 
 
 def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, iteration,
-               forward_backward_func=None, loss_terms=TOKEN_LOSS, model_cfg=None):
+               forward_backward_func=None, loss_terms=TOKEN_LOSS, model_cfg=None, timers=None, lr_increment=None,
+               empty_cache_level=0):
     """One iteration. Returns (losses, grad_norm tensor or None, lr, updated): losses is
     forward_backward's {term: (sum, count)} over the global batch (pipeline_parallel.loss_means
     divides); lr is the rate this iteration ran at; updated is False when fp16 gradients overflowed
     and the step was skipped (the schedule then does not advance, as Megatron-LM). `iteration` is
     not used: the schedule keeps its own position. No host sync but fp16's. model_cfg: the model's
-    config, for the MoE hooks (step_hooks.finish_step).
+    config, for the MoE hooks (step_hooks.finish_step). timers: core.timers.Timers (level 1:
+    forward-backward, the gradient sums, optimizer and its parts), or None. lr_increment: the samples
+    this iteration consumed (the global batch; default the scheduler's step size). empty_cache_level:
+    --empty-unused-memory-level.
 
     The microbatches run through forward_backward_func (default: the schedule for this
     layout, pipeline_parallel.get_forward_backward_func()). The gradient summed over
@@ -73,13 +82,19 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
     moe_hooks.start_step(model, len(batches), groups, optimizer.loss_scale)
     forward_backward_func = forward_backward_func or get_forward_backward_func()
     gather = {"before_weight": ddp.before_weight_grads} if ddp.shards_params else {}  # ZeRO-3 under a W
-    losses = forward_backward_func(model, batches, forward_step, groups, loss_terms, loss_scale=optimizer.loss_scale,
-                                   **gather)
-    finalize_model_grads(model, groups, ddp)
+    with phase(timers, "forward-backward", 1):
+        losses = forward_backward_func(model, batches, forward_step, groups, loss_terms,
+                                       loss_scale=optimizer.loss_scale, **gather)
+    if empty_cache_level:
+        empty_unused_memory(empty_cache_level, 1, optimizer.device)
+    finalize_model_grads(model, groups, ddp, timers)
     lr = scheduler.lr
-    updated, grad_norm = optimizer.step()
+    with phase(timers, "optimizer", 1):
+        updated, grad_norm = optimizer.step(timers)
     if updated:
-        scheduler.step()
+        scheduler.step(lr_increment)
+    if empty_cache_level:
+        empty_unused_memory(empty_cache_level, 2, optimizer.device)
     losses = moe_hooks.finish_step(model, groups, len(batches), losses, updated, model_cfg)
     return losses, grad_norm, lr, updated
 
@@ -97,6 +112,7 @@ def evaluate(model, dataset, spec: ModelSpec, groups, train_cfg, device):
         batches = microbatches(dataset, k * global_batch, global_batch, micro, groups.dp_rank, groups.dp_size,
                                device, spec.collate, cp_slice(groups))
         losses = forward_backward_func(model, batches, spec.forward_step, groups, spec.loss_terms, forward_only=True)
+        empty_unused_memory(train_cfg.empty_unused_memory_level, 1, device)
         sums += torch.stack([losses[name][0] for name in names])
         counts += torch.stack([losses[name][1] for name in names])
     model.train()
@@ -114,32 +130,6 @@ def write_pipeline_trace(path, trace, groups, model_cfg, num_micro, iteration, s
             json.dump({"schedule": schedule or default_schedule(groups.pp_size, V), "P": groups.pp_size, "M": num_micro,
                        "V": V, "iteration": iteration, "ranks": dict(enumerate(spans))}, f)
         print(f"> wrote the pipeline schedule timeline of iteration {iteration} to {path}", flush=True)
-
-
-def build_scheduler(optimizer, train_cfg):
-    """The LR schedule in samples, as Megatron-LM's get_optimizer_param_scheduler: iteration flags
-    times the global batch, or the sample flags as given; the warm-up fraction is not rounded. A
-    warm-up longer than the decay is cut to it (Megatron-LM refuses it)."""
-    t, gbs = train_cfg, train_cfg.global_batch_size
-    if t.train_samples is not None:
-        decay, warmup, wsd = t.lr_decay_samples or t.train_samples, t.lr_warmup_samples, t.lr_wsd_decay_samples
-    else:
-        decay, warmup = (t.lr_decay_iters or t.train_iters) * gbs, t.lr_warmup_iters * gbs
-        wsd = t.lr_wsd_decay_iters * gbs if t.lr_wsd_decay_iters is not None else None
-    if t.lr_warmup_fraction is not None:
-        warmup = t.lr_warmup_fraction * decay
-    return LRScheduler(optimizer, t.lr, t.min_lr, decay, min(warmup, decay), t.lr_decay_style, wsd,
-                       t.lr_wsd_decay_style, t.lr_warmup_init, step_size=gbs)
-
-
-def build_grad_scaler(train_cfg):
-    """None for fp32/bf16; a constant or dynamic loss scaler for fp16."""
-    if not train_cfg.fp16:
-        return None
-    if train_cfg.loss_scale is not None:
-        return ConstantGradScaler(train_cfg.loss_scale)
-    return DynamicGradScaler(train_cfg.initial_loss_scale, train_cfg.min_loss_scale,
-                             growth_interval=train_cfg.loss_scale_window, hysteresis=train_cfg.hysteresis)
 
 
 def setup_model_and_optimizer(model_cfg, train_cfg, groups, device, model_provider):
@@ -182,9 +172,8 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     ckpt = Checkpointer(model_cfg, train_cfg, model, optimizer, groups, device, scheduler)
     iteration, consumed = ckpt.load()
     train_ds, valid_ds, _ = datasets
-    peak = peak_tflops_per_gpu(device, model_cfg.params_dtype)
-    logger = TrainingLogger(train_cfg.train_iters, train_cfg.tensorboard_dir, peak[1] if peak else None)
-    flops = num_floating_point_operations(model_cfg, train_cfg.global_batch_size)
+    logger, timers, profiler = open_observability(model_cfg, train_cfg, groups, device, iteration)
+    sizes = batch_schedule.build(train_cfg, model_cfg.seq_length)  # the global batch by consumed samples
     metrics = MetricsLog(train_cfg.log_metrics_jsonl, groups, iteration > 0, device)
     print_rank_0(f"> training for {train_cfg.train_iters} iterations ({len(train_ds)} samples per epoch)")
     predicted = predicted_step_line(model_cfg, train_cfg, groups.world_size, device) if groups.rank == 0 else None
@@ -192,33 +181,44 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
         print_rank_0(predicted)
     schedule = schedule_for_flag(train_cfg.pipeline_schedule, groups.pp_size,
                                  model_cfg.virtual_pipeline_model_parallel_size or 1)
-    forward_backward_func = get_forward_backward_func(schedule)
+    forward_backward_func = functools.partial(get_forward_backward_func(schedule, model_cfg.calculate_per_token_loss),
+                                              timers=timers)
     model.train()
+    set_matmul_precision(model_cfg, train_cfg)
+    collector = ManualGC(train_cfg)
+    collector.start()
     # +2: past first-call costs
     trace_iter = min(iteration + 2, train_cfg.train_iters) if train_cfg.pipeline_trace else None
     start, memory_reported = iteration, False
     for iteration in range(start + 1, (start if train_cfg.skip_train else train_cfg.train_iters) + 1):
         fault_point("train.iteration", iteration, groups.rank)
-        batches = microbatches(train_ds, consumed, train_cfg.global_batch_size, train_cfg.micro_batch_size,
-                               groups.dp_rank, groups.dp_size, device, spec.collate, cp_slice(groups))
+        profiler.before(iteration)
+        global_batch = sizes.batch_size(consumed)
+        with timers("batch-generator", 2):
+            batches = microbatches(train_ds, consumed, global_batch, train_cfg.micro_batch_size,
+                                   groups.dp_rank, groups.dp_size, device, spec.collate, cp_slice(groups))
         trace = [] if iteration == trace_iter else None
         fb = forward_backward_func if trace is None else functools.partial(forward_backward_func, trace=trace)
         losses, grad_norm, lr, updated = train_step(model, ddp, optimizer, scheduler, batches, spec.forward_step,
-                                                    groups, iteration, fb, spec.loss_terms, model_cfg)
+                                                    groups, iteration, fb, spec.loss_terms, model_cfg, timers=timers,
+                                                    lr_increment=global_batch,
+                                                    empty_cache_level=train_cfg.empty_unused_memory_level)
+        stats = step_stats(optimizer, train_cfg, updated, timers)
         if trace is not None:
             write_pipeline_trace(train_cfg.pipeline_trace, trace, groups, model_cfg, len(batches), iteration,
                                  schedule)
-        consumed += train_cfg.global_batch_size
-        logger.add_iteration(losses, grad_norm, updated)
+        consumed += global_batch
+        logger.add_iteration(losses, grad_norm, updated, iteration, consumed, lr, global_batch,
+                             optimizer.loss_scale, stats, device)
         metrics.iteration(iteration, consumed, losses, grad_norm, lr, updated,
-                          optimizer.loss_scale if train_cfg.fp16 else None)
+                          optimizer.loss_scale if train_cfg.fp16 else None, stats)
         if train_cfg.check_for_nan_in_loss_and_grad:  # before this iteration can be saved
             check_finite(iteration, losses, grad_norm, groups, device)
         if iteration % train_cfg.log_interval == 0 or iteration == train_cfg.train_iters:
             if device.type == "cuda":
                 torch.cuda.synchronize()
-            logger.log(iteration, consumed, lr, train_cfg.global_batch_size, flops, groups.world_size,
-                       optimizer.loss_scale if train_cfg.fp16 else None)
+            logger.log(iteration, consumed, lr, global_batch, num_floating_point_operations(model_cfg, global_batch),
+                       groups.world_size, optimizer.loss_scale if train_cfg.fp16 else None)
             if not memory_reported:  # as Megatron-LM, once: the peaks after the first logged iterations
                 report_memory(iteration, groups, model_cfg, train_cfg, device)
                 memory_reported = True
@@ -226,10 +226,14 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
             if balance:
                 print_rank_last(f" iteration {iteration:8d} |{balance}")
         if train_cfg.eval_iters > 0 and train_cfg.eval_interval and iteration % train_cfg.eval_interval == 0:
+            collector.before_evaluation()
             valid = evaluate(model, validation_window(valid_ds, iteration, train_cfg), spec, groups, train_cfg, device)
-            logger.log_validation(iteration, valid)
+            collector.after_evaluation()
+            logger.log_validation(iteration, valid, consumed=consumed)
             metrics.validation(iteration, valid)
             logger.reset_timer()  # evaluation time is not training time
+        profiler.after(iteration)
+        collector.after_iteration(iteration)
         if ckpt.after_iteration(iteration, consumed):
             break
         if train_cfg.exit_interval and iteration % train_cfg.exit_interval == 0:
@@ -239,11 +243,13 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
             print_rank_0(f"> exiting at iteration {iteration}: --exit-duration-in-mins "
                          f"{train_cfg.exit_duration_in_mins} passed")
             break
+    profiler.close()
     ddp.finish_param_sync()
     ckpt.finish(iteration, consumed)
     for split, ds in end_of_training_sets(datasets, iteration, train_cfg):
         losses = evaluate(model, ds, spec, groups, train_cfg, device)
-        logger.log_validation(iteration, losses, split)
+        logger.log_validation(iteration, losses, split, consumed)
         metrics.validation(iteration, losses, split)
     logger.close()
     metrics.close()
+    collector.finish()

@@ -8,6 +8,7 @@ The one-process cases run from one Python start (forked.py: a child per case, as
 would run it), seconds for all instead of 2-3 s each; the torchrun cases launch torchrun.
 """
 import ast
+import importlib.util
 import json
 import os
 import re
@@ -98,6 +99,9 @@ CASES = {
     "tensorboard under a file": (GPT, MOCK + ["--tensorboard-dir", "{d}/in.jsonl/tb"], "--tensorboard-dir"),
     "trace is a folder": (GPT, MOCK + ["--pipeline-trace", "{d}/folder"], "--pipeline-trace"),
     "trace under a file": (GPT, MOCK + ["--pipeline-trace", "{d}/in.jsonl/trace.json"], "--pipeline-trace"),
+    "pytorch profiler without tensorboard": (GPT, MOCK + ["--profile", "--use-pytorch-profiler"], "--tensorboard-dir"),
+    "wandb files under a file": (GPT, MOCK + ["--wandb-project", "p", "--wandb-save-dir", "{d}/in.jsonl/w"],
+                                 "--wandb-save-dir" if importlib.util.find_spec("wandb") else "pip install"),
     "load missing": (GPT, MOCK + ["--load", "{d}/nothere"], "--load"),
     "load empty folder": (GPT, MOCK + ["--load", "{d}/folder"], "--load"),
     "load tracker without checkpoint": (GPT, MOCK + ["--load", "{d}/badckpt"], "iter_0000007"),

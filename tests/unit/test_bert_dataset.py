@@ -386,7 +386,8 @@ def test_training_entry_reads_files_with_the_tokenizer_ids(corpus, tmp_path):
     train_cfg = SimpleNamespace(mock_data=False, train_iters=5, eval_iters=1, global_batch_size=8, seed=5,
                                 data_path=[prefix], split="90,10,0", per_split_paths=[None, None, None],
                                 data_cache_path=str(tmp_path), eval_interval=10, skip_train=False,
-                                blend_order="megatron", tokenizer_type="BertWordPieceLowerCase")
+                                blend_order="megatron", tokenizer_type="BertWordPieceLowerCase",
+                                mmap_bin_files=True)
     tokenizer = SimpleNamespace(vocab_size=vocab, cls=CLS, sep=SEP, mask=MASK, pad=PAD)
     train, valid, _ = build_bert_datasets_from_config(train_cfg, SimpleNamespace(seq_length=48), tokenizer,
                                                    True, "sop", 0.15, 0.1)

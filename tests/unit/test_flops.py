@@ -5,6 +5,7 @@ import torch
 
 from megatron.core.config import TransformerConfig
 from megatron.training import flops, log
+from megatron.training.logging_options import LoggingOptions
 
 
 def _gpt(**kw):
@@ -65,12 +66,15 @@ def test_no_mfu_on_cpu():
 def test_log_line_has_mfu_only_with_a_peak(monkeypatch, capsys):
     monkeypatch.setattr(log, "is_logging_rank", lambda: True)
     lines = {}
-    for peak in (None, 100.0):
-        logger = log.TrainingLogger(10, peak_tflops=peak)
+    for peak, throughput in ((None, True), (100.0, True), (100.0, False)):
+        logger = log.TrainingLogger(10, peak_tflops=peak, options=LoggingOptions(log_throughput=throughput))
         logger.add_iteration({"lm loss": (torch.tensor(2.0), torch.tensor(1.0))}, torch.tensor(1.0), True)
         logger.log(1, 8, 1e-3, 8, flops_per_iter=1e12, world_size=1)
-        lines[peak] = capsys.readouterr().out
-    assert "MFU" not in lines[None]
+        lines[peak, throughput] = capsys.readouterr().out
+    assert "MFU" not in lines[None, True] and "TFLOP/s/GPU" in lines[None, True]
+    # Megatron-LM's --log-throughput: without it, neither the throughput nor (ours) the MFU
+    assert "TFLOP/s/GPU" not in lines[100.0, False] and "MFU" not in lines[100.0, False]
+    lines[100.0] = lines[100.0, True]
     tflops = float(lines[100.0].split("(TFLOP/s/GPU): ")[1].split(" ")[0])
     mfu = float(lines[100.0].split("MFU: ")[1].split("%")[0])
     assert mfu == pytest.approx(tflops, abs=0.06)  # TFLOP/s / 100 TFLOP/s peak, in percent

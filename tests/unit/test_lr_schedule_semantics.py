@@ -69,7 +69,7 @@ def _fake_step(updates):
     """train_step's collaborators: an empty model, an optimizer whose step() reports `updates` in turn."""
     steps = iter(updates)
     ddp = types.SimpleNamespace(start_step=lambda n: None, shards_params=False)
-    opt = types.SimpleNamespace(loss_scale=None, step=lambda: (next(steps), None))
+    opt = types.SimpleNamespace(loss_scale=None, step=lambda timers=None: (next(steps), None))
     return ddp, opt
 
 

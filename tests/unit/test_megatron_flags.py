@@ -123,7 +123,10 @@ def test_partial_rotary_rotates_only_the_leading_dims():
 
 def test_megatron_attention_backend_names():
     assert attention_front.select("local", "cpu", torch.float32) == "unfused"
-    assert attention_front.select("fused", "cpu", torch.float32) == "te"
+    # fused is Transformer Engine's fused attention; without TE, torch SDPA's cuDNN backend (plain SDPA on CPU)
+    te = attention_front.available("te", "cuda", torch.bfloat16)[0]
+    assert attention_front.select("fused", "cuda", torch.bfloat16) == ("te" if te else "cudnn")
+    assert attention_front.select("fused", "cpu", torch.float32) == "sdpa"
     assert attention_front.select("unfused", "cpu", torch.float32) == "unfused"
     assert _cfgs(LEN + ["--attention-backend", "local"])[0].attention_backend == "local"
 

@@ -44,6 +44,7 @@ from megatron.core.checkpointing import (
 )
 from megatron.core.checkpointing import hf_conversion as hc
 from megatron.core.checkpointing.dcp_interop import load_dcp, save_dcp, split_buffers
+from megatron.core.checkpointing.hf_checks import with_whole_norm_weights
 from megatron.core.checkpointing.hf_files import read_config_json, read_state_dict
 from megatron.core.errors import MegatronUserError
 
@@ -91,6 +92,7 @@ def load_hf(path, model_type="GPT"):
 
 def save_hf(path, args, tensors, training, model_type="GPT"):
     tf = _transformers()
+    tensors = with_whole_norm_weights(args, tensors)  # --apply-layernorm-1p stores w - 1
     if model_type == "BERT":
         cfg, sd, binary = hf_bert.ours_to_bert(args, tensors)
         config, cls = tf.BertConfig(**cfg), tf.BertForPreTraining if binary else tf.BertForMaskedLM
@@ -118,7 +120,7 @@ def save_hf(path, args, tensors, training, model_type="GPT"):
     if missing or unexpected:
         raise CheckpointError(f"conversion bug: missing {missing}, unexpected {unexpected}")
     os.makedirs(path, exist_ok=True)
-    special = hf_tokenizer.to_hf(training, path)
+    special = hf_tokenizer.to_hf(training, path, args.get("vocab_size"))
     for k in hf_tokenizer.SPECIAL:
         setattr(config, k, special.get(k))
         if model.can_generate():  # encoders have no generation_config

@@ -5,10 +5,13 @@ vocab_file, merge_file, tokenizer_model, null_vocab_size), i.e. paths to files, 
 bos/pad (the trainer only uses the tokenizer's eod). An HF directory holds the files under
 fixed names and the ids in config.json / generation_config.json. So:
   ours -> HF: the files are copied under HF's names; eos = the tokenizer's eod unless the
-    checkpoint came from HF (then its recorded bos/eos/pad); megatron_tokenizer.json keeps
-    the tokenizer type for the way back (Byte and Null have no files).
+    checkpoint came from HF (then its recorded bos/eos/pad, none if it had none); an id outside the
+    model's vocabulary is never written (HF would index past the embedding); megatron_tokenizer.json
+    keeps the tokenizer type for the way back (Byte and Null have no files).
   HF -> ours: the files are copied into <save-dir>/tokenizer/ and the flags point at them;
-    config.json's bos/eos/pad ids are kept in the training args as hf_special_tokens.
+    config.json's bos/eos/pad ids are kept in the training args as hf_special_tokens. A model with no
+    tokenizer files gets the NullTokenizer that fills its vocabulary V: ids 0..V-2 and end-of-document
+    V-1 (--vocab-size V-1), so that training it on goes on with the model's own vocabulary.
 """
 import json
 import os
@@ -32,8 +35,18 @@ def _source(flag, path):
     return path
 
 
-def to_hf(training, hf_dir):
-    """Copy the checkpoint's tokenizer files into hf_dir; -> {bos/eos/pad_token_id: id} for config.json."""
+def to_hf(training, hf_dir, vocab_size=None):
+    """Copy the checkpoint's tokenizer files into hf_dir; -> {bos/eos/pad_token_id: id} for config.json,
+    without ids at or above vocab_size (the model's unpadded vocabulary), with a warning for each."""
+    special = _special_ids(training, hf_dir)
+    out = {k: v for k, v in special.items() if vocab_size is None or v is None or 0 <= v < vocab_size}
+    for k in special.keys() - out.keys():
+        print(f"warning: the tokenizer's {k} {special[k]} is outside the model's vocabulary ({vocab_size} ids): "
+              "not written to config.json", file=sys.stderr)
+    return out
+
+
+def _special_ids(training, hf_dir):
     from megatron.training.tokenizer import TokenizerError, build_tokenizer
     kind = training.get("tokenizer_type")
     if kind is None:
@@ -50,7 +63,7 @@ def to_hf(training, hf_dir):
     null = training.get("null_vocab_size", training.get("vocab_size"))  # older checkpoints: vocab_size
     with open(os.path.join(hf_dir, MARKER), "w") as f:
         json.dump({"tokenizer_type": kind, "null_vocab_size": null if kind == "NullTokenizer" else None}, f)
-    if training.get("hf_special_tokens"):
+    if "hf_special_tokens" in training:  # converted from HF: its ids, none where it had none
         return dict(training["hf_special_tokens"])
     if lost:
         return {}
@@ -74,8 +87,8 @@ def from_hf(hf_dir, save_dir, cfg):
         kind = present[0] if present else "NullTokenizer"
     training = {"tokenizer_type": kind, "vocab_file": None, "merge_file": None, "tokenizer_model": None,
                 "null_vocab_size": None}
-    if kind == "NullTokenizer":
-        training["null_vocab_size"] = recorded.get("null_vocab_size") or cfg["vocab_size"]
+    if kind == "NullTokenizer":  # recorded by to_hf, else the one filling the model's vocabulary
+        training["null_vocab_size"] = recorded.get("null_vocab_size") or cfg["vocab_size"] - 1
     names = HF_NAMES.get(kind, {})
     if names:
         dest = os.path.abspath(os.path.join(save_dir, "tokenizer"))

@@ -95,3 +95,11 @@ def hf_family(a):
 
 def _refuse(why, supported):
     raise CheckpointError(f"this model has {why}, which no HuggingFace family we convert to holds: {supported}")
+
+
+def with_whole_norm_weights(args, tensors):
+    """tensors with each norm weight as HuggingFace holds it: a checkpoint of --apply-layernorm-1p
+    (args' layernorm_zero_centered_gamma) stores w - 1, HF models w. Other tensors are the same objects."""
+    if not args.get("layernorm_zero_centered_gamma"):
+        return tensors
+    return {k: v + 1 if k.endswith("layernorm.weight") else v for k, v in tensors.items()}

@@ -43,6 +43,7 @@ class BertDatasetConfig:
     short_seq_prob: float = 0.1     # share of samples with a shorter random target length
     binary_head: bool = True        # sentence pairs (A, B) with is_random; False: one segment
     binary_head_task: str = "sop"   # "sop": B A order swapped; "nsp": B from another document
+    mmap_bin_files: bool = True       # False: the .bin files are read with file reads (--no-mmap-bin-files)
 
     def __post_init__(self):
         if self.binary_head_task not in ("sop", "nsp"):

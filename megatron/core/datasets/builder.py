@@ -13,6 +13,7 @@ ceil(ceil(n x w) x 1.005) samples (Megatron-Core's 0.5% surplus); see docs/data.
 """
 import math
 import os
+import re
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -65,9 +66,11 @@ def _float_or_none(text):
 
 
 def parse_split(text):
-    """'969,30,1' (or '98/2/0', or '1') -> three fractions summing to 1."""
+    """'969,30,1' -> three fractions summing to 1. Megatron-LM reads the numbers out of the text, so these
+    mean the same: "'99,1,0'" (quotes a shell kept), '99 1 0', '99,1,0,' (trailing comma), '98/2/0', '1'."""
+    pieces = [x for x in re.split(r"[,/\s]+", str(text).strip().strip("'\"")) if x]
     try:
-        parts = [float(x) for x in str(text).replace("/", ",").split(",")]
+        parts = [float(x) for x in pieces]
     except ValueError:
         raise DatasetError(f"--split {text!r} must be up to three numbers like 969,30,1") from None
     if not 1 <= len(parts) <= 3 or any(p < 0 or not math.isfinite(p) for p in parts) or sum(parts) <= 0:
@@ -124,7 +127,7 @@ def _build_datasets(kind, config, num_samples, data_path, split, per_split, blen
 
     def open_ds(prefix):
         if prefix not in opened:
-            opened[prefix] = IndexedDataset(prefix)
+            opened[prefix] = IndexedDataset(prefix, mmap=config.mmap_bin_files)
             # before any sample is read: ids past the vocabulary (the concrete message), then the record
             check_token_ids(opened[prefix], config.vocab_size, config.cache_dir)
             check_record(prefix, config.tokenizer)

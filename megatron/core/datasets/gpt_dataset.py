@@ -33,6 +33,7 @@ class GPTDatasetConfig:
     vocab_size: Optional[int] = None  # when set, a token id >= vocab_size is a DatasetError
     tokenizer: Optional[dict] = None  # the run's tokenizer record: a dataset's own must match (tokenizer_record.py)
     add_extra_token: int = 1          # samples are seq_length + 1 tokens (inputs and shifted labels)
+    mmap_bin_files: bool = True       # False: the .bin files are read with file reads (--no-mmap-bin-files)
 
 
 class GPTDataset:

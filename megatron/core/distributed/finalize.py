@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from ..tensor_parallel.param_meta import param_meta
+from ..timers import phase
 
 _CHUNK_ELEMS = 64 * 1024 * 1024
 
@@ -74,7 +75,7 @@ def allreduce_tied_embedding_grads(model, groups, grad_of, copies_summed=False):
             dist.all_reduce(grad, group=groups.embd)
 
 
-def finalize_model_grads(model, groups, ddp=None):
+def finalize_model_grads(model, groups, ddp=None, timers=None):
     """Complete the DP reduction (ddp, or a plain all-reduce of .grad), sum the
     sequence-parallel weights' grads over TP, then the tied embedding's over the first and
     last pipeline stage.
@@ -82,37 +83,44 @@ def finalize_model_grads(model, groups, ddp=None):
     Talks to groups.dp, groups.tp and groups.embd. model: a module, or an nn.ModuleList of
     pipeline model chunks. With the distributed optimizer only this rank's
     shard of each bucket is meaningful afterwards; the TP sum is right on it too, since
-    the DP and TP sums commute.
+    the DP and TP sums commute. timers: core.timers.Timers (level 1: the three sums under
+    Megatron-LM's names all-grads-sync, layernorm-grads-all-reduce, embedding-grads-all-reduce), or None.
     """
     if ddp is not None and ddp.shards_grads:
-        _finalize_sharded(model, groups, ddp)
+        _finalize_sharded(model, groups, ddp, timers)
         return
     # ZB-V's two tied copies: summed before the DP reduction where it has not started yet (the
     # distributed optimizer's shards of the two copies are different slices: DDP holds their buckets
     # back, tied_reduced_last); with overlap and plain all-reduce after it
     copies_summed = groups.pp_size > 1 and (ddp is None or not ddp.overlap_grad_reduce or ddp.tied_reduced_last) \
         and sum_tied_copies_here(model, _grad_of(ddp))
-    if ddp is not None:
-        ddp.finish_grad_sync()
-    elif groups.dp_size * groups.cp_size > 1:
-        _all_reduce_coalesced([p.grad for p in model.parameters() if p.grad is not None], groups.dp_cp)
+    with phase(timers, "all-grads-sync", 1):
+        if ddp is not None:
+            ddp.finish_grad_sync()
+        elif groups.dp_size * groups.cp_size > 1:
+            _all_reduce_coalesced([p.grad for p in model.parameters() if p.grad is not None], groups.dp_cp)
     grad_of = _grad_of(ddp)
-    if groups.tp_size > 1:
-        sp = [grad_of(p) for p in model.parameters()
-              if param_meta(p).sequence_parallel and grad_of(p) is not None]
-        if sp:
-            _all_reduce_coalesced(sp, groups.tp)
+    with phase(timers, "layernorm-grads-all-reduce", 1):
+        if groups.tp_size > 1:
+            sp = [grad_of(p) for p in model.parameters()
+                  if param_meta(p).sequence_parallel and grad_of(p) is not None]
+            if sp:
+                _all_reduce_coalesced(sp, groups.tp)
     # last, as in Megatron-LM: after the DP reduction (which may be overlapped) is complete
-    allreduce_tied_embedding_grads(model, groups, grad_of, copies_summed)
+    with phase(timers, "embedding-grads-all-reduce", 1):
+        allreduce_tied_embedding_grads(model, groups, grad_of, copies_summed)
 
 
-def _finalize_sharded(model, groups, ddp):
+def _finalize_sharded(model, groups, ddp, timers=None):
     """With sharded gradients (optim_grads, optim_grads_params) the tied table's sum over
     groups.embd runs on the full gradients, before the DP reduce-scatter (the sums commute; its
     DP shard differs between the first and the last stage), and the sequence-parallel sum over
-    groups.tp on this rank's reduced shards after it (the same ranges on every TP rank)."""
-    ddp.finish_grad_sync(before_reduce=lambda: allreduce_tied_embedding_grads(model, groups, _grad_of(ddp)))
-    if groups.tp_size > 1:
-        sp = [g for p in model.parameters() if param_meta(p).sequence_parallel for g in ddp.reduced_grads(p)]
-        if sp:
-            _all_reduce_coalesced(sp, groups.tp)
+    groups.tp on this rank's reduced shards after it (the same ranges on every TP rank). Timed:
+    all-grads-sync (the tied table's sum included) and layernorm-grads-all-reduce."""
+    with phase(timers, "all-grads-sync", 1):
+        ddp.finish_grad_sync(before_reduce=lambda: allreduce_tied_embedding_grads(model, groups, _grad_of(ddp)))
+    with phase(timers, "layernorm-grads-all-reduce", 1):
+        if groups.tp_size > 1:
+            sp = [g for p in model.parameters() if param_meta(p).sequence_parallel for g in ddp.reduced_grads(p)]
+            if sp:
+                _all_reduce_coalesced(sp, groups.tp)

@@ -44,6 +44,8 @@ def describe(config, device):
     backend = attention.select(config.attention_backend, device, config.params_dtype)
     choices = explain(config, device)
     attn = attention.NAMES[backend]
+    if config.attention_backend == "fused" and backend == "sdpa":
+        attn += " (--attention-backend fused: no Transformer Engine, and no cuDNN without CUDA)"
     if backend == "unfused":
         attn += ", softmax " + choices[0][1] + ", masked softmax " + choices[1][1]
         choices = choices[2:]

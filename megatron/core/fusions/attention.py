@@ -7,6 +7,9 @@ CoreAttention in megatron/core/transformer/core_attention.py. Backends (--attent
   flash    flash-attn's flash_attn_func;       te   Transformer Engine's DotProductAttention;
   sdpa     torch.nn.functional.scaled_dot_product_attention (picks its own flash /
            memory-efficient / cuDNN / math kernel);
+  fused    Megatron-LM's name for Transformer Engine's fused (cuDNN) attention: te where Transformer
+           Engine is installed, else torch SDPA with its cuDNN backend first (the same cuDNN
+           fused-attention kernels; "cudnn"), else, without CUDA, plain SDPA;
   unfused  explicit scores, the masked-softmax front (our kernel, apex or torch), dropout and
            a second matmul: Megatron-LM's "local" attention, the layer Korthikanti et al.
            count activations for (it keeps the s x s probabilities, the others do not).
@@ -21,11 +24,13 @@ from ..tensor_parallel.random import get_rng_tracker
 from . import softmax as softmax_front
 from ._common import HALF_DTYPES, importable
 
-BACKENDS = ("auto", "flash", "te", "sdpa", "unfused")
-# Megatron-LM's --attention-backend names: fused is TE's fused attention, local its own unfused layer
-ALIASES = {"fused": "te", "local": "unfused"}
+BACKENDS = ("auto", "flash", "te", "sdpa", "cudnn", "unfused")
+# Megatron-LM's --attention-backend names: local is its own unfused layer (fused: select_fused)
+ALIASES = {"local": "unfused"}
 NAMES = {"flash": "flash-attn flash_attn_func", "te": "transformer_engine DotProductAttention",
-         "sdpa": "torch scaled_dot_product_attention", "unfused": "unfused (matmul + masked softmax + matmul)"}
+         "sdpa": "torch scaled_dot_product_attention", "unfused": "unfused (matmul + masked softmax + matmul)",
+         "cudnn": "torch scaled_dot_product_attention with its cuDNN backend first (--attention-backend fused "
+                  "without Transformer Engine)"}
 
 
 def available(backend, device, dtype):
@@ -45,8 +50,18 @@ def available(backend, device, dtype):
     return True, None
 
 
+def select_fused(device, dtype):
+    """Megatron-LM's --attention-backend fused: Transformer Engine's fused attention where it runs, else
+    torch SDPA with cuDNN's fused attention first on CUDA, else (CPU) SDPA."""
+    if available("te", device, dtype)[0]:
+        return "te"
+    return "cudnn" if torch.device(device).type == "cuda" else "sdpa"
+
+
 def select(backend, device, dtype):
     """The backend CoreAttention uses: an explicit choice as given (Megatron-LM's names mapped), 'auto' resolved."""
+    if backend == "fused":
+        return select_fused(device, dtype)
     if backend != "auto":
         return ALIASES.get(backend, backend)
     for candidate in ("flash", "te"):
@@ -64,6 +79,15 @@ def sdpa(q, k, v, attn_mask, p):
         kwargs["enable_gqa"] = True
     out = F.scaled_dot_product_attention(q, k, v, **kwargs)
     return out.permute(2, 0, 1, 3).reshape(s, b, heads * d)
+
+
+def sdpa_cudnn(q, k, v, attn_mask, p):
+    """torch SDPA with its cuDNN backend tried first (then flash, memory-efficient, math: SDPA falls back where
+    cuDNN does not take the inputs)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    with sdpa_kernel(order, set_priority=True):
+        return sdpa(q, k, v, attn_mask, p)
 
 
 def flash(q, k, v, p, scale):

@@ -5,41 +5,47 @@ import torch.distributed as dist
 from ..tensor_parallel.param_meta import counted_once
 
 
-def global_norm(grads, reduce_groups, device):
-    """L2 norm (fp32 tensor on `device`) of `grads` (this rank's part) summed over `reduce_groups`."""
-    if grads:
-        total = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).pow(2).sum()
-    else:
-        total = torch.zeros((), device=device)
-    for group in reduce_groups:
-        if dist.get_world_size(group) > 1:
-            dist.all_reduce(total, group=group)
-    return total.sqrt()
+def squares(tensors, device):
+    """Sum of the squared L2 norms of `tensors` (fp32 0-d tensor on `device`; 0 for none)."""
+    if not tensors:
+        return torch.zeros((), device=device)
+    return torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32)).pow(2).sum()
 
 
-def expert_parallel_norm(dense, expert, groups, device):
-    """L2 norm of `dense` grads summed over groups.mp plus `expert` grads (MoE experts, held by one
-    expert-parallel rank each, identical over expert-DP) summed over groups.mp and groups.ep."""
-    def squares(grads):
-        if not grads:
-            return torch.zeros((), device=device)
-        return torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).pow(2).sum()
+def zeros(tensors, device):
+    """Number of elements equal to zero in `tensors` (int64 0-d tensor on `device`)."""
+    total = torch.zeros((), dtype=torch.int64, device=device)
+    for t in tensors:
+        total += t.numel() - torch.count_nonzero(t)
+    return total
+
+
+def model_sum(dense, expert, groups, dense_groups):
+    """The whole model's total of a per-element quantity, each element once, from this rank's totals:
+    `dense` over its counted dense pieces, summed over `dense_groups`; `expert` (None without expert
+    parallelism) over its experts' pieces (held by one expert-parallel rank each, identical over
+    expert-DP), summed over groups.mp and groups.ep (folded grid: expert-TP, EP and PP)."""
+    if expert is None:
+        for group in dense_groups:
+            if dist.get_world_size(group) > 1:
+                dist.all_reduce(dense, group=group)
+        return dense
     if groups.expert_folded:  # the expert shards are over expert-TP x EP (parallel_state), not TP x EP
-        return _folded_norm(squares(dense), squares(expert), groups)
-    total = torch.stack([squares(dense), squares(expert)])
+        for group, t in ((groups.mp, dense), (groups.etp, expert), (groups.ep, expert), (groups.pp, expert)):
+            if group is not None and dist.get_world_size(group) > 1:
+                dist.all_reduce(t, group=group)
+        return dense + expert
+    total = torch.stack([dense, expert])
     if dist.get_world_size(groups.mp) > 1:
         dist.all_reduce(total, group=groups.mp)
     expert_total = total[1].clone()
     dist.all_reduce(expert_total, group=groups.ep)
-    return (total[0] + expert_total).sqrt()
+    return total[0] + expert_total
 
 
-def _folded_norm(dense, expert, groups):
-    """sqrt(dense squares summed over groups.mp + expert squares summed over groups.etp, groups.ep, groups.pp)."""
-    for group, t in ((groups.mp, dense), (groups.etp, expert), (groups.ep, expert), (groups.pp, expert)):
-        if group is not None and dist.get_world_size(group) > 1:
-            dist.all_reduce(t, group=group)
-    return (dense + expert).sqrt()
+def global_norm(grads, reduce_groups, device):
+    """L2 norm (fp32 tensor on `device`) of `grads` (this rank's part) summed over `reduce_groups`."""
+    return model_sum(squares(grads, device), None, None, reduce_groups).sqrt()
 
 
 def get_grad_norm(params, groups):

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..tensor_parallel.param_meta import counted_once, has_weight_decay, is_expert_parallel
-from .clip_grads import clip_by_norm_, clip_divisor, expert_parallel_norm, global_norm
+from ..tensor_parallel.param_meta import counted_once, has_weight_decay, is_embedding_or_output, is_expert_parallel
+from ..timers import phase
+from .clip_grads import clip_by_norm_, clip_divisor, model_sum, squares, zeros
 from .cpu_offload import host_copy, offloaded
 
 ADAM_STATES = ("exp_avg", "exp_avg_sq")
@@ -95,14 +96,21 @@ class MegatronOptimizer:
 
     @staticmethod
     def _adamw(pieces, weight_decay, lr, betas, eps):
-        """Fused AdamW over `pieces`' main values (decay and no-decay groups); None when there are none."""
+        """Fused AdamW over `pieces`' main values (decay and no-decay groups, and the same two for the
+        word embedding and output layer when there are any: the LR schedule's --decoupled-lr applies to
+        groups marked embedding_or_output); None when there are no pieces."""
         if not pieces:
             return None
-        decay = [pc.main for pc in pieces if has_weight_decay(pc.param)]
-        no_decay = [pc.main for pc in pieces if not has_weight_decay(pc.param)]
-        return torch.optim.AdamW(
-            [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=lr, betas=betas, eps=eps, fused=True)
+        groups = []
+        for eo in (False, True):
+            mine = [pc for pc in pieces if is_embedding_or_output(pc.param) == eo]
+            if eo and not mine:
+                break
+            groups += [{"params": [pc.main for pc in mine if has_weight_decay(pc.param)], "weight_decay": weight_decay,
+                        "embedding_or_output": eo},
+                       {"params": [pc.main for pc in mine if not has_weight_decay(pc.param)], "weight_decay": 0.0,
+                        "embedding_or_output": eo}]
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True)
 
     def _ranges(self):
         """(param, lo, hi) flat ranges this rank updates, in buffer order: every parameter whole."""
@@ -149,48 +157,77 @@ class MegatronOptimizer:
     def loss_scale(self):
         return self.grad_scaler.scale if self.grad_scaler is not None else 1.0
 
-    def step(self):
-        """Unscale and check (fp16), clip by the global norm, update, copy back, gather.
+    def step(self, timers=None):
+        """Unscale and check (fp16), clip by the global norm, update, copy back, gather. timers: the
+        run's core.timers.Timers (level 1 times each part under Megatron-LM's names), or None.
 
         Returns (updated, grad_norm): updated is False when fp16 grads overflowed (the
         step is skipped and the scale backs off); grad_norm is a tensor or None.
         """
-        _copy_all([(pc.main.grad, pc.grad_view) for pc in self._pieces
-                   if pc.grad_view.dtype != torch.float32 and not pc.on_host])
-        # offloaded pieces are checked and clipped on the device, then copied to the host
-        grads = [pc.grad_view if pc.on_host else pc.main.grad for pc in self._pieces]
+        with phase(timers, "optimizer-copy-to-main-grad", 1):
+            _copy_all([(pc.main.grad, pc.grad_view) for pc in self._pieces
+                       if pc.grad_view.dtype != torch.float32 and not pc.on_host])
+        grads = self._grads()
         if self.grad_scaler is not None:
-            found_inf = torch.zeros(1, device=self.device)
-            if grads:
-                torch._amp_foreach_non_finite_check_and_unscale_(
-                    grads, found_inf, torch.full((1,), 1.0 / self.grad_scaler.scale, device=self.device))
-            dist.all_reduce(found_inf, op=dist.ReduceOp.MAX)  # any rank, any stage or shard
-            overflow = bool(found_inf.item())
+            with phase(timers, "optimizer-unscale-and-check-inf", 1):
+                found_inf = torch.zeros(1, device=self.device)
+                if grads:
+                    torch._amp_foreach_non_finite_check_and_unscale_(
+                        grads, found_inf, torch.full((1,), 1.0 / self.grad_scaler.scale, device=self.device))
+                dist.all_reduce(found_inf, op=dist.ReduceOp.MAX)  # any rank, any stage or shard
+                overflow = bool(found_inf.item())
             self.grad_scaler.update(overflow)
             if overflow:
                 return False, None
-        if self._expert is not None:
-            counted = [(g, e) for g, c, e in zip(grads, self._counted, self._expert) if c]
-            norm = expert_parallel_norm([g for g, e in counted if not e], [g for g, e in counted if e], self.groups,
-                                        self.device)
-        else:
-            norm = global_norm([g for g, c in zip(grads, self._counted) if c], self._norm_groups(), self.device)
-        # the device pieces' clip coefficient divides their gradients inside the fused AdamW step (torch's
-        # grad_scale, the channel its GradScaler uses): no pass of its own over the fp32 gradients
-        clip_by_norm_([pc.grad_view for pc in self._pieces if pc.on_host], self.clip_grad, norm)
-        if self.optimizer is not None:
-            self.optimizer.grad_scale = clip_divisor(self.clip_grad, norm)
-        for pc in self._pieces:
-            if pc.on_host:
-                pc.main.grad.copy_(pc.grad_view)
-        for opt in (self.optimizer, self.host_optimizer):
-            if opt is not None:
-                opt.step()
-        # the new values into the model's parameters: one multi-tensor copy (per device)
-        _copy_all([(pc.param_view, pc.main.detach()) for pc in self._pieces
-                   if pc.param.dtype != torch.float32 or pc.on_host])
-        self._after_update()
+        with phase(timers, "optimizer-clip-main-grad", 1):
+            norm = self._model_total(squares, grads).sqrt()
+            # the device pieces' clip coefficient divides their gradients inside the fused AdamW step (torch's
+            # grad_scale, the channel its GradScaler uses): no pass of its own over the fp32 gradients
+            clip_by_norm_([pc.grad_view for pc in self._pieces if pc.on_host], self.clip_grad, norm)
+            if self.optimizer is not None:
+                self.optimizer.grad_scale = clip_divisor(self.clip_grad, norm)
+        with phase(timers, "optimizer-inner-step", 1):
+            for pc in self._pieces:
+                if pc.on_host:
+                    pc.main.grad.copy_(pc.grad_view)
+            for opt in (self.optimizer, self.host_optimizer):
+                if opt is not None:
+                    opt.step()
+        with phase(timers, "optimizer-copy-main-to-model-params", 1):
+            # the new values into the model's parameters: one multi-tensor copy (per device)
+            _copy_all([(pc.param_view, pc.main.detach()) for pc in self._pieces
+                       if pc.param.dtype != torch.float32 or pc.on_host])
+        with phase(timers, "params-all-gather", 1):
+            self._after_update()
         return True, norm
+
+    def _grads(self):
+        """Each piece's fp32 gradient (offloaded pieces: the device's, checked and clipped there)."""
+        return [pc.grad_view if pc.on_host else pc.main.grad for pc in self._pieces]
+
+    def _model_total(self, local_total, tensors):
+        """local_total(tensors, device) -> 0-d tensor, over one tensor per piece, summed over the
+        whole model with each element once: the grad norm's reduction (pieces counted once, over the
+        groups that hold the others)."""
+        counted = [t for t, c in zip(tensors, self._counted) if c]
+        if self._expert is None:
+            return model_sum(local_total(counted, self.device), None, self.groups, self._norm_groups())
+        expert = [e for e, c in zip(self._expert, self._counted) if c]
+        return model_sum(local_total([t for t, e in zip(counted, expert) if not e], self.device),
+                         local_total([t for t, e in zip(counted, expert) if e], self.device), self.groups,
+                         [self.groups.mp])
+
+    def count_zeros(self):
+        """Zeros in this step's gradients (fp32, unscaled; clipping scales them by a positive number) over
+        the whole model, each element once whatever the layout (--log-num-zeros-in-grad): an int64
+        tensor. Collective."""
+        return self._model_total(zeros, self._grads())
+
+    def params_norm(self):
+        """L2 norm of the fp32 main parameters over the whole model, each element once whatever the
+        layout (--log-params-norm): an fp32 tensor. Collective."""
+        mains = [pc.main.detach().to(self.device) for pc in self._pieces]
+        return self._model_total(squares, mains).sqrt()
 
     # ---- state API (checkpoints)
     def state_pieces(self) -> list[StatePiece]:

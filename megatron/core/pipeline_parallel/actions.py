@@ -23,6 +23,21 @@ class Action:
     ops: tuple[Op, ...] = ()
     async_sends: bool = False  # comm: wait only for the receives; sends complete by the step's end
 
+    def timer_name(self):
+        """Megatron-LM's level-2 timer for this action: forward-compute, backward-compute (B and W),
+        or the p2p timer named for the directions its messages go (one name per set of op kinds)."""
+        if self.kind != "comm":
+            return "forward-compute" if self.kind == "F" else "backward-compute"
+        words = {"send_fwd": "forward-send", "send_bwd": "backward-send", "recv_fwd": "forward-recv",
+                 "recv_bwd": "backward-recv"}
+        sends = [k for k in ("send_fwd", "send_bwd") if any(o.kind == k for o in self.ops)]
+        recvs = [k for k in ("recv_fwd", "recv_bwd") if any(o.kind == k for o in self.ops)]
+        if len(sends) > 1 or len(recvs) > 1:
+            return "forward-backward-send-forward-backward-recv"
+        if sends and recvs:  # e.g. forward-send-backward-recv
+            return f"{words[sends[0]]}-{words[recvs[0]]}"
+        return words[(sends or recvs)[0]]
+
     def __repr__(self):
         if self.kind == "comm":
             return "comm(" + ", ".join(f"{o.kind}[{o.chunk},{o.mb}]->{o.peer}" for o in self.ops) + ")"

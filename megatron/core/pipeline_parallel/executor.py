@@ -18,9 +18,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..timers import NULL_TIMER
 from ..watchdog import waiting
 from .backward_split import backward_input
-from .losses import TOKEN_LOSS, LossDeclaration, ReducedLosses, global_counts, masked_sums
+from .losses import TOKEN_LOSS, LossDeclaration, ReducedLosses, global_counts, loss_divisors, masked_sums
 from .p2p import ACTIVATIONS, GRADIENTS, P2PCommunicator, backward_through, free_output
 from .schedules import SCHEDULES, default_schedule
 from .zb_v import zb_v
@@ -43,7 +44,8 @@ class _Rank:
     input (a leaf whose .grad goes back), the output (its storage freed once sent; on the
     last virtual stage the scaled loss), the received output gradient and the input
     gradient waiting to be sent; each entry is dropped as soon as it is used.
-    num_tokens: [terms] global counts of the loss terms `names`, in that order."""
+    num_tokens: what each microbatch's loss sums are divided by (losses.loss_divisors): [terms], or
+    [microbatches, terms] per microbatch, for the loss terms `names` in that order."""
 
     def __init__(self, chunks, batches, forward_step, groups, comm, num_tokens, names, forward_only, loss_scale,
                  v_shape=False, before_weight=None):
@@ -55,7 +57,7 @@ class _Rank:
         self.before_weight = before_weight
         self.order = {}  # chunk -> {id(parameter): index}: W's order
         self.unwaited_sends = []
-        self.total = torch.zeros(num_tokens.shape, device=num_tokens.device)
+        self.total = torch.zeros(num_tokens.shape[-1:], device=num_tokens.device)
         self.last_chunk = len(chunks) - 1 if groups.is_last_stage else None  # the chunk with the loss
         self.v_shape, self.turn = v_shape, v_shape and groups.is_last_stage  # turn: chunk 0 feeds chunk 1 here
         if v_shape:
@@ -68,7 +70,8 @@ class _Rank:
         if v == self.last_chunk:
             sums = masked_sums(out, self.names)
             self.total += sums.detach()
-            out = None if self.forward_only else (sums * (self.loss_scale / self.num_tokens)).sum()
+            divisor = self.num_tokens[mb] if self.num_tokens.dim() == 2 else self.num_tokens
+            out = None if self.forward_only else (sums * (self.loss_scale / divisor)).sum()
         if out is not None:
             self.outputs[key] = out
         if self.turn and v == 0:
@@ -133,7 +136,7 @@ class _Rank:
 
 def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P2PCommunicator],
                 num_tokens, names, forward_only=False, trace: Optional[list] = None, stats: Optional[dict] = None,
-                loss_scale=1.0, v_shape=False, before_weight=None):
+                loss_scale=1.0, v_shape=False, before_weight=None, timers=None):
     """Execute `actions` on this rank. Returns sum(loss x mask) over this rank's microbatches
     per loss term of `names` ([terms] fp32; zero unless this rank holds the last virtual stage).
 
@@ -146,6 +149,7 @@ def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P
     backward needs} and weight work {(chunk, mb): backward_split.WeightWork} (bench/pipeline_memory.py).
     v_shape: the actions are zb_v's (chunks in a V, the loss on rank 0's chunk 1). before_weight: called
     with parameters before a W action computes their gradients (DistributedDataParallel.before_weight_grads).
+    timers: core.timers.Timers; at level 2 each action is timed under Megatron-LM's name (Action.timer_name).
     """
     r = _Rank(chunks, batches, forward_step, groups, comm, num_tokens, names, forward_only, loss_scale, v_shape,
               before_weight)
@@ -153,16 +157,18 @@ def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P
     peak = peak_elems = 0
     probe = stats.get("probe") if stats is not None else None
     sync = trace is not None and num_tokens.device.type == "cuda"
+    per_action = timers is not None and timers.log_level >= 2
     for a in actions:
         t0 = time.perf_counter() if trace is not None else 0.0
-        if a.kind == "F":
-            r.forward(a.chunk, a.mb)
-        elif a.kind == "B":
-            r.backward(a.chunk, a.mb)
-        elif a.kind == "W":
-            r.weight(a.chunk, a.mb)
-        else:
-            r.communicate(a.ops, a.async_sends)
+        with timers(a.timer_name(), 2) if per_action else NULL_TIMER:
+            if a.kind == "F":
+                r.forward(a.chunk, a.mb)
+            elif a.kind == "B":
+                r.backward(a.chunk, a.mb)
+            elif a.kind == "W":
+                r.weight(a.chunk, a.mb)
+            else:
+                r.communicate(a.ops, a.async_sends)
         if stats is not None:
             peak = max(peak, len(r.outputs.keys() | r.weight_work.keys()))  # held until B, or W
             if a.kind == "comm":  # outputs are sent at the next comm: count what stays after it
@@ -186,7 +192,7 @@ def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P
 
 def forward_backward(model, batches, forward_step, groups, loss_terms: LossDeclaration = TOKEN_LOSS,
                      forward_only=False, schedule=None, trace=None, stats=None, loss_scale=1.0,
-                     before_weight=None) -> ReducedLosses:
+                     before_weight=None, timers=None, per_token_loss=True) -> ReducedLosses:
     """Run one iteration's microbatches through this rank's model chunks with a schedule.
 
     model: a model or a list of chunks (virtual stages, in order); batches: this DP rank's
@@ -196,12 +202,15 @@ def forward_backward(model, batches, forward_step, groups, loss_terms: LossDecla
     Returns {term: (sum of loss x mask, count)} over the global batch (summed over groups.dp);
     the sums are 0 off the last pipeline stage, the counts are right on every stage. Each
     term's backward is its sum over its global count (so the mean per element of the global
-    batch, whatever the layout), the terms' means are added, and what is backpropagated is
-    multiplied by loss_scale (fp16 loss scaling). Gradients accumulate (DDP buffer or .grad).
+    batch, whatever the layout; per_token_loss=False: Megatron-LM's default, the mean over the global
+    batch's microbatches of each microbatch's mean, losses.loss_divisors), the terms' means are added,
+    and what is backpropagated is multiplied by loss_scale (fp16 loss scaling). Gradients accumulate
+    (DDP buffer or .grad).
     Collectives: one all-reduce of the counts over groups.dp before the schedule, p2p over
     groups.pp during it (ZB-V: gradients over groups.pp_grad), one all-reduce of the sums over
     groups.dp on the last stage after. before_weight(params): called before a zero-bubble W computes
-    params' gradients (ZeRO-3 gathers them there: DistributedDataParallel.before_weight_grads).
+    params' gradients (ZeRO-3 gathers them there: DistributedDataParallel.before_weight_grads). timers:
+    core.timers.Timers for level 2's per-action timers, or None.
     """
     chunks = as_chunks(model)
     P, V, M = groups.pp_size, len(chunks), len(batches)
@@ -210,14 +219,15 @@ def forward_backward(model, batches, forward_step, groups, loss_terms: LossDecla
     actions = (zb_v if v_shape else SCHEDULES[schedule])(P, M, V, groups.pp_rank, forward_only)
     names = list(loss_terms)
     counts = global_counts(batches, groups, loss_terms)
+    divisors = counts if per_token_loss or forward_only else loss_divisors(batches, groups, loss_terms, False)
     comm = None
     if P > 1:  # a communicator is a few fields: one per call, no state kept between calls
         b, s = batches[0]["tokens"].shape
         cfg = chunks[0].config
         shape = (s // groups.tp_size if cfg.sequence_parallel else s, b, cfg.hidden_size)
         comm = P2PCommunicator(groups, shape, cfg.params_dtype, counts.device, grad_channel=v_shape)
-    total = run_actions(actions, chunks, batches, forward_step, groups, comm, counts, names, forward_only, trace,
-                        stats, loss_scale, v_shape, before_weight)
+    total = run_actions(actions, chunks, batches, forward_step, groups, comm, divisors, names, forward_only, trace,
+                        stats, loss_scale, v_shape, before_weight, timers)
     if groups.pp_rank == (0 if v_shape else P - 1) and groups.dp_size * groups.cp_size > 1:
         with waiting("all-reduce (losses)", groups.dp_cp):
             dist.all_reduce(total, group=groups.dp_cp)
@@ -227,7 +237,7 @@ def forward_backward(model, batches, forward_step, groups, loss_terms: LossDecla
     return {name: (total[i], counts[i]) for i, name in enumerate(names)}
 
 
-def get_forward_backward_func(schedule: Optional[str] = None):
+def get_forward_backward_func(schedule: Optional[str] = None, per_token_loss: bool = True):
     """The function that runs one iteration's microbatches on this rank:
 
         forward_backward(model, batches, forward_step, groups, loss_terms, forward_only=False, ...)
@@ -237,4 +247,4 @@ def get_forward_backward_func(schedule: Optional[str] = None):
     number of model chunks (a list or nn.ModuleList of chunks gives V > 1), unless
     `schedule` names one of SCHEDULES. See forward_backward.
     """
-    return functools.partial(forward_backward, schedule=schedule)
+    return functools.partial(forward_backward, schedule=schedule, per_token_loss=per_token_loss)

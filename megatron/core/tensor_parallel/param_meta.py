@@ -38,6 +38,7 @@ class ParamMeta:
     # fusion, wgrad_fusion.py): DDP, an object with grad_target(param) and grad_added(param); None:
     # the gradient goes through autograd (.grad). Not a fact of the model: not compared, not saved.
     grad_sink: object = dataclasses.field(default=None, compare=False, repr=False)
+    embedding_or_output: bool = False  # the word embedding or the output layer's weight (--decoupled-lr)
 
 
 def _default(param):
@@ -90,6 +91,15 @@ def set_expert_parallel(param):
 def set_grad_sink(param, sink):
     """Let layers add `param`'s weight gradient straight into `sink` (see ParamMeta.grad_sink); None: stop."""
     _update(param, grad_sink=sink)
+
+
+def set_embedding_or_output(param):
+    """The word embedding or the output layer's weight: --decoupled-lr / --decoupled-min-lr apply to it."""
+    _update(param, embedding_or_output=True)
+
+
+def is_embedding_or_output(param) -> bool:
+    return param_meta(param).embedding_or_output
 
 
 def is_expert_parallel(param) -> bool:

@@ -11,6 +11,7 @@ from ..tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from ..tensor_parallel.random import checkpoint
 from .core_attention import CoreAttention
 from .kv_cache import causal_mask_after
+from .model_options import recomputes
 
 
 class SelfAttention(nn.Module):
@@ -30,7 +31,7 @@ class SelfAttention(nn.Module):
         self.head_dim = config.kv_channels
         self.num_attention_heads_per_partition = config.num_attention_heads // tp
         self.num_query_groups_per_partition = config.num_query_groups // tp
-        self.recompute_core = config.recompute_granularity == "selective"
+        self.recompute_core = recomputes(config, "core_attn")  # --recompute-modules (default core_attn)
         self.rope_impl = rope_front.select(config.apply_rope_fusion, device or "cpu", config.params_dtype,
                                            force=config.fused_kernels)
         qkv_size = (config.num_attention_heads + 2 * config.num_query_groups) * config.kv_channels

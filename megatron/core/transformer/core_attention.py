@@ -71,4 +71,6 @@ class CoreAttention(nn.Module):
         if backend == "unfused":
             return attention_front.unfused(q, k, v, attn_mask, p, self.scale, self.softmax_impl, self.softmax_in_fp32,
                                            self.masked_softmax_impl)
+        if backend == "cudnn":
+            return attention_front.sdpa_cudnn(q, k, v, attn_mask, p)
         return attention_front.sdpa(q, k, v, attn_mask, p)

@@ -5,8 +5,9 @@ import contextlib
 import torch.nn.functional as F
 from torch import nn
 
-from ..tensor_parallel.random import get_rng_tracker
+from ..tensor_parallel.random import checkpoint, get_rng_tracker
 from .attention import SelfAttention
+from .model_options import recomputes
 from .moe.moe_layer import build_mlp
 from .norm import build_norm
 
@@ -38,6 +39,11 @@ class TransformerLayer(nn.Module):
         setattr(self, second, build_norm(config, device))
         self.mlp = build_mlp(config, tp_group, layer_number, device)
         self.norms = (getattr(self, first), getattr(self, second))
+        # --recompute-modules mlp / moe: the feed-forward block recomputed in the backward pass
+        self.recompute_mlp = recomputes(config, "moe" if config.is_moe_layer(layer_number) else "mlp")
+
+    def _mlp(self, x):
+        return checkpoint(self.mlp, x) if self.recompute_mlp and self.training else self.mlp(x)
 
     def _dropout(self, x):
         return hidden_dropout(x, self.config.hidden_dropout, self.training, self.config.sequence_parallel)
@@ -47,6 +53,6 @@ class TransformerLayer(nn.Module):
         norm1, norm2 = self.norms
         if self.config.post_norm:
             x = norm1(x + self._dropout(self.self_attention(x, rope, attn_mask, kv_cache)))
-            return norm2(x + self._dropout(self.mlp(x)))
+            return norm2(x + self._dropout(self._mlp(x)))
         x = x + self._dropout(self.self_attention(norm1(x), rope, attn_mask, kv_cache))
-        return x + self._dropout(self.mlp(norm2(x)))
+        return x + self._dropout(self._mlp(norm2(x)))

@@ -4,6 +4,10 @@ With sequence parallelism each TP rank normalises only its sequence shard, so th
 weights' gradients are partial: they are marked sequence_parallel (param_meta) and summed
 over the TP group in finalize_model_grads. The math is the norm front's
 (megatron/core/fusions/norm.py): a fused kernel when one fits, else plain torch.
+
+zero_centered (--apply-layernorm-1p): the weight parameter holds w - 1, initialised to 0, and the norm
+scales by 1 + it (Megatron-Core's zero-centred gamma): the same function, with the weight's low-precision
+rounding and any decay taken around 1 instead of 0. Checkpoints hold the parameter (w - 1).
 """
 import torch
 from torch import nn
@@ -12,42 +16,48 @@ from ..fusions import norm as norm_front
 from ..tensor_parallel.param_meta import set_init, set_sequence_parallel
 
 
+def _scale(module):
+    """The weight the norm multiplies by: the parameter, or 1 + it when zero-centred."""
+    return module.weight + 1 if module.zero_centered else module.weight
+
+
 class LayerNorm(nn.Module):
     """[..., h] -> same. fusion=False forces the torch implementation, force="csrc" our kernel."""
 
     def __init__(self, hidden_size, eps=1e-5, sequence_parallel=False, params_dtype=torch.float32, device=None,
-                 fusion=True, force="auto"):
+                 fusion=True, force="auto", zero_centered=False):
         super().__init__()
-        self.eps = eps
+        self.eps, self.zero_centered = eps, zero_centered
         self.impl = norm_front.select(fusion, device or "cpu", params_dtype, rms=False, force=force)
         self.weight = nn.Parameter(torch.empty(hidden_size, dtype=params_dtype, device=device))
         self.bias = nn.Parameter(torch.empty(hidden_size, dtype=params_dtype, device=device))
-        set_init(self.weight, "ones")
+        set_init(self.weight, "zeros" if zero_centered else "ones")
         set_init(self.bias, "zeros")
         set_sequence_parallel(self.weight, sequence_parallel)
         set_sequence_parallel(self.bias, sequence_parallel)
 
     def forward(self, x):
-        return norm_front.layer_norm(x, self.weight, self.bias, self.eps, self.impl)
+        return norm_front.layer_norm(x, _scale(self), self.bias, self.eps, self.impl)
 
 
 class RMSNorm(nn.Module):
     """[..., h] -> same: x / sqrt(mean(x^2) + eps) * weight, statistics in fp32."""
 
     def __init__(self, hidden_size, eps=1e-5, sequence_parallel=False, params_dtype=torch.float32, device=None,
-                 fusion=True, force="auto"):
+                 fusion=True, force="auto", zero_centered=False):
         super().__init__()
-        self.eps = eps
+        self.eps, self.zero_centered = eps, zero_centered
         self.impl = norm_front.select(fusion, device or "cpu", params_dtype, rms=True, force=force)
         self.weight = nn.Parameter(torch.empty(hidden_size, dtype=params_dtype, device=device))
-        set_init(self.weight, "ones")
+        set_init(self.weight, "zeros" if zero_centered else "ones")
         set_sequence_parallel(self.weight, sequence_parallel)
 
     def forward(self, x):
-        return norm_front.rms_norm(x, self.weight, self.eps, self.impl)
+        return norm_front.rms_norm(x, _scale(self), self.eps, self.impl)
 
 
 def build_norm(config, device=None):
     cls = {"LayerNorm": LayerNorm, "RMSNorm": RMSNorm}[config.normalization]
     return cls(config.hidden_size, config.norm_epsilon, config.sequence_parallel, config.params_dtype, device,
-               fusion=config.norm_fusion, force=config.fused_kernels)
+               fusion=config.norm_fusion, force=config.fused_kernels,
+               zero_centered=config.layernorm_zero_centered_gamma)

@@ -17,7 +17,13 @@ from ...tensor_parallel import mappings, wgrad_fusion
 from ...tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from ...tensor_parallel.cross_entropy_fused import fused_vocab_parallel_cross_entropy
 from ...tensor_parallel.layers import ColumnParallelLinear, VocabParallelEmbedding
-from ...tensor_parallel.param_meta import set_init, set_init_key, set_tensor_parallel, set_tied_embedding
+from ...tensor_parallel.param_meta import (
+    set_embedding_or_output,
+    set_init,
+    set_init_key,
+    set_tensor_parallel,
+    set_tied_embedding,
+)
 from ...transformer.block import TransformerBlock
 from ...transformer.layer import hidden_dropout
 from ...transformer.rope import rope_cos_sin
@@ -49,6 +55,7 @@ class LanguageModule(nn.Module):
                 config.padded_vocab_size, config.hidden_size, group=tp, unpadded_vocab_size=config.vocab_size,
                 init_std=config.init_method_std, reduce_scatter_embeddings=config.sequence_parallel,
                 params_dtype=config.params_dtype, device=device)
+            set_embedding_or_output(self.word_embeddings.weight)
             if self.share_embeddings and pre_process != post_process:
                 # the tied table lives on the first and the last stage: finalize_model_grads sums
                 # its grads over groups.embd; the grad norm counts it once (param_meta.counted_once)
@@ -64,6 +71,7 @@ class LanguageModule(nn.Module):
                 init_std=config.init_method_std, sequence_parallel=config.sequence_parallel,
                 params_dtype=config.params_dtype, device=device)
             set_tensor_parallel(self.output_layer.weight, 0, unpadded_size=config.vocab_size)
+            set_embedding_or_output(self.output_layer.weight)
 
     def _assign_init_keys(self):
         """Layout-free parameter names: layers numbered over the whole model (for PP)."""

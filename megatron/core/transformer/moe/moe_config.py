@@ -9,17 +9,23 @@ from typing import Optional
 from ...config_fields import flag_namer, opt
 from ...errors import ConfigError
 from ...ranges import NON_NEGATIVE, POSITIVE, check_ranges
+from .layer_pattern import every_n, moe_freq
 
 # the MoE numbers outside these ranges fail in check_moe (NaN and inf everywhere, ranges.py); a negative loss
 # weight or bias step would push the routing away from balance, silently
 NUMBER_RULES = {"moe_aux_loss_coeff": NON_NEGATIVE, "moe_z_loss_coeff": NON_NEGATIVE,
                 "moe_router_bias_update_rate": NON_NEGATIVE, "moe_expert_capacity_factor": POSITIVE}
+# the name each balance loss is logged under when several are combined (Megatron-Core's names)
+_BALANCE_NAMES = {"aux_loss": "load_balancing_loss", "seq_aux_loss": "seq_load_balancing_loss"}
 
 
 @dataclass
 class MoEConfig:
     num_experts: Optional[int] = opt(None, "Number of experts in each MoE layer (None: a dense model).")
-    moe_layer_freq: int = opt(1, "Every this many layers is an MoE layer, counting from the first (1: all).")
+    moe_layer_freq: int = opt(
+        1, "Every this many layers is an MoE layer, counting from the first (1: all); or Megatron-LM's pattern "
+        "expression with one 0 (dense) / 1 (MoE) per layer, e.g. '([1]+[0])*12', where it means every N layers "
+        "(other patterns are not built yet).", parse=moe_freq)
     moe_ffn_hidden_size: Optional[int] = opt(None, "Hidden size of each expert (default --ffn-hidden-size).")
     moe_shared_expert_intermediate_size: Optional[int] = opt(
         None, "Hidden size of the shared experts, run on every token beside the routed ones (None: none).")
@@ -28,19 +34,28 @@ class MoEConfig:
     moe_router_topk: int = opt(2, "Experts each token is routed to.")
     moe_router_score_function: str = opt("softmax", "Router scores.", choices=["softmax", "sigmoid"])
     moe_router_pre_softmax: bool = opt(
-        False, "Softmax over all experts before the top-k (default: top-k logits, then softmax over those k).")
+        False, "Softmax over all experts before the top-k (default: top-k logits, then softmax over those k); "
+        "with sigmoid scores there is no softmax to move and it changes nothing (as Megatron-LM).")
+    moe_router_dtype: Optional[str] = opt(
+        None, "Compute the router (its logits, scores, top-k and the weights of the expert outputs) in this "
+        "dtype (default: the model's).", choices=["fp32", "fp64"])
     moe_router_load_balancing_type: str = opt(
         "aux_loss", "Load balancing: aux_loss (Switch/GShard over the micro-batch), seq_aux_loss (per sequence, "
-        "DeepSeek-V2) or none.", choices=["aux_loss", "seq_aux_loss", "none"])
-    moe_aux_loss_coeff: float = opt(0.0, "Weight of the load-balancing loss (0: not applied).")
+        "DeepSeek-V2) or none; several add up, each with its own --moe-aux-loss-coeff.",
+        choices=["aux_loss", "seq_aux_loss", "none"], nargs="+")
+    moe_aux_loss_coeff: float = opt(0.0, "Weight of the load-balancing loss (0: not applied); one per "
+                                    "--moe-router-load-balancing-type.", nargs="+")
     moe_z_loss_coeff: Optional[float] = opt(None, "Weight of the router z-loss (ST-MoE; None: not applied).")
     moe_router_enable_expert_bias: bool = opt(
         False, "Aux-loss-free balancing (DeepSeek-V3): a per-expert bias added to the scores for the top-k "
         "choice only, moved towards balance after every step.")
     moe_router_bias_update_rate: float = opt(1e-3, "Step of the expert-bias update.")
     moe_token_dispatcher_type: str = opt(
-        "allgather", "How tokens reach their experts over the expert-parallel group.",
-        choices=["allgather", "alltoall"])
+        "allgather", "How tokens reach their experts over the expert-parallel group (Megatron-LM's flex, the "
+        "DeepEP / HybridEP dispatcher, is not built here).", choices=["allgather", "alltoall", "flex"])
+    moe_permute_fusion: bool = opt(
+        False, "Megatron-LM's fused token permutation (Transformer Engine kernels); the permutation here is the "
+        "same exact gather either way: accepted, no effect.")
     moe_grouped_gemm: bool = opt(False, "Run the local experts as one grouped matmul (torch._grouped_mm where "
                                  "available, else a loop).")
     moe_expert_capacity_factor: Optional[float] = opt(
@@ -64,6 +79,23 @@ class MoEConfig:
         """layer_number counts from 1 over the whole model."""
         return self.num_experts is not None and (layer_number - 1) % self.moe_layer_freq == 0
 
+    def resolve_moe(self) -> None:
+        """As Megatron-LM: a one-item --moe-router-load-balancing-type / --moe-aux-loss-coeff list is its
+        item; a --moe-layer-freq pattern that means every N layers is N (check_moe refuses the others)."""
+        for name in ("moe_router_load_balancing_type", "moe_aux_loss_coeff"):
+            value = getattr(self, name)
+            if isinstance(value, (list, tuple)) and len(value) == 1:
+                setattr(self, name, value[0])
+        if isinstance(self.moe_layer_freq, (list, tuple)):
+            self.moe_layer_freq = every_n(self.moe_layer_freq, self.num_layers) or list(self.moe_layer_freq)
+
+    def balance_losses(self) -> list:
+        """[(load-balancing type, coefficient, logged name)] of the balance losses applied (coefficient > 0)."""
+        types, coeffs = self.moe_router_load_balancing_type, self.moe_aux_loss_coeff
+        if not isinstance(types, (list, tuple)):
+            return [(types, coeffs, "load_balancing_loss")] if types != "none" and coeffs > 0 else []
+        return [(t, c, _BALANCE_NAMES[t]) for t, c in zip(types, coeffs) if t != "none" and c > 0]
+
 
 def check_moe(cfg) -> None:
     """ConfigError for MoE flags that do not fit together (reads cfg only)."""
@@ -73,7 +105,7 @@ def check_moe(cfg) -> None:
         if ep > 1:
             raise ConfigError(f"{f('expert_model_parallel_size')} {ep} needs {f('num_experts')}")
         return
-    if cfg.num_experts < 1 or ep < 1 or cfg.moe_layer_freq < 1:
+    if cfg.num_experts < 1 or ep < 1 or (isinstance(cfg.moe_layer_freq, int) and cfg.moe_layer_freq < 1):
         raise ConfigError(f"{f('num_experts')}, {f('expert_model_parallel_size')} and {f('moe_layer_freq')} "
                           "must be positive")
     check_ranges(cfg, NUMBER_RULES, f)
@@ -98,8 +130,29 @@ def check_moe(cfg) -> None:
         raise ConfigError(f"{f('moe_pad_expert_input_to_capacity')} needs {f('moe_expert_capacity_factor')}")
     if cfg.moe_shared_expert_gate and not cfg.moe_shared_expert_intermediate_size:
         raise ConfigError(f"{f('moe_shared_expert_gate')} needs {f('moe_shared_expert_intermediate_size')}")
-    if cfg.moe_router_pre_softmax and cfg.moe_router_score_function != "softmax":
-        raise ConfigError(f"{f('moe_router_pre_softmax')} needs {f('moe_router_score_function')} softmax")
+    check_balance_and_pattern(cfg, f)
+
+
+def check_balance_and_pattern(cfg, f) -> None:
+    """The balance-loss lists pair up; --moe-layer-freq is every N layers (what is built)."""
+    types, coeffs = cfg.moe_router_load_balancing_type, cfg.moe_aux_loss_coeff
+    if isinstance(types, (list, tuple)) or isinstance(coeffs, (list, tuple)):
+        n_types = len(types) if isinstance(types, (list, tuple)) else 1
+        n_coeffs = len(coeffs) if isinstance(coeffs, (list, tuple)) else 1
+        if n_types != n_coeffs:
+            raise ConfigError(f"{f('moe_router_load_balancing_type')} gives {n_types} type(s) but "
+                              f"{f('moe_aux_loss_coeff')} {n_coeffs} coefficient(s); give one coefficient per type")
+        if len(set(types)) != len(types):
+            raise ConfigError(f"{f('moe_router_load_balancing_type')} names a type twice: {' '.join(types)}")
+    if cfg.moe_token_dispatcher_type == "flex":
+        raise ConfigError(f"{f('moe_token_dispatcher_type')} flex (DeepEP / HybridEP) is not built here; use alltoall")
+    if isinstance(cfg.moe_layer_freq, (list, tuple)):
+        n = len(cfg.moe_layer_freq)
+        if n != cfg.num_layers:
+            raise ConfigError(f"{f('moe_layer_freq')} gives {n} layers but {f('num_layers')} is {cfg.num_layers}; "
+                              "give one 0 or 1 per layer")
+        raise ConfigError(f"{f('moe_layer_freq')} pattern {cfg.moe_layer_freq}: only every N layers is built "
+                          "(dense-first and other patterns are not, yet: issue 30)")
 
 
 def check_folding(cfg, f) -> None:

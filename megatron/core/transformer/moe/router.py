@@ -1,12 +1,15 @@
 """Top-k router: scores every token against every expert and picks k experts per token."""
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
 from ...tensor_parallel import wgrad_fusion
 from ...tensor_parallel.param_meta import param_meta, set_init
 from . import aux_losses
 from .capacity import drop_over_capacity
+
+ROUTER_DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
 
 
 def topk_routing(logits, topk, score_function="softmax", pre_softmax=False, expert_bias=None):
@@ -17,17 +20,19 @@ def topk_routing(logits, topk, score_function="softmax", pre_softmax=False, expe
     to 1 when k > 1. expert_bias [E] (aux-loss-free balancing) shifts the choice only: the probs
     are the unbiased scores of the chosen experts.
     """
+    wide = torch.promote_types(logits.dtype, torch.float32)  # fp32 statistics; fp64 stays fp64 (--moe-router-dtype)
     if score_function == "softmax":
-        full = torch.softmax(logits.float(), dim=-1).type_as(logits)
+        full = torch.softmax(logits.to(wide), dim=-1).type_as(logits)
         if pre_softmax or expert_bias is not None:
             choice = full if expert_bias is None else full + expert_bias
             indices = torch.topk(choice, topk, dim=-1).indices
             probs = full.gather(1, indices)
         else:
             top, indices = torch.topk(logits, topk, dim=-1)
-            probs = torch.softmax(top.float(), dim=-1).type_as(logits)
+            probs = torch.softmax(top.to(wide), dim=-1).type_as(logits)
         return probs, indices, full
-    scores = torch.sigmoid(logits.float()).type_as(logits)
+    # with sigmoid scores there is no softmax to move: pre_softmax changes nothing (as Megatron-Core)
+    scores = torch.sigmoid(logits.to(wide)).type_as(logits)
     choice = scores if expert_bias is None else scores + expert_bias
     indices = torch.topk(choice, topk, dim=-1).indices
     probs = scores.gather(1, indices)
@@ -64,7 +69,11 @@ class TopKRouter(nn.Module):
         factor, dropped pairs have index E and prob 0 (capacity.py); rows [T] (with cp_group): the
         tokens' rows in the micro-batch, whose routing is all-gathered over cp_group for the drops."""
         c = self.config
-        logits = wgrad_fusion.linear_or_fused(x, self.weight)
+        dtype = ROUTER_DTYPES.get(c.moe_router_dtype)  # --moe-router-dtype: the whole routing in that dtype
+        if dtype is None or dtype == self.weight.dtype:
+            logits = wgrad_fusion.linear_or_fused(x if dtype is None else x.to(dtype), self.weight)
+        else:  # the cast weight's gradient reaches .grad through autograd, which DDP takes as any other
+            logits = F.linear(x.to(dtype), self.weight.to(dtype))
         probs, indices, scores = topk_routing(logits, c.moe_router_topk, c.moe_router_score_function,
                                               c.moe_router_pre_softmax, self.expert_bias)
         chosen = indices  # the balance losses and counts see the choice before any drop
@@ -78,17 +87,17 @@ class TopKRouter(nn.Module):
             aux_losses.record_tokens(self.layer_number, counts)
             if self.expert_bias is not None:
                 self.bias_tokens += counts.float()
-            if c.moe_router_load_balancing_type != "none" and c.moe_aux_loss_coeff > 0:
-                if c.moe_router_load_balancing_type == "aux_loss":
+            for kind, coeff, name in c.balance_losses():  # several types add up, each with its coefficient
+                if kind == "aux_loss":
                     whole = counts.to(scores.dtype)
                     if self.cp_size > 1:
                         dist.all_reduce(whole, group=self.cp_group)
-                    loss = aux_losses.switch_load_balancing_loss(scores, whole, c.moe_router_topk, c.moe_aux_loss_coeff,
+                    loss = aux_losses.switch_load_balancing_loss(scores, whole, c.moe_router_topk, coeff,
                                                                  x.shape[0] * self.cp_size)
                 else:
                     loss = aux_losses.sequence_load_balancing_loss(scores, chosen, seq_len, c.moe_router_topk,
-                                                                   c.moe_aux_loss_coeff, self.cp_group)
-                aux_losses.record("load_balancing_loss", self.layer_number, loss)
+                                                                   coeff, self.cp_group)
+                aux_losses.record(name, self.layer_number, loss)
                 losses.append(loss)
             if c.moe_z_loss_coeff:
                 loss = aux_losses.z_loss(logits, c.moe_z_loss_coeff, self.cp_size)

@@ -13,9 +13,7 @@ def moe_layers(model):
 
 def loss_names(config):
     """The router loss terms this config produces, in logging order."""
-    names = []
-    if config.moe_router_load_balancing_type != "none" and config.moe_aux_loss_coeff > 0:
-        names.append("load_balancing_loss")
+    names = [name for _, _, name in config.balance_losses()]
     if config.moe_z_loss_coeff:
         names.append("z_loss")
     return names

@@ -54,7 +54,7 @@ class AllGatherDispatcher:
 
     def combine(self, y):
         """y [N, h] (dispatch's order) -> [T, h]: sum over choices of prob x expert output."""
-        out = y.new_zeros((self.total, y.shape[1])).index_add(0, self.rows, y * self.weights.unsqueeze(1))
+        out = weighted_sum(y, self.rows, self.weights, self.total)
         return reduce_scatter_to_sequence_parallel_region(out, self.group) if self.group is not None else out
 
 
@@ -95,7 +95,15 @@ class AllToAllDispatcher:
         if self.group is not None:
             back = torch.empty_like(y).index_copy(0, self.regroup, y) if y.shape[0] else y
             y = _AllToAll.apply(back, self.group, self.send_splits, self.recv_splits)
-        return y.new_zeros((self.total, y.shape[1])).index_add(0, self.rows, y * self.weights.unsqueeze(1))
+        return weighted_sum(y, self.rows, self.weights, self.total)
+
+
+def weighted_sum(y, rows, weights, total):
+    """[total, h] in y's dtype: row rows[i] += weights[i] x y[i], summed in the weights' dtype (the router's:
+    --moe-router-dtype fp32 weighs and sums bf16 expert outputs in fp32, as Megatron-Core)."""
+    out = y.new_zeros((total, y.shape[1]), dtype=weights.dtype).index_add(0, rows, y.to(weights.dtype)
+                                                                         * weights.unsqueeze(1))
+    return out.to(y.dtype)
 
 
 def build_dispatcher(kind, num_experts, first, count, ep_group):

@@ -1,0 +1,121 @@
+"""Megatron-LM flags (and flag values) whose feature is not built here. Each parses, so a recipe that
+gives one stops before anything starts with one line that names every such feature and its flags:
+
+    error: not built here: FP8 training (--fp8-format, --fp8-param-gather; issue 28); multi-token
+    prediction (--mtp-num-layers; issue 30); drop those flags
+
+A flag only here has no config field; build_parser adds it unless a config dataclass defines the same
+flag, so a feature that lands with its real fields takes its flags over without a change here (delete
+its rows then). Value rules read the parsed configs (e.g. --moe-token-dispatcher-type flex).
+"""
+from typing import NamedTuple
+
+from ..core.errors import ConfigError
+from ..core.transformer.model_options import RECOMPUTE_NOT_BUILT
+from ..core.transformer.moe.layer_pattern import every_n
+
+FEATURES = {  # key -> (what a user reads, who builds it)
+    "fp8": ("FP8 training", "issue 28"),
+    "mla": ("multi-latent attention", "issue 30"),
+    "qk_norm": ("query/key layer norms (DeepSeek-V3's latent norms)", "issue 30"),
+    "yarn": ("YaRN RoPE", "issue 30"),
+    "mtp": ("multi-token prediction", "issue 30"),
+    "group_routing": ("group-limited MoE routing and its top-k scaling", "issue 30"),
+    "moe_pattern": ("MoE layer patterns other than every N layers", "issue 30"),
+    "flex": ("the flex token dispatcher (DeepEP / HybridEP)", "not planned"),
+    "force_balance": ("forced load balancing with random router logits (a benchmark mode)", "not planned"),
+    "recompute": ("selective recompute of these modules", "not planned"),
+    "window": ("sliding-window attention (gpt-oss)", "not built: gpt-oss"),
+    "sinks": ("attention sinks, --softmax-type off-by-one / learnable (gpt-oss)", "not built: gpt-oss"),
+    "gptoss_mlp": ("gpt-oss's clamped quick-GeGLU with a linear offset", "not built: gpt-oss"),
+    "gptoss_rope": ("gpt-oss's YaRN RoPE settings (--enable-gpt-oss)", "not built: gpt-oss"),
+}
+
+
+class Flag(NamedTuple):
+    feature: str
+    kwargs: dict  # argparse add_argument keywords (action, type, nargs, choices, default)
+
+
+_SWITCH = {"action": "store_true"}
+_INT, _FLOAT, _TEXT = {"type": int}, {"type": float}, {"type": str}
+
+FLAGS = {
+    "--fp8-format": Flag("fp8", {"choices": ["e4m3", "hybrid"]}),
+    "--fp8-recipe": Flag("fp8", {"choices": ["tensorwise", "delayed", "mxfp8", "blockwise"]}),
+    "--fp8-margin": Flag("fp8", _INT), "--fp8-amax-history-len": Flag("fp8", _INT),
+    "--fp8-amax-compute-algo": Flag("fp8", {"choices": ["most_recent", "max"]}),
+    "--fp8-param-gather": Flag("fp8", _SWITCH), "--first-last-layers-bf16": Flag("fp8", _SWITCH),
+    "--num-layers-at-start-in-bf16": Flag("fp8", _INT), "--num-layers-at-end-in-bf16": Flag("fp8", _INT),
+    "--multi-latent-attention": Flag("mla", _SWITCH), "--q-lora-rank": Flag("mla", _INT),
+    "--kv-lora-rank": Flag("mla", _INT), "--qk-head-dim": Flag("mla", _INT),
+    "--qk-pos-emb-head-dim": Flag("mla", _INT), "--v-head-dim": Flag("mla", _INT),
+    "--qk-layernorm": Flag("qk_norm", _SWITCH),
+    "--rotary-scaling-factor": Flag("yarn", _FLOAT), "--mscale": Flag("yarn", _FLOAT),
+    "--mscale-all-dim": Flag("yarn", _FLOAT),
+    "--mtp-num-layers": Flag("mtp", _INT), "--mtp-loss-scaling-factor": Flag("mtp", _FLOAT),
+    "--moe-router-num-groups": Flag("group_routing", _INT), "--moe-router-group-topk": Flag("group_routing", _INT),
+    "--moe-router-topk-scaling-factor": Flag("group_routing", _FLOAT),
+    "--moe-flex-dispatcher-backend": Flag("flex", _TEXT),
+    "--moe-router-force-load-balancing": Flag("force_balance", _SWITCH),
+    "--window-size": Flag("window", _TEXT), "--window-attn-skip-freq": Flag("window", _TEXT),
+    # the default value of these is what runs here: refused only when another is given
+    "--softmax-type": Flag("sinks", {"choices": ["vanilla", "off-by-one", "learnable"], "default": "vanilla"}),
+    "--glu-linear-offset": Flag("gptoss_mlp", {"type": float, "default": 0.0}),
+    "--quick-geglu": Flag("gptoss_mlp", _SWITCH), "--activation-func-clamp-value": Flag("gptoss_mlp", _FLOAT),
+    "--enable-gpt-oss": Flag("gptoss_rope", _SWITCH),
+}
+
+
+def _dest(flag):
+    return "not_built_" + flag.lstrip("-").replace("-", "_")
+
+
+def add_flags(parser):
+    """Add every FLAGS entry the parser does not define yet (a built feature's own field wins)."""
+    known = {o for a in parser._actions for o in a.option_strings}
+    group = parser.add_argument_group("Megatron-LM flags of features not built here (refused in one line)")
+    for flag, (feature, kwargs) in FLAGS.items():
+        if flag not in known:
+            label = FEATURES[feature][0]
+            group.add_argument(flag, dest=_dest(flag), help=f"Not built here: {label}.",
+                               **{"default": None, **kwargs})
+
+
+def _value_rules(model_cfg):
+    """(feature, flag text) of config values whose feature is not built."""
+    c = model_cfg
+    if c.moe_token_dispatcher_type == "flex":
+        yield "flex", "--moe-token-dispatcher-type flex"
+    if c.rope_type == "yarn":
+        yield "yarn", "--rope-type yarn"
+    pattern = c.moe_layer_freq
+    if isinstance(pattern, (list, tuple)) and len(pattern) == c.num_layers and every_n(pattern, c.num_layers) is None:
+        yield "moe_pattern", "--moe-layer-freq <pattern>"
+    for module in c.recompute_modules or ():
+        if module == "mla_up_proj":
+            yield "mla", "--recompute-modules mla_up_proj"
+        elif module in RECOMPUTE_NOT_BUILT:
+            yield "recompute", f"--recompute-modules {module}"
+
+
+class NotBuiltError(ConfigError):
+    """Flags of features not built here; .features: [(feature key, [flags])] in FEATURES order."""
+
+    def __init__(self, found):
+        self.features = [(k, found[k]) for k in FEATURES if k in found]
+        parts = [f"{FEATURES[k][0]} ({', '.join(flags)}; {FEATURES[k][1]})" for k, flags in self.features]
+        super().__init__("not built here: " + "; ".join(parts) + "; drop those flags")
+
+
+def check(namespace, model_cfg):
+    """NotBuiltError naming every feature whose flag (or value) is given; nothing when none is."""
+    found = {}
+    for flag, (feature, kwargs) in FLAGS.items():
+        value = getattr(namespace, _dest(flag), None)
+        if value is not None and value != kwargs.get("default") and value is not False:
+            found.setdefault(feature, []).append(flag)
+    for feature, text in _value_rules(model_cfg):
+        found.setdefault(feature, []).append(text)
+    if found:
+        raise NotBuiltError(found)
