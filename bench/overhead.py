@@ -83,6 +83,7 @@ def parse(argv):
     p.add_argument("--models", default="ours,plain", help="comma-separated, of " + ", ".join(MODELS))
     p.add_argument("--compile", action="store_true", help="add the plain model under torch.compile")
     p.add_argument("--torch-ops", action="store_true", help="ours with every fused-kernel front on plain torch")
+    pair.option_flags(p)
     p.add_argument("--rounds", type=int, default=6, help="timed rounds")
     p.add_argument("--steps-per-round", type=int, default=3, help="steps of each model per round")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps of each model first (compile happens here)")
@@ -117,7 +118,7 @@ def parse(argv):
 
 def build(a, device, dtype, groups):
     hp = pair.Hyper(seed=a.seed, decay_iters=10 * (a.warmup + a.rounds * a.steps_per_round + 10))
-    ours = pair.Ours(a.shape, groups, device, dtype, hp, torch_ops=a.torch_ops)
+    ours = pair.Ours(a.shape, groups, device, dtype, hp, torch_ops=a.torch_ops, options=pair.options(a))
     built = {"ours": ours}
     for m in a.models:
         if m != "ours":

@@ -97,8 +97,10 @@ def init_world_of_one(device):
     return initialize_model_parallel(1, 1)
 
 
-def ours_config(shape, dtype, torch_ops=False):
-    """TransformerConfig of `shape`; the vocabulary padded to itself (a multiple it divides)."""
+def ours_config(shape, dtype, torch_ops=False, options=None):
+    """TransformerConfig of `shape`; the vocabulary padded to itself (a multiple it divides). options:
+    TransformerConfig fields to set (e.g. {"cross_entropy_loss_fusion": True}); the rest keep Megatron-LM's
+    defaults (gradient-accumulation fusion on, cross-entropy fusion off), as a user gets them."""
     arch = {"gpt": {}, "llama": dict(position_embedding_type="rope", normalization="RMSNorm", swiglu=True,
                                      group_query_attention=shape.groups != shape.heads,
                                      num_query_groups=shape.groups, add_bias_linear=False,
@@ -106,8 +108,7 @@ def ours_config(shape, dtype, torch_ops=False):
             "moe": dict(num_experts=shape.experts, moe_router_topk=shape.topk, moe_aux_loss_coeff=shape.aux_loss_coeff,
                         moe_z_loss_coeff=shape.z_loss_coeff, moe_token_dispatcher_type="alltoall",
                         moe_grouped_gemm=True, add_bias_linear=False)}[shape.arch]
-    # the flags our speed runs add (bench/gpu_suite.py's SPEED_FLAGS), where this checkout has them
-    arch.update({f: True for f in ("cross_entropy_loss_fusion",) if f in TransformerConfig.__dataclass_fields__})
+    arch.update(options or {})
     if torch_ops:  # every fused-kernel front on its plain torch path
         arch.update(norm_fusion=False, bias_gelu_fusion=False, bias_swiglu_fusion=False, apply_rope_fusion=False,
                     masked_softmax_fusion=False)
@@ -134,9 +135,9 @@ def model_provider(config, groups, device, pre_process=True, post_process=True, 
 class Ours:
     """Built as pretrain() builds it (training.setup_model_and_optimizer), from the configs of `shape`."""
 
-    def __init__(self, shape, groups, device, dtype, hp: Hyper, torch_ops=False):
+    def __init__(self, shape, groups, device, dtype, hp: Hyper, torch_ops=False, options=None):
         model_parallel_seed(hp.seed, groups.tp_rank, groups.pp_rank, device)
-        self.cfg, self.groups = ours_config(shape, dtype, torch_ops), groups
+        self.cfg, self.groups = ours_config(shape, dtype, torch_ops, options), groups
         t = TrainingConfig(micro_batch_size=shape.micro_batch, global_batch_size=shape.micro_batch * shape.num_micro,
                            train_iters=hp.decay_iters, lr=hp.lr, min_lr=hp.min_lr, lr_decay_style="cosine",
                            lr_warmup_iters=hp.warmup_iters, weight_decay=hp.weight_decay, clip_grad=hp.clip_grad,
@@ -206,6 +207,24 @@ def held_bytes(tensors):
         st = t.untyped_storage()
         seen[st.data_ptr()] = st.nbytes()
     return sum(seen.values())
+
+
+def option_flags(parser):
+    """The command-line flags of ours' options (Megatron-LM's names and defaults) on `parser`."""
+    parser.add_argument("--cross-entropy-loss-fusion", action="store_true",
+                        help="ours with the fused vocab-parallel cross entropy (Megatron-LM's flag, off by default)")
+    parser.add_argument("--no-gradient-accumulation-fusion", action="store_true",
+                        help="ours without gradient-accumulation fusion (Megatron-LM's flag; on by default)")
+
+
+def options(args):
+    """TransformerConfig fields from option_flags' parsed `args`: only what differs from the default."""
+    out = {}
+    if args.cross_entropy_loss_fusion:
+        out["cross_entropy_loss_fusion"] = True
+    if args.no_gradient_accumulation_fusion:
+        out["gradient_accumulation_fusion"] = False
+    return out
 
 
 def make_batches(shape, seed, device):

@@ -36,18 +36,19 @@ from bench.op_traffic import OpCount, OpTraffic
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def count_step(groups, shape, dtype=torch.bfloat16, seed=1234, fake=False):
+def count_step(groups, shape, dtype=torch.bfloat16, seed=1234, fake=False, options=None):
     """{"ours": {op: OpCount}, "plain": {op: OpCount}, "first": [(loss, grad norm) of ours, of plain]} for
     the second training step of each at `shape`, on the CPU in an initialised world of one.
     fake: run on FakeTensorMode tensors (shapes only, no arithmetic: the same ops and counts for a
-    dense model, whose ops do not depend on values, in a tenth of the time; "first" is then None)."""
+    dense model, whose ops do not depend on values, in a tenth of the time; "first" is then None).
+    options: ours' TransformerConfig options (pair.ours_config); None: Megatron-LM's defaults."""
     if fake:
         with FakeTensorMode(allow_non_fake_inputs=True):
-            out = count_step(groups, shape, dtype, seed)
+            out = count_step(groups, shape, dtype, seed, options=options)
         out["first"] = None
         return out
     hp = pair.Hyper(seed=seed)
-    ours = pair.Ours(shape, groups, "cpu", dtype, hp)
+    ours = pair.Ours(shape, groups, "cpu", dtype, hp, options=options)
     plain = pair.Plain(shape, ours, "cpu", dtype, hp, optim="fused")
     batches = pair.make_batches(shape, seed, "cpu")
     # the first step (one microbatch is enough) allocates what is lazily allocated (AdamW's state)
@@ -125,6 +126,7 @@ def main(argv=None):
     p.add_argument("--fake", action="store_true",
                    help="count on fake tensors (shapes only: same counts, faster; no loss check)")
     p.add_argument("--threads", type=int, default=None)
+    pair.option_flags(p)
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -138,7 +140,7 @@ def main(argv=None):
     for k in scales:
         t0 = time.perf_counter()
         shape = gpu_shape.scaled(k)
-        r = count_step(groups, shape, DTYPES[a.dtype], fake=a.fake)
+        r = count_step(groups, shape, DTYPES[a.dtype], fake=a.fake, options=pair.options(a))
         results[k] = {n: scaled(r[n], k) for n in ("ours", "plain")}
         print(f"/ {k}: hidden {shape.hidden}, seq {shape.seq}, vocab {shape.vocab}, {shape.layers} layers; first step "
               f"(loss, grad norm) ours {r['first'] and r['first'][0]} plain {r['first'] and r['first'][1]} "
