@@ -164,8 +164,11 @@ def count_op(func, args, kwargs, out):
             continue
         if write:
             c.written += size
-            write_only = packet in WRITE_ONLY_SELF or (packet is aten.index_put_ and not named.get("accumulate"))
-            if arg.name != "out" and not (write_only and i == 0):
+            write_only = (i == 0 and (packet in WRITE_ONLY_SELF or (packet is aten.index_put_ and
+                                                                    not named.get("accumulate"))))
+            # megatron::wgrad_accumulate with accumulate=False writes its product (beta 0): main not read
+            write_only = write_only or (name == "wgrad_accumulate" and named.get("accumulate") is False)
+            if arg.name != "out" and not write_only:
                 c.read += size
         else:
             c.read += size

@@ -48,6 +48,9 @@ class Sink:
     def grad_target(self, p):
         return self.main[self.names[id(p)]]
 
+    def grad_is_first(self, p):  # the buffers start zeroed: every gradient adds
+        return False
+
     def grad_added(self, p):
         n = self.names[id(p)]
         self.calls[n] = self.calls.get(n, 0) + 1

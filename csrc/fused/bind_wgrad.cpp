@@ -47,7 +47,7 @@ void check_matrix(const at::Tensor& t, const char* name) {
 
 }  // namespace
 
-bool wgrad_gemm_accumulate(const at::Tensor& x, const at::Tensor& g, const at::Tensor& main) {
+bool wgrad_gemm_accumulate(const at::Tensor& x, const at::Tensor& g, const at::Tensor& main, bool accumulate) {
   check_matrix(x, "x");
   check_matrix(g, "g");
   check_matrix(main, "main");
@@ -67,11 +67,16 @@ bool wgrad_gemm_accumulate(const at::Tensor& x, const at::Tensor& g, const at::T
   const int m = checked_int(x.size(1), "in");
   const int n = checked_int(g.size(1), "out");
   const int k = checked_int(x.size(0), "rows");
-  if (m == 0 || n == 0 || k == 0) return true;  // nothing to add
+  if (m == 0 || n == 0) return true;  // nothing to add or write
+  if (k == 0) {  // an empty product: adds nothing, writes zeros
+    if (!accumulate) main.zero_();
+    return true;
+  }
 #ifdef MEGATRON_WGRAD_CUBLAS
   const c10::cuda::CUDAGuard guard(main.device());
   const cudaDataType_t ab = dtype == at::kBFloat16 ? CUDA_R_16BF : dtype == at::kHalf ? CUDA_R_16F : CUDA_R_32F;
-  const float alpha = 1.0f, beta = 1.0f;
+  // beta 0: cuBLAS does not read main (it may hold anything), the first gradient of a step writes
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   // the current stream's handle: torch binds it to at::cuda::getCurrentCUDAStream() and its workspace
   cublasHandle_t handle = at::cuda::getCurrentCUDABlasHandle();
   const cublasStatus_t status = cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_T, m, n, k, &alpha, x.data_ptr(), ab, m,

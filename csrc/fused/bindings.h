@@ -40,5 +40,5 @@ at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 // x [t, in] (bf16, fp16 or fp32, one dtype), all contiguous on one CUDA device, on torch's current stream
 // and cuBLAS handle. Raises ValueError on a bad input; false (nothing done) in a build without cuBLAS headers.
 namespace megatron_fused {
-bool wgrad_gemm_accumulate(const at::Tensor& x, const at::Tensor& g, const at::Tensor& main);
+bool wgrad_gemm_accumulate(const at::Tensor& x, const at::Tensor& g, const at::Tensor& main, bool accumulate);
 }  // namespace megatron_fused

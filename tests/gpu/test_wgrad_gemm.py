@@ -34,6 +34,19 @@ def test_kernel_adds_the_product_in_fp32(ext, dtype):
     assert ((torch_main.double() - exact).abs() <= bound).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_first_gradient_writes_without_reading(ext, dtype):
+    """accumulate=False (a step's first gradient, beta 0): main = g^T x whatever main held, NaN included."""
+    g, x, main = _operands(dtype)
+    main.fill_(float("nan"))
+    exact = g.double().t() @ x.double()
+    assert ext.wgrad_gemm_accumulate(x, g, main, False) is True
+    assert ((main.double() - exact).abs() <= _bound(torch.zeros_like(main), g, x)).all()
+    empty_g, empty_x, stale = _operands(dtype, t=0)
+    ext.wgrad_gemm_accumulate(empty_x, empty_g, stale, False)
+    assert torch.equal(stale, torch.zeros_like(stale))
+
+
 def test_empty_rows_add_nothing(ext):
     g, x, main = _operands(torch.bfloat16, t=0)
     before = main.clone()
@@ -76,6 +89,9 @@ def test_linear_layer_uses_the_kernel(ext):
 
         def grad_target(self, p):
             return main
+
+        def grad_is_first(self, p):  # the buffers start zeroed: every gradient adds
+            return False
 
         def grad_added(self, p):
             Sink.added += 1

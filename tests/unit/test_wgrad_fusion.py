@@ -35,6 +35,18 @@ def test_accumulate_adds_the_product_into_fp32(dtype):
     assert ((main.double() - exact).abs() <= bound).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_first_gradient_writes_the_product_without_reading(dtype):
+    """first=True (a step's first gradient of the parameter, beta 0): main = g^T x whatever main held."""
+    gen = torch.Generator().manual_seed(1)
+    g = torch.randn(37, 5, generator=gen).to(dtype)
+    x = torch.randn(37, 7, generator=gen).to(dtype)
+    main = torch.full((5, 7), float("nan"))
+    wgrad_fusion.accumulate(main, g, x, first=True)
+    exact = g.double().t() @ x.double()
+    assert ((main.double() - exact).abs() <= _bound(torch.zeros(5, 7), g, x)).all()
+
+
 class _Sink:
     """The grad-sink contract as DDP fulfils it: a buffer per parameter, a count of gradients added."""
 
@@ -44,6 +56,9 @@ class _Sink:
 
     def grad_target(self, p):
         return self.main[id(p)]
+
+    def grad_is_first(self, p):  # the buffers start zeroed: every gradient adds
+        return False
 
     def grad_added(self, p):
         self.added[id(p)] += 1
@@ -120,7 +135,7 @@ def test_zero_bubble_w_adds_the_weight_gradient_into_the_sink():
 # ---- DDP as the sink, one rank: a real step with and without fusion
 
 
-def _gpt_step(groups, fusion, overlap):
+def _gpt_step(groups, fusion, overlap, stale=False):
     from megatron.core.config import TransformerConfig
     from megatron.core.distributed import DistributedDataParallel
     from megatron.core.models.gpt import GPTModel
@@ -143,6 +158,9 @@ def _gpt_step(groups, fusion, overlap):
     for _ in range(3):
         t = torch.randint(0, 100, (2, 17), generator=gen)
         batches.append({"tokens": t[:, :-1], "labels": t[:, 1:], "loss_mask": torch.ones(2, 16)})
+    if stale:  # what the last step left: every gradient must overwrite or be added after one that did
+        for buf in ddp.buffers:
+            buf.grad_data.fill_(float("nan"))
     grads = {}
     hooks = [p.register_hook(lambda g, n=n: grads.setdefault(n, []).append(g.shape) if g is not None else None)
              for n, p in model.named_parameters()]  # None: torch runs the hook of a fused weight without one
@@ -169,6 +187,16 @@ def test_ddp_fusion_gives_the_main_grads_of_autograd():
     got, started, fused_seen = spawn(1, _gpt_step, True, True)[0]
     assert through_autograd and not fused_seen, f"linear weights reached autograd under fusion: {fused_seen}"
     assert all(started), "with overlap every bucket started its reduction during backward"
+    for name, want in ref.items():
+        torch.testing.assert_close(torch.from_numpy(got[name]), torch.from_numpy(want), rtol=1e-5, atol=1e-7,
+                                   msg=name)
+
+
+@pytest.mark.parametrize("fusion", [False, True])
+def test_ddp_overwrites_last_steps_gradients(fusion):
+    """start_step does not zero the buffers: a parameter's first gradient of a step is written, not added."""
+    ref, _, _ = spawn(1, _gpt_step, False, False)[0]
+    got, _, _ = spawn(1, _gpt_step, fusion, False, True)[0]
     for name, want in ref.items():
         torch.testing.assert_close(torch.from_numpy(got[name]), torch.from_numpy(want), rtol=1e-5, atol=1e-7,
                                    msg=name)

@@ -103,11 +103,11 @@ class DistributedDataParallel:
 
     # ---- gradients
     def start_step(self, num_microbatches):
-        """Zero the buffers before the first microbatch of an iteration."""
+        """A new iteration: no gradient has arrived. The buffers are not zeroed: each parameter's first
+        gradient of the step is written into its main grad (grad_is_first), later ones added, and
+        finish_grad_sync zeroes the main grads no gradient reached (one pass fewer over the buffer)."""
         self.finish_param_sync()
         self.num_microbatches = num_microbatches
-        for buf in self.buffers:
-            buf.zero_grad()
         self._counts = {}
         for b in self.buckets:
             b.pending = {id(p) for p in b.params}
@@ -125,10 +125,16 @@ class DistributedDataParallel:
             self._bucket_of[id(param)].ensure_grad()
         return self.main_grad(param)
 
+    def grad_is_first(self, param):
+        """Whether no gradient of param has arrived this step: its main grad holds stale values, to be
+        overwritten, not added to."""
+        return id(param) not in self._counts
+
     def _on_grad(self, param):
         if param.grad is None:  # no gradient reached .grad: nothing to add, nothing to count
             return
-        self.grad_target(param).add_(param.grad)
+        target = self.grad_target(param)
+        target.copy_(param.grad) if self.grad_is_first(param) else target.add_(param.grad)
         param.grad = None
         self.grad_added(param)
 
@@ -162,6 +168,7 @@ class DistributedDataParallel:
 
         before_reduce: called once the full gradients are complete and before the buckets not
         yet started are reduced (with sharded gradients: sums that must precede the DP reduction)."""
+        self._zero_unreached()
         if before_reduce is not None:
             for b in self.buckets:
                 if self.shards_grads and b.pending is not None:
@@ -176,6 +183,16 @@ class DistributedDataParallel:
             elif b.grad_handle is not None:
                 b.grad_handle.wait()
                 b.grad_handle = None
+
+    def _zero_unreached(self):
+        """Zero the main grads no gradient reached this step (start_step leaves the buffers as they were;
+        a released bucket of sharded gradients is allocated zeroed by its first gradient)."""
+        if self.shards_grads:
+            return
+        for b in self.buckets:
+            for p in b.params:
+                if id(p) not in self._counts:
+                    self.main_grad(p).zero_()
 
     def before_weight_grads(self, params):
         """Called by a zero-bubble W before it computes params' gradients (pipeline_parallel/

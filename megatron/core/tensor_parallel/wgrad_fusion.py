@@ -5,7 +5,9 @@ main_grad += grad pass runs.
 
 The contract: where a weight's gradient goes is its ParamMeta.grad_sink, which DDP sets when it is built
 with gradient_accumulation_fusion. sink.grad_target(param) is the full-shape buffer to add into (DDP
-allocates and zeroes a released ZeRO bucket first); sink.grad_added(param) tells DDP that this backward's
+allocates and zeroes a released ZeRO bucket first); sink.grad_is_first(param) says whether no gradient of
+param has arrived yet this step (the buffer then holds the last step's: the product is written, beta 0,
+instead of added); sink.grad_added(param) tells DDP that this backward's
 gradient is in, as its post-accumulate-grad hook does for a .grad. The weight stays a real input of the
 functions here (the zero-bubble split needs its edge), whose backward returns None for a fused weight:
 no .grad is made, and DDP's hook, which torch may still run, finds none and does nothing. A weight
@@ -13,8 +15,8 @@ without a sink gets its gradient through autograd, as before. DDP counts one gra
 microbatch: a weight with two uses in one backward must not be fused (the tied word table on a stage
 that also looks it up: language_module.logits).
 
-The buffer is zeroed by DDP before the first microbatch (start_step, as without fusion), so every
-microbatch adds with beta 1; none writes with beta 0.
+DDP does not zero its buffer before a step: each parameter's first gradient of the step writes (beta 0, no
+read of the buffer), later ones add (beta 1), and finish_grad_sync zeroes what no gradient reached.
 
 The product, g [t, out] and x [t, in] -> main [out, in] += g^T x (fp32 accumulation):
   - "csrc": csrc/fused/bind_wgrad.cpp, cublasGemmEx on torch's stream and handle, on CUDA with an fp32
@@ -47,26 +49,30 @@ def impl(device) -> str:
     return "csrc" if module is not None and hasattr(module, "wgrad_gemm_accumulate") else "torch"
 
 
-def _torch_accumulate(x, g, main):
+def _torch_accumulate(x, g, main, accumulate=True):
     if main.is_cuda:
-        main.add_(torch.mm(g.t(), x, out_dtype=main.dtype))
-    else:
+        product = torch.mm(g.t(), x, out_dtype=main.dtype)
+        main.add_(product) if accumulate else main.copy_(product)
+    elif accumulate:
         main.addmm_(g.t().to(main.dtype), x.to(main.dtype))
+    else:
+        torch.mm(g.t().to(main.dtype), x.to(main.dtype), out=main)
 
 
-def _cuda_accumulate(x, g, main):
+def _cuda_accumulate(x, g, main, accumulate=True):
     module = _csrc_module(main, g, x)
-    if module is None or not module.wgrad_gemm_accumulate(x.contiguous(), g.contiguous(), main):
-        _torch_accumulate(x, g, main)
+    if module is None or not module.wgrad_gemm_accumulate(x.contiguous(), g.contiguous(), main, accumulate):
+        _torch_accumulate(x, g, main, accumulate)
 
 
 def _register_operator():
-    """megatron::wgrad_accumulate(x, g, main!): one operator, as the GPU runs one GEMM, also where torch
-    needs several (converting bf16 operands on the CPU): what a dispatch-mode count of the step sees."""
+    """megatron::wgrad_accumulate(x, g, main!, accumulate): one operator (accumulate false: main = g^T x),
+    as the GPU runs one GEMM, also where torch needs several (converting bf16 operands on the CPU): what a
+    dispatch-mode count of the step sees."""
     if hasattr(torch.ops.megatron, "wgrad_accumulate"):  # defined by an earlier import of this file
         return None
     lib = torch.library.Library("megatron", "FRAGMENT")
-    lib.define("wgrad_accumulate(Tensor x, Tensor g, Tensor(a!) main) -> ()")
+    lib.define("wgrad_accumulate(Tensor x, Tensor g, Tensor(a!) main, bool accumulate=True) -> ()")
     lib.impl("wgrad_accumulate", _torch_accumulate, "CPU")
     lib.impl("wgrad_accumulate", _cuda_accumulate, "CUDA")
     return lib
@@ -76,12 +82,13 @@ _OPERATOR = _register_operator()  # kept: the registration lives as long as the 
 
 
 @torch.no_grad()  # also when called outside a backward: a zero-bubble W action runs with grad mode on
-def accumulate(main, g, x):
-    """main [out, in] += g^T x for g [t, out] and x [t, in] (2-D), accumulated in main's precision."""
+def accumulate(main, g, x, first=False):
+    """main [out, in] += g^T x for g [t, out] and x [t, in] (2-D), accumulated in main's precision;
+    first: main = g^T x (main is not read)."""
     if g.dtype == main.dtype and x.dtype == main.dtype and _csrc_module(main, g, x) is None:
-        main.addmm_(g.t(), x)
+        main.addmm_(g.t(), x) if not first else torch.mm(g.t(), x, out=main)
     else:
-        torch.ops.megatron.wgrad_accumulate(x, g, main)
+        torch.ops.megatron.wgrad_accumulate(x, g, main, not first)
 
 
 def fusable(weight) -> bool:
@@ -95,7 +102,7 @@ def weight_gradient(param, g, x):
     sink = param_meta(param).grad_sink
     if sink is None:
         return g.t().mm(x)
-    accumulate(sink.grad_target(param), g, x)
+    accumulate(sink.grad_target(param), g, x, sink.grad_is_first(param))
     sink.grad_added(param)
     return None
 
