@@ -106,6 +106,8 @@ def parse(argv):
     if "hidden" in given and "ffn" not in given:
         given["ffn"] = 4 * given["hidden"]
     a.shape = dataclasses.replace(base, **given)
+    a.option_flags = [f for f, on in (("--cross-entropy-loss-fusion", a.cross_entropy_loss_fusion),
+                                      ("--no-gradient-accumulation-fusion", a.no_gradient_accumulation_fusion)) if on]
     a.models = [m.strip() for m in a.models.split(",") if m.strip()] + (["compiled"] if a.compile else [])
     for m in a.models:
         if m not in MODELS:
@@ -173,10 +175,11 @@ def main(argv=None):
     flops = pair.step_flops(ours, a.shape)
     peak = peak_tflops_per_gpu(device, dtype)
     rows = {}
+    labels = {**LABELS, "ours": f"ours ({' '.join(a.option_flags)})" if a.option_flags else "ours"}
     for n in names:
         med = statistics.median(times[n])
         tflops = flops / med / 1e9
-        rows[n] = {"model": LABELS[n], "params": params[n], "median_ms": med, "min_ms": min(times[n]),
+        rows[n] = {"model": labels[n], "params": params[n], "median_ms": med, "min_ms": min(times[n]),
                    "max_ms": max(times[n]), "tokens_per_s": a.shape.tokens_per_step / med * 1e3,
                    "model_tflops": tflops, "mfu": tflops / peak[1] if peak else None, "peak_memory_bytes": peaks[n],
                    "first_loss": first[n][0], "first_grad_norm": first[n][1]}
@@ -189,7 +192,7 @@ def main(argv=None):
            f"{'%.1f%%' % (100 * r['mfu']) if r['mfu'] is not None else 'n/a'} | "
            f"{'%.2f' % (r['peak_memory_bytes'] / 2**30) if r['peak_memory_bytes'] is not None else 'n/a'} | "
            f"{r['first_loss']:.5f} |" for r in rows.values()])
-    summary = "ratio (median ms/step) " + "; ".join(f"ours / {LABELS[n]}: {v:.3f}" for n, v in ratios.items())
+    summary = "ratio (median ms/step) " + "; ".join(f"ours / {labels[n]}: {v:.3f}" for n, v in ratios.items())
     print("\n" + table + "\n" + summary)
     dev_name = torch.cuda.get_device_name(0) if device.type == "cuda" else \
         f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
