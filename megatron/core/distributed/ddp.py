@@ -168,7 +168,7 @@ class DistributedDataParallel:
 
         before_reduce: called once the full gradients are complete and before the buckets not
         yet started are reduced (with sharded gradients: sums that must precede the DP reduction)."""
-        self._zero_unreached()
+        self.zero_unreached_grads()
         if before_reduce is not None:
             for b in self.buckets:
                 if self.shards_grads and b.pending is not None:
@@ -184,15 +184,17 @@ class DistributedDataParallel:
                 b.grad_handle.wait()
                 b.grad_handle = None
 
-    def _zero_unreached(self):
+    def zero_unreached_grads(self):
         """Zero the main grads no gradient reached this step (start_step leaves the buffers as they were;
-        a released bucket of sharded gradients is allocated zeroed by its first gradient)."""
+        a released bucket of sharded gradients is allocated zeroed by its first gradient). Called before
+        the main grads are read (finish_grad_sync; finalize_model_grads first where it sums before)."""
         if self.shards_grads:
             return
         for b in self.buckets:
             for p in b.params:
                 if id(p) not in self._counts:
                     self.main_grad(p).zero_()
+                    self._counts[id(p)] = 0  # zeroed: a later gradient adds, a second call leaves it
 
     def before_weight_grads(self, params):
         """Called by a zero-bubble W before it computes params' gradients (pipeline_parallel/

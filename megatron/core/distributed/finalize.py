@@ -89,6 +89,8 @@ def finalize_model_grads(model, groups, ddp=None, timers=None):
     if ddp is not None and ddp.shards_grads:
         _finalize_sharded(model, groups, ddp, timers)
         return
+    if ddp is not None:  # the main grads nothing reached hold the last step's until zeroed
+        ddp.zero_unreached_grads()
     # ZB-V's two tied copies: summed before the DP reduction where it has not started yet (the
     # distributed optimizer's shards of the two copies are different slices: DDP holds their buckets
     # back, tied_reduced_last); with overlap and plain all-reduce after it
