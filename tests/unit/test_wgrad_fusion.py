@@ -200,3 +200,47 @@ def test_ddp_overwrites_last_steps_gradients(fusion):
     for name, want in ref.items():
         torch.testing.assert_close(torch.from_numpy(got[name]), torch.from_numpy(want), rtol=1e-5, atol=1e-7,
                                    msg=name)
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = ColumnParallelLinear(6, 8, group=ONE)
+        self.unused = torch.nn.Parameter(torch.ones(3))  # no gradient ever: its main grad must be zeroed
+
+    def forward(self, x):
+        return self.linear(x)[0]
+
+
+def _three_microbatches(groups, fusion):
+    import copy
+
+    from megatron.core.distributed import DistributedDataParallel
+    torch.manual_seed(0)
+    model = _Net()
+    ref = copy.deepcopy(model)
+    ddp = DistributedDataParallel(model, groups.dp, gradient_accumulation_fusion=fusion)
+    gen = torch.Generator().manual_seed(3)
+    xs = [torch.randn(4, 2, 6, generator=gen) for _ in range(3)]
+    for step in range(2):  # the second step over what the first left, made NaN
+        ddp.start_step(len(xs))
+        if step:
+            for buf in ddp.buffers:
+                buf.grad_data.fill_(float("nan"))
+        for x in xs:
+            model(x).square().sum().backward()
+        ddp.finish_grad_sync()
+    for x in xs:
+        ref(x).square().sum().backward()
+    refs = dict(ref.named_parameters())
+    return {n: (ddp.main_grad(p).numpy().copy(), None if refs[n].grad is None else refs[n].grad.numpy().copy())
+            for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("fusion", [False, True])
+def test_ddp_sums_the_microbatches_over_a_stale_buffer(fusion):
+    """Every microbatch's gradient in the main grad (the first written, the others added), each step."""
+    got = spawn(1, _three_microbatches, fusion)[0]
+    for name, (main, want) in got.items():
+        want = torch.zeros(main.shape) if want is None else torch.from_numpy(want)
+        torch.testing.assert_close(torch.from_numpy(main), want, rtol=1e-6, atol=1e-6, msg=name)
