@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...tensor_parallel import wgrad_fusion
 from ...tensor_parallel.param_meta import set_expert_parallel, set_init, set_tensor_parallel
 from .grouped_gemm import grouped_experts, per_row
 
@@ -60,8 +61,9 @@ class ExpertMLP(nn.Module):
         return F.gelu(h, approximate=self.approximate)
 
     def forward(self, x):
-        h = self.activation(F.linear(x, self.fc1_weight, self.fc1_bias))
-        return F.linear(h, self.fc2_weight, self.fc2_bias if self.whole else None)
+        linear = wgrad_fusion.linear_or_fused  # gradient-accumulation fusion: added into DDP's buffer
+        h = self.activation(linear(x, self.fc1_weight, self.fc1_bias))
+        return linear(h, self.fc2_weight, self.fc2_bias if self.whole else None)
 
 
 class LocalExperts(nn.Module):

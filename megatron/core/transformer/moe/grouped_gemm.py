@@ -8,6 +8,7 @@ expert's weight gradient g_e^T x_e as one grouped matmul of two 2D operands (the
 contracted dimension), [G, out, in], the parameters' own layout, so each expert's gradient is a
 contiguous view that autograd takes as it is; a loop where torch refuses that form. Each part runs
 only where the running backward uses it (backward_needs.py: a zero-bubble B the input's, W the weights').
+With gradient-accumulation fusion each expert's gradient goes into its grad sink (wgrad_fusion.deposit).
 """
 import functools
 
@@ -15,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ...backward_needs import needs_grad
+from ...tensor_parallel import wgrad_fusion
 from .token_counts import TokenCounts
 
 _HAS_GROUPED = hasattr(torch, "_grouped_mm")
@@ -76,7 +78,7 @@ class _GroupedLinear(torch.autograd.Function):
         *weights, counts = weights_and_counts
         w = torch.stack(weights)  # [G, out, in]
         ctx.save_for_backward(x, w)
-        ctx.counts, ctx.grouped = counts, _suits(x, w)
+        ctx.counts, ctx.grouped, ctx.weights = counts, _suits(x, w), weights
         return _mm(x, w.transpose(1, 2), counts, ctx.grouped)
 
     @staticmethod
@@ -86,7 +88,8 @@ class _GroupedLinear(torch.autograd.Function):
         dx = _mm(g, w, counts, grouped) if needs_grad(ctx, 0) else None
         wanted = [needs_grad(ctx, 1 + i) for i in range(len(counts))]
         dw = weight_grads(x, g, counts, grouped).unbind(0) if any(wanted) else wanted
-        return (dx,) + tuple(d if want else None for d, want in zip(dw, wanted)) + (None,)
+        dw = [wgrad_fusion.deposit(p, d) if want else None for p, d, want in zip(ctx.weights, dw, wanted)]
+        return (dx, *dw, None)
 
 
 def _counts(counts, device):

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ... import comm
+from ...tensor_parallel import wgrad_fusion
 from ...tensor_parallel.param_meta import param_meta, set_init
 from . import aux_losses
 from .capacity import drop_over_capacity
@@ -74,8 +75,10 @@ class TopKRouter(nn.Module):
         tokens' rows in the micro-batch, whose routing is all-gathered over cp_group for the drops."""
         c = self.config
         dtype = ROUTER_DTYPES.get(c.moe_router_dtype)  # --moe-router-dtype: the whole routing in that dtype
-        x, weight = (x, self.weight) if dtype is None else (x.to(dtype), self.weight.to(dtype))
-        logits = F.linear(x, weight)
+        if dtype is None or dtype == self.weight.dtype:
+            logits = wgrad_fusion.linear_or_fused(x if dtype is None else x.to(dtype), self.weight)
+        else:  # the cast weight's gradient reaches .grad through autograd, which DDP takes as any other
+            logits = F.linear(x.to(dtype), self.weight.to(dtype))
         probs, indices, scores = topk_routing(logits, c.moe_router_topk, c.moe_router_score_function,
                                               c.moe_router_pre_softmax, self.expert_bias)
         chosen = indices  # the balance losses and counts see the choice before any drop
