@@ -12,7 +12,6 @@ from typing import NamedTuple
 
 from ..core.errors import ConfigError
 from ..core.transformer.model_options import RECOMPUTE_NOT_BUILT
-from ..core.transformer.moe.layer_pattern import every_n
 
 FEATURES = {  # key -> (what a user reads, who builds it)
     "fp8": ("FP8 training", "issue 28"),
@@ -20,8 +19,6 @@ FEATURES = {  # key -> (what a user reads, who builds it)
     "qk_norm": ("query/key layer norms (DeepSeek-V3's latent norms)", "issue 30"),
     "yarn": ("YaRN RoPE", "issue 30"),
     "mtp": ("multi-token prediction", "issue 30"),
-    "group_routing": ("group-limited MoE routing and its top-k scaling", "issue 30"),
-    "moe_pattern": ("MoE layer patterns other than every N layers", "issue 30"),
     "flex": ("the flex token dispatcher (DeepEP / HybridEP)", "not planned"),
     "force_balance": ("forced load balancing with random router logits (a benchmark mode)", "not planned"),
     "recompute": ("selective recompute of these modules", "not planned"),
@@ -54,8 +51,6 @@ FLAGS = {
     "--rotary-scaling-factor": Flag("yarn", _FLOAT), "--mscale": Flag("yarn", _FLOAT),
     "--mscale-all-dim": Flag("yarn", _FLOAT),
     "--mtp-num-layers": Flag("mtp", _INT), "--mtp-loss-scaling-factor": Flag("mtp", _FLOAT),
-    "--moe-router-num-groups": Flag("group_routing", _INT), "--moe-router-group-topk": Flag("group_routing", _INT),
-    "--moe-router-topk-scaling-factor": Flag("group_routing", _FLOAT),
     "--moe-flex-dispatcher-backend": Flag("flex", _TEXT),
     "--moe-router-force-load-balancing": Flag("force_balance", _SWITCH),
     "--window-size": Flag("window", _TEXT), "--window-attn-skip-freq": Flag("window", _TEXT),
@@ -89,9 +84,6 @@ def _value_rules(model_cfg):
         yield "flex", "--moe-token-dispatcher-type flex"
     if c.rope_type == "yarn":
         yield "yarn", "--rope-type yarn"
-    pattern = c.moe_layer_freq
-    if isinstance(pattern, (list, tuple)) and len(pattern) == c.num_layers and every_n(pattern, c.num_layers) is None:
-        yield "moe_pattern", "--moe-layer-freq <pattern>"
     for module in c.recompute_modules or ():
         if module == "mla_up_proj":
             yield "mla", "--recompute-modules mla_up_proj"

@@ -96,8 +96,8 @@ def test_moe_layer_freq_expressions():
     assert every_n([0, 1, 0, 1], 4) is None and every_n([1, 0, 1], 4) is None
     m, _ = _cfgs(MOE + ["--moe-layer-freq", "([1]+[0])*2"])
     assert m.moe_layer_freq == 2 and [m.is_moe_layer(n) for n in (1, 2, 3, 4)] == [True, False, True, False]
-    with pytest.raises(not_built.NotBuiltError, match="MoE layer patterns .* issue 30"):
-        parse_args(MOCK + MOE + ["--moe-layer-freq", "[0]*3+[1]"])
+    m, _ = _cfgs(MOE + ["--moe-layer-freq", "([0]*3+[1])"])  # dense first (DeepSeek-V3's shape)
+    assert m.moe_layer_freq == [0, 0, 0, 1] and [m.is_moe_layer(n) for n in (1, 2, 3, 4)] == [False] * 3 + [True]
     with pytest.raises(ConfigError, match="--moe-layer-freq"):
         parse_args(MOCK + MOE + ["--moe-layer-freq", "__import__('os')"])
     with pytest.raises(ConfigError, match="gives 3 layers but --num-layers is 4"):
