@@ -15,9 +15,9 @@ from ..core.transformer.model_options import RECOMPUTE_NOT_BUILT
 
 FEATURES = {  # key -> (what a user reads, who builds it)
     "fp8": ("FP8 training", "issue 28"),
-    "mla": ("multi-latent attention", "issue 30"),
-    "qk_norm": ("query/key layer norms (DeepSeek-V3's latent norms)", "issue 30"),
-    "yarn": ("YaRN RoPE", "issue 30"),
+    "mla": ("multi-latent attention's selective recompute of its up-projections", "issue 30"),
+    "qk_norm": ("per-head query/key layer norms without --multi-latent-attention", "not built"),
+    "yarn": ("YaRN RoPE without --multi-latent-attention", "not built"),
     "mtp": ("multi-token prediction", "issue 30"),
     "flex": ("the flex token dispatcher (DeepEP / HybridEP)", "not planned"),
     "force_balance": ("forced load balancing with random router logits (a benchmark mode)", "not planned"),
@@ -44,12 +44,6 @@ FLAGS = {
     "--fp8-amax-compute-algo": Flag("fp8", {"choices": ["most_recent", "max"]}),
     "--fp8-param-gather": Flag("fp8", _SWITCH), "--first-last-layers-bf16": Flag("fp8", _SWITCH),
     "--num-layers-at-start-in-bf16": Flag("fp8", _INT), "--num-layers-at-end-in-bf16": Flag("fp8", _INT),
-    "--multi-latent-attention": Flag("mla", _SWITCH), "--q-lora-rank": Flag("mla", _INT),
-    "--kv-lora-rank": Flag("mla", _INT), "--qk-head-dim": Flag("mla", _INT),
-    "--qk-pos-emb-head-dim": Flag("mla", _INT), "--v-head-dim": Flag("mla", _INT),
-    "--qk-layernorm": Flag("qk_norm", _SWITCH),
-    "--rotary-scaling-factor": Flag("yarn", _FLOAT), "--mscale": Flag("yarn", _FLOAT),
-    "--mscale-all-dim": Flag("yarn", _FLOAT),
     "--mtp-num-layers": Flag("mtp", _INT), "--mtp-loss-scaling-factor": Flag("mtp", _FLOAT),
     "--moe-flex-dispatcher-backend": Flag("flex", _TEXT),
     "--moe-router-force-load-balancing": Flag("force_balance", _SWITCH),
@@ -82,8 +76,10 @@ def _value_rules(model_cfg):
     c = model_cfg
     if c.moe_token_dispatcher_type == "flex":
         yield "flex", "--moe-token-dispatcher-type flex"
-    if c.rope_type == "yarn":
+    if c.rope_type == "yarn" and not c.multi_latent_attention:
         yield "yarn", "--rope-type yarn"
+    if c.qk_layernorm and not c.multi_latent_attention:
+        yield "qk_norm", "--qk-layernorm"
     for module in c.recompute_modules or ():
         if module == "mla_up_proj":
             yield "mla", "--recompute-modules mla_up_proj"

@@ -50,7 +50,8 @@ class ModelOptions:
         "it changes no result of training: accepted, no effect.")
     rope_type: Optional[str] = opt(
         None, "Rotary embedding variant: rope (the standard one, what --position-embedding-type rope runs) or "
-        "yarn (not built here yet).", choices=["rope", "yarn"])
+        "yarn (with --multi-latent-attention, its default as in Megatron-LM; not built for standard attention).",
+        choices=["rope", "yarn"])
     calculate_per_token_loss: bool = opt(
         False, "Average each loss over all its tokens in the global batch (every DP rank and microbatch "
         "together). Default, as Megatron-LM: the mean over microbatches of each microbatch's per-token mean.")

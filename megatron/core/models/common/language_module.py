@@ -25,6 +25,7 @@ from ...tensor_parallel.param_meta import (
 )
 from ...transformer.block import TransformerBlock
 from ...transformer.layer import hidden_dropout
+from ...transformer.mla_rope import mla_cos_sin
 from ...transformer.rope import rope_cos_sin
 
 
@@ -114,12 +115,17 @@ class LanguageModule(nn.Module):
         if config.position_embedding_type != "rope":
             return None
         if position_ids is not None:  # context parallelism gives global positions past the local seq_len
-            cos, sin = rope_cos_sin(max(seq_len, config.seq_length), config.rotary_dim, config.rotary_base,
-                                    like.device, like.dtype)
+            cos, sin = self._rope_table(max(seq_len, config.seq_length), like)
             return cos[:, 0][position_ids.t()], sin[:, 0][position_ids.t()]
-        cos, sin = rope_cos_sin(position_offset + seq_len, config.rotary_dim, config.rotary_base,
-                                like.device, like.dtype)
+        cos, sin = self._rope_table(position_offset + seq_len, like)
         return cos[position_offset:], sin[position_offset:]
+
+    def _rope_table(self, length, like):
+        """cos, sin [length, 1, 1, d] of positions 0.. (multi-latent attention's own: mla_rope.py)."""
+        config = self.config
+        if config.multi_latent_attention:
+            return mla_cos_sin(config, length, like.device, like.dtype)
+        return rope_cos_sin(length, config.rotary_dim, config.rotary_base, like.device, like.dtype)
 
     def output_weight(self):
         return self.word_embeddings.weight if self.share_embeddings else self.output_layer.weight
