@@ -63,7 +63,8 @@ def _rotate_pairs(x, positions, freqs, m):
     out = torch.empty_like(x)
     for i, f in enumerate(freqs):
         ang = positions.to(DT) * f
-        cos, sin = (torch.cos(ang) * m).view(-1, *[1] * (x.dim() - 2)), (torch.sin(ang) * m).view(-1, *[1] * (x.dim() - 2))
+        shape = (-1,) + (1,) * (x.dim() - 2)
+        cos, sin = (torch.cos(ang) * m).view(shape), (torch.sin(ang) * m).view(shape)
         a, b = x[..., 2 * i], x[..., 2 * i + 1]
         out[..., 2 * i], out[..., 2 * i + 1] = a * cos - b * sin, a * sin + b * cos
     return out

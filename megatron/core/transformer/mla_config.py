@@ -56,7 +56,8 @@ def check_mla(cfg) -> None:
     if not cfg.multi_latent_attention:
         return
     f = flag_namer(cfg)
-    sizes = ["kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim", "yarn_original_max_position_embeddings"]
+    sizes = ["kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
+             "yarn_original_max_position_embeddings"]
     for name in sizes + (["q_lora_rank"] if cfg.q_lora_rank is not None else []):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{f(name)} must be a positive integer, got {getattr(cfg, name)}")
