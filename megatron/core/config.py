@@ -18,6 +18,7 @@ from .errors import ConfigError as ConfigError
 from .transformer.mla_config import MLAConfig
 from .transformer.model_options import ModelOptions, check_options, resolve_options
 from .transformer.moe.moe_config import MoEConfig
+from .transformer.mtp_config import MTPConfig
 
 
 @dataclass
@@ -40,7 +41,7 @@ class ModelParallelConfig:
 
 
 @dataclass
-class TransformerConfig(ModelParallelConfig, MoEConfig, MLAConfig, ModelOptions):
+class TransformerConfig(ModelParallelConfig, MoEConfig, MLAConfig, MTPConfig, ModelOptions):
     num_layers: int = opt(4, "Number of transformer layers.")
     decoder_first_pipeline_num_layers: Optional[int] = opt(
         None, "Layers on the first pipeline stage (uneven split; the other stages share the rest evenly).")

@@ -6,6 +6,7 @@ from .pipeline_parallel.split import layer_split
 from .ranges import NON_NEGATIVE, POSITIVE, check_ranges
 from .transformer.mla_config import check_mla
 from .transformer.moe.moe_config import check_moe
+from .transformer.mtp_config import check_mtp
 
 
 def check_sizes(cfg) -> None:
@@ -30,6 +31,7 @@ def validate(cfg) -> None:
     check_sizes(cfg)
     check_moe(cfg)
     check_mla(cfg)
+    check_mtp(cfg)
     check_ranges(cfg, {"init_method_std": NON_NEGATIVE, "norm_epsilon": POSITIVE, "rotary_base": POSITIVE}, f)
     if cfg.hidden_size % cfg.num_attention_heads:
         raise ConfigError(f"{f('hidden_size')} ({cfg.hidden_size}) is not divisible by "

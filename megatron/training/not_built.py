@@ -1,8 +1,8 @@
 """Megatron-LM flags (and flag values) whose feature is not built here. Each parses, so a recipe that
 gives one stops before anything starts with one line that names every such feature and its flags:
 
-    error: not built here: FP8 training (--fp8-format, --fp8-param-gather; issue 28); multi-token
-    prediction (--mtp-num-layers; issue 30); drop those flags
+    error: not built here: FP8 training (--fp8-format, --fp8-param-gather; issue 28); the flex token
+    dispatcher (DeepEP / HybridEP) (--moe-token-dispatcher-type flex; not planned); drop those flags
 
 A flag only here has no config field; build_parser adds it unless a config dataclass defines the same
 flag, so a feature that lands with its real fields takes its flags over without a change here (delete
@@ -18,7 +18,6 @@ FEATURES = {  # key -> (what a user reads, who builds it)
     "mla": ("multi-latent attention's selective recompute of its up-projections", "issue 30"),
     "qk_norm": ("per-head query/key layer norms without --multi-latent-attention", "not built"),
     "yarn": ("YaRN RoPE without --multi-latent-attention", "not built"),
-    "mtp": ("multi-token prediction", "issue 30"),
     "flex": ("the flex token dispatcher (DeepEP / HybridEP)", "not planned"),
     "force_balance": ("forced load balancing with random router logits (a benchmark mode)", "not planned"),
     "recompute": ("selective recompute of these modules", "not planned"),
@@ -44,7 +43,6 @@ FLAGS = {
     "--fp8-amax-compute-algo": Flag("fp8", {"choices": ["most_recent", "max"]}),
     "--fp8-param-gather": Flag("fp8", _SWITCH), "--first-last-layers-bf16": Flag("fp8", _SWITCH),
     "--num-layers-at-start-in-bf16": Flag("fp8", _INT), "--num-layers-at-end-in-bf16": Flag("fp8", _INT),
-    "--mtp-num-layers": Flag("mtp", _INT), "--mtp-loss-scaling-factor": Flag("mtp", _FLOAT),
     "--moe-flex-dispatcher-backend": Flag("flex", _TEXT),
     "--moe-router-force-load-balancing": Flag("force_balance", _SWITCH),
     "--window-size": Flag("window", _TEXT), "--window-attn-skip-freq": Flag("window", _TEXT),

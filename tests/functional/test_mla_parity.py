@@ -1,12 +1,15 @@
 """A DeepSeek-V3-shaped model through the CLI (multi-latent attention with query compression, latent
 norms and YaRN; sigmoid group-limited MoE with the expert bias and the top-k scaling; a dense first
-layer): each layout gives one process's per-iteration losses and grad norms, fp32, 12 iterations.
+layer; one multi-token prediction module, an MoE layer like the last decoder layer): each layout gives
+one process's per-iteration losses (lm, mtp_1, balance) and grad norms, fp32, 12 iterations.
 
 Each layout proves something the others do not:
   TP2: heads split, the shared rotary key's gradient (from every rank's heads) summed over TP
   TP2 + SP: heads split, the replicated down-projections and latent norms run on sequence shards (their
       gradients summed over TP by finalize_model_grads), the latent and the rotary key gathered over TP
-  PP2: the dense layer on one stage, the MoE layer on the other
+  PP2: the dense layer on one stage, the MoE layer and the MTP module on the other, which holds a copy of
+      the (untied) input embedding for MTP whose gradient is summed with the first stage's as a tied one
+  EP2 x TP2, expert TP 1 (folding): the MTP module's experts and router over the folded expert grid
   CP2: each rank's chunks of the sequence rotated at their global positions (YaRN table indexed by them)
   DP2 with ZeRO-3 and full recompute: the down-projections sharded and gathered like any other parameter;
       the layers run again in the backward pass
@@ -27,8 +30,9 @@ MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", 
        "--moe-router-topk-scaling-factor", "2.5", "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate",
        "1e-3", "--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-coeff", "1e-2",
        "--moe-shared-expert-intermediate-size", "48", "--moe-token-dispatcher-type", "alltoall"]
-FLAGS = BASE + MLA + MOE + ["--eval-iters", "0"]  # validation logs the lm loss alone
-TERMS = ("lm loss", "load_balancing_loss")
+MTP = ["--mtp-num-layers", "1", "--mtp-loss-scaling-factor", "0.1"]
+FLAGS = BASE + MLA + MOE + MTP + ["--eval-iters", "0"]  # validation logs the lm loss alone
+TERMS = ("lm loss", "mtp_1 loss", "load_balancing_loss")
 _ref = {}
 
 
@@ -47,6 +51,8 @@ LAYOUTS = {
     "dp2-zero3-recompute": (2, ["--use-distributed-optimizer", "--data-parallel-sharding-strategy",
                                 "optim_grads_params", "--recompute-granularity", "full"]),
     "pp2-zb-h1": (2, PP2 + ["--pipeline-schedule", "zb-h1"]),
+    "ep2-tp2-folded": (4, TP2 + ["--sequence-parallel", "--expert-model-parallel-size", "2",
+                                 "--expert-tensor-parallel-size", "1"]),
 }
 
 

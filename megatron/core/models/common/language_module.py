@@ -49,14 +49,17 @@ class LanguageModule(nn.Module):
         if num_layers is None:
             layer_offset, num_layers = stage_layers(config, groups.layout, groups.pp_rank, vp_stage)
         tp = groups.tp
-        if pre_process or (post_process and self.share_embeddings):
-            # with pipelining the last stage keeps its own copy of the tied table
+        # the last stage reads the word table too where the output layer is tied to it or multi-token
+        # prediction embeds the next tokens with it
+        shared = self.share_embeddings or bool(config.mtp_num_layers)
+        if pre_process or (post_process and shared):
+            # with pipelining the last stage keeps its own copy of the table
             self.word_embeddings = VocabParallelEmbedding(
                 config.padded_vocab_size, config.hidden_size, group=tp, unpadded_vocab_size=config.vocab_size,
                 init_std=config.init_method_std, reduce_scatter_embeddings=config.sequence_parallel,
                 params_dtype=config.params_dtype, device=device)
             set_embedding_or_output(self.word_embeddings.weight)
-            if self.share_embeddings and pre_process != post_process:
+            if shared and pre_process != post_process:
                 # the tied table lives on the first and the last stage: finalize_model_grads sums
                 # its grads over groups.embd; the grad norm counts it once (param_meta.counted_once)
                 set_tied_embedding(self.word_embeddings.weight, output_copy=post_process)

@@ -86,9 +86,11 @@ class MoEConfig:
         return self.moe_ffn_hidden_size or self.ffn_hidden_size
 
     def is_moe_layer(self, layer_number: int) -> bool:
-        """layer_number counts from 1 over the whole model."""
+        """layer_number counts from 1 over the whole model; past num_layers (multi-token prediction's layers)
+        the last decoder layer's kind, as Megatron-Core."""
         if self.num_experts is None:
             return False
+        layer_number = min(layer_number, self.num_layers)
         if isinstance(self.moe_layer_freq, (list, tuple)):
             return bool(self.moe_layer_freq[layer_number - 1])
         return (layer_number - 1) % self.moe_layer_freq == 0
