@@ -23,7 +23,8 @@ def _correction_dim(rotations, dim, base, original):
 def inv_freq(config, device=None, dtype=torch.float32):
     """[d/2] frequencies of the rotary part (d = qk_pos_emb_head_dim); YaRN-blended with --rope-type yarn."""
     dim, base = config.qk_pos_emb_head_dim, config.rotary_base
-    plain = 1.0 / (base ** (torch.arange(0, dim, 2, device=device, dtype=dtype) / dim))
+    powers = base ** (torch.arange(0, dim, 2, device=device, dtype=dtype) / dim)
+    plain = 1.0 / powers
     if config.rope_type != "yarn":
         return plain
     original = config.yarn_original_max_position_embeddings
@@ -33,7 +34,7 @@ def inv_freq(config, device=None, dtype=torch.float32):
         high += 0.001  # no zero-width ramp
     ramp = ((torch.arange(dim // 2, device=device, dtype=dtype) - low) / (high - low)).clamp(0, 1)
     keep = 1.0 - ramp  # 1: the original frequency (fast rotations), 0: interpolated
-    return plain / config.rotary_scaling_factor * (1 - keep) + plain * keep
+    return 1.0 / (config.rotary_scaling_factor * powers) * (1 - keep) + plain * keep
 
 
 def concentration(config) -> float:
