@@ -113,3 +113,27 @@ def test_bad_mtp_settings_are_one_line(kw, match):
                           **{"position_embedding_type": "rope", **kw}).resolve()
     with pytest.raises(ConfigError, match=match):
         validate(c)
+
+
+def test_memory_estimate_holds_the_mtp_module_on_the_last_stage():
+    """The estimator's last stage: the MTP module's parameters and the input table's copy it embeds with (untied
+    output), and one more layer of activations; the first stage unchanged."""
+    from megatron.training.arguments import parse_args
+    from megatron.training.planner import memory
+    from megatron.training.planner.predict import PLAN_DEFAULTS
+    from megatron.training.resolve import resolve, validate
+    toy = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
+           "--vocab-size", "512", "--global-batch-size", "8", "--micro-batch-size", "2", "--position-embedding-type",
+           "rope", "--untie-embeddings-and-output-weights", "--pipeline-model-parallel-size", "2"]
+    est = {}
+    for extra in ([], ["--mtp-num-layers", "1"]):
+        c, t = parse_args(PLAN_DEFAULTS + toy + extra)
+        resolve(c, t, 2)
+        validate(c, t, 2)
+        est[bool(extra)] = [memory.estimate(c, t, 2, r) for r in (0, 1)]
+        if extra:
+            last = memory.stage_chunks(c, t, 2, 1)[0]
+            mtp_params = sum(p.numel() for p in last.mtp.parameters()) + last.word_embeddings.weight.numel()
+    assert est[True][0] == est[False][0]
+    assert est[True][1]["params"] - est[False][1]["params"] == 4 * mtp_params  # fp32 parameters
+    assert (est[True][1]["layers"], est[False][1]["layers"]) == (3, 2)
