@@ -2,9 +2,6 @@
 configs: with and without query compression, YaRN and plain RoPE, group-limited routing with an expert bias,
 dense first layers, shared experts), a round trip through tools/checkpoint/convert.py that gives back every
 tensor bit for bit, and one-line refusals for what one side cannot hold."""
-import importlib.util
-import os
-
 import pytest
 import torch
 
@@ -16,8 +13,8 @@ from megatron.core.config import TransformerConfig  # noqa: E402
 from megatron.core.models.gpt import GPTModel  # noqa: E402
 from megatron.core.parallel_layout import ParallelLayout  # noqa: E402
 from megatron.core.tensor_parallel.param_meta import param_meta  # noqa: E402
+from tests.hf_round_trip import round_trip  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8, "beta_fast": 32, "beta_slow": 1,
         "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0}
 
@@ -67,23 +64,8 @@ def test_logits_equal_transformers(kw):
     assert rel <= 1e-5, rel
 
 
-def _convert():
-    spec = importlib.util.spec_from_file_location("convert", os.path.join(REPO, "tools", "checkpoint", "convert.py"))
-    convert = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(convert)
-    return convert
-
-
 def test_convert_round_trip_is_bit_exact_with_the_expert_bias(tmp_path):
-    hf = tiny()
-    hf.save_pretrained(tmp_path / "hf")
-    convert = _convert()
-    assert convert.main(["--loader", "hf", "--saver", "megatron", "--load-dir", str(tmp_path / "hf"),
-                         "--save-dir", str(tmp_path / "ours")]) == 0
-    assert convert.main(["--loader", "megatron", "--saver", "hf", "--load-dir", str(tmp_path / "ours"),
-                         "--save-dir", str(tmp_path / "back")]) == 0
-    back = transformers.DeepseekV3ForCausalLM.from_pretrained(tmp_path / "back").state_dict()
-    want = hf.state_dict()
+    back, want = round_trip(tmp_path, tiny(), transformers.DeepseekV3ForCausalLM)
     assert back.keys() == want.keys()
     assert all(torch.equal(back[k], want[k]) for k in want), [k for k in want if not torch.equal(back[k], want[k])]
     assert back["model.layers.1.mlp.gate.e_score_correction_bias"].abs().min() > 0

@@ -18,8 +18,8 @@ has no multi-token prediction modules; it sums each group's top-2 scores where w
 """
 import torch
 
-from .hf_checks import TrackedTensors, same_as_tied
-from .hf_conversion import L
+from .hf_checks import TrackedTensors
+from .hf_conversion import L, ends_to_ours
 from .pieces import CheckpointError
 
 _Q_LORA = (("q_a_proj", "linear_q_down_proj"), ("q_a_layernorm", "q_layernorm"), ("q_b_proj", "linear_q_up_proj"))
@@ -102,12 +102,7 @@ def deepseek_v3_to_ours(config, sd):
     among the tensors, keyed ...mlp.router.expert_bias (the caller stores them as buffers)."""
     a = _args(config)
     sd = TrackedTensors(sd, "the HuggingFace checkpoint")
-    out = {"word_embeddings.weight": sd["model.embed_tokens.weight"],
-           "decoder.final_layernorm.weight": sd["model.norm.weight"]}
-    if a["untie_embeddings_and_output_weights"]:
-        out["output_layer.weight"] = sd["lm_head.weight"]
-    else:
-        same_as_tied(sd, "lm_head.weight", "model.embed_tokens.weight")
+    out = ends_to_ours(sd, a["untie_embeddings_and_output_weights"])
     moe_from = (config.first_k_dense_replace or 0) if a.get("num_experts") else a["num_layers"]
     for i in range(a["num_layers"]):
         s, o = f"model.layers.{i}.", L.format(i)
