@@ -15,6 +15,8 @@ which every TP rank's heads add to, is summed over TP (copy_to_tensor_model_para
 
 The attention core is CoreAttention at head size max(q head, v head): the shorter of q / k and v is
 zero-padded (zeros add nothing to scores or outputs) and q carries the softmax scale's YaRN factor.
+Generation caches the normed latent and the rotated shared key per token (kv_lora_rank + qk_pos_emb_head_dim
+numbers, not heads x (q head + v head)) and up-projects the cached latents at every step.
 """
 import math
 
@@ -29,6 +31,7 @@ from ..tensor_parallel.mappings import copy_to_tensor_model_parallel_region, gat
 from ..tensor_parallel.param_meta import set_init, set_sequence_parallel
 from ..tensor_parallel.random import checkpoint
 from .core_attention import CoreAttention
+from .kv_cache import causal_mask_after
 from .mla_rope import deinterleave, softmax_scale
 from .model_options import recomputes
 from .norm import LayerNorm, RMSNorm
@@ -102,8 +105,10 @@ class MultiLatentAttention(nn.Module):
     def _rope(self, t, rope):
         return rope_front.apply_rope(deinterleave(t), *rope, impl=self.rope_impl)
 
-    def qkv(self, x, rope):
-        """x [s(/TP), b, h] -> q, k [s, b, heads, q head], v [s, b, heads, v head] (this rank's heads)."""
+    def latents(self, x, rope):
+        """x [s(/TP), b, h] -> q [s, b, heads, q head] (this rank's heads, rotated), the normed KV latent
+        [s(/TP), b, kv_lora_rank] and the rotated shared key [s, b, 1, qk_pos_emb_head_dim]: what a
+        generation cache keeps (not the per-head keys and values)."""
         c = self.config
         q = self._queries(x)
         s, b = q.shape[:2]
@@ -111,22 +116,35 @@ class MultiLatentAttention(nn.Module):
         latent, k_rope = self.linear_kv_down_proj(x).split([c.kv_lora_rank, c.qk_pos_emb_head_dim], -1)
         if self.kv_layernorm is not None:
             latent = self.kv_layernorm(latent)
-        kv = self.linear_kv_up_proj(latent)[0].view(s, b, self.heads, c.qk_head_dim + c.v_head_dim)
-        k_nope, v = kv.split([c.qk_head_dim, c.v_head_dim], -1)
         if c.sequence_parallel:
             k_rope = gather_from_sequence_parallel_region(k_rope, self.tp_group)
         else:
             k_rope = copy_to_tensor_model_parallel_region(k_rope, self.tp_group)
-        k_rope = self._rope(k_rope.unsqueeze(2), rope)
         q = torch.cat([q_nope, self._rope(q_rope, rope)], dim=-1)
-        k = torch.cat([k_nope, k_rope.expand(s, b, self.heads, c.qk_pos_emb_head_dim)], dim=-1)
-        return q, k, v
+        return q, latent, self._rope(k_rope.unsqueeze(2), rope)
+
+    def keys_values(self, latent, k_rope):
+        """The latent [sk(/TP), b, r] and rotated shared key [sk, b, 1, d_r] -> k [sk, b, heads, q head],
+        v [sk, b, heads, v head] (this rank's heads)."""
+        c = self.config
+        kv = self.linear_kv_up_proj(latent)[0]
+        sk, b = kv.shape[:2]
+        k_nope, v = kv.view(sk, b, self.heads, c.qk_head_dim + c.v_head_dim).split([c.qk_head_dim, c.v_head_dim], -1)
+        return torch.cat([k_nope, k_rope.expand(sk, b, self.heads, c.qk_pos_emb_head_dim)], dim=-1), v
 
     def forward(self, x, rope=None, attn_mask=None, kv_cache=None):
-        """As SelfAttention.forward; rope: the (cos, sin) of mla_rope.mla_cos_sin for x's positions."""
+        """As SelfAttention.forward; rope: the (cos, sin) of mla_rope.mla_cos_sin for x's positions. kv_cache:
+        a KVCache holding, per layer, the normed latents and rotated shared keys of the tokens before x's."""
+        q, latent, k_rope = self.latents(x, rope)
         if kv_cache is not None:
-            raise ValueError("generation with multi-latent attention (a latent KV cache) is not built yet (issue 30)")
-        q, k, v = self.qkv(x, rope)
+            if self.config.sequence_parallel and comm.world(self.tp_group) > 1:
+                raise ValueError("generation with multi-latent attention runs without --sequence-parallel")
+            if attn_mask is not None:
+                raise ValueError("the KV cache serves causal attention only (no attn_mask)")
+            latent, k_rope = kv_cache.extend(self.layer_number, latent, k_rope)
+            if latent.shape[0] > q.shape[0]:  # earlier tokens cached: the causal mask is no longer square
+                attn_mask = causal_mask_after(latent.shape[0] - q.shape[0], q.shape[0], x.device)
+        k, v = self.keys_values(latent, k_rope)
         s, b, d, dv = q.shape[0], q.shape[1], self.head_dim, v.shape[-1]
         if self.q_factor != 1.0:
             q = q * self.q_factor
