@@ -15,7 +15,6 @@ from ..core.transformer.model_options import RECOMPUTE_NOT_BUILT
 
 FEATURES = {  # key -> (what a user reads, who builds it)
     "fp8": ("FP8 training", "issue 28"),
-    "mla": ("multi-latent attention's selective recompute of its up-projections", "issue 30"),
     "qk_norm": ("per-head query/key layer norms without --multi-latent-attention", "not built"),
     "yarn": ("YaRN RoPE without --multi-latent-attention", "not built"),
     "flex": ("the flex token dispatcher (DeepEP / HybridEP)", "not planned"),
@@ -79,9 +78,7 @@ def _value_rules(model_cfg):
     if c.qk_layernorm and not c.multi_latent_attention:
         yield "qk_norm", "--qk-layernorm"
     for module in c.recompute_modules or ():
-        if module == "mla_up_proj":
-            yield "mla", "--recompute-modules mla_up_proj"
-        elif module in RECOMPUTE_NOT_BUILT:
+        if module in RECOMPUTE_NOT_BUILT:
             yield "recompute", f"--recompute-modules {module}"
 
 

@@ -45,7 +45,7 @@ EXPECTED_REFUSED = {
     "llama3-8b-fp8 (mock data)": {"fp8"}, "llama3-8b-fp8 (real data)": {"fp8"},
     "mixtral-8x7b": set(),
     "megatron-fsdp llama3-8b-fp8 (mock data)": {"fp8"}, "megatron-fsdp llama3-8b-fp8 (real data)": {"fp8"},
-    "deepseek-v3 (megatron-fsdp)": {"mla", "flex", "force_balance", "recompute"},
+    "deepseek-v3 (megatron-fsdp)": {"flex", "force_balance", "recompute"},
     "gpt-oss (mock data)": {"fp8", "window", "sinks", "gptoss_mlp", "gptoss_rope"},
 }
 

@@ -144,3 +144,15 @@ def test_gradients_flow_to_every_parameter():
 def test_bad_mla_settings_are_one_line(kw, match):
     with pytest.raises(ConfigError, match=match):
         validate(_config(Q_RANK, **kw).resolve())
+
+
+def test_up_projection_recompute_gives_the_same_gradients_bitwise():
+    grads = []
+    for modules in (None, ["core_attn", "mla_up_proj"]):
+        c = _config(Q_RANK, recompute_granularity="selective" if modules else None, recompute_modules=modules)
+        m = _module(c).train()
+        assert m.recompute_up == bool(modules)
+        x = torch.randn(S, B, H, generator=torch.Generator().manual_seed(3), dtype=DT, requires_grad=True)
+        m(x, _rope(c)).square().sum().backward()
+        grads.append([x.grad] + [p.grad for p in m.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

@@ -49,7 +49,7 @@ def test_a_feature_that_lands_takes_its_flag_over():
     assert not hasattr(parser.parse_args([]), "not_built_fp8_format")
 
 
-@pytest.mark.parametrize("module,match", [("layernorm", "layernorm"), ("mla_up_proj", "multi-latent attention")])
+@pytest.mark.parametrize("module,match", [("layernorm", "layernorm"), ("moe_act", "moe_act")])
 def test_recompute_modules_not_built_are_refused(module, match):
     with pytest.raises(not_built.NotBuiltError, match=match):
         parse_args(MOCK + ["--recompute-granularity", "selective", "--recompute-modules", "mlp", module])
@@ -189,3 +189,8 @@ def test_fused_attention_without_te_runs_sdpa_with_cudnn_first():
     m, _ = _cfgs(["--attention-backend", "fused"])  # not refused without Transformer Engine
     from megatron.core import fusions
     assert "no Transformer Engine" in dict(fusions.describe(m, torch.device("cpu")))["attention"]
+
+
+def test_mla_up_proj_recompute_needs_multi_latent_attention():
+    with pytest.raises(ConfigError, match="mla_up_proj .* needs --multi-latent-attention"):
+        _cfgs(["--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj"])

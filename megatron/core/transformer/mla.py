@@ -68,7 +68,7 @@ class MultiLatentAttention(nn.Module):
         c = self.config = config
         self.tp_group, self.layer_number = tp_group, layer_number
         self.heads = c.num_attention_heads // comm.world(tp_group)
-        self.recompute_core = recomputes(c, "core_attn")
+        self.recompute_core, self.recompute_up = recomputes(c, "core_attn"), recomputes(c, "mla_up_proj")
         self.rope_impl = rope_front.select(c.apply_rope_fusion, device or "cpu", c.params_dtype,
                                            force=c.fused_kernels)
         std, sp, dtype, n = c.init_method_std, c.sequence_parallel, c.params_dtype, c.num_attention_heads
@@ -94,13 +94,20 @@ class MultiLatentAttention(nn.Module):
             n * c.v_head_dim, c.hidden_size, group=tp_group, bias=False, init_std=std / math.sqrt(2.0 * c.num_layers),
             sequence_parallel=sp, params_dtype=dtype, device=device)
 
-    def _queries(self, x):
+    def _q_input(self, x):
+        """What the query up-projection (or the one query projection) reads: the normed query latent, or x."""
         if self.config.q_lora_rank is None:
-            return self.linear_q_proj(x)[0]
+            return x
         latent = self.linear_q_down_proj(x)
-        if self.q_layernorm is not None:
-            latent = self.q_layernorm(latent)
-        return self.linear_q_up_proj(latent)[0]
+        return self.q_layernorm(latent) if self.q_layernorm is not None else latent
+
+    def _q_up(self, q_input, rope):
+        """-> q [s, b, heads, q head] with its rotary part rotated."""
+        c = self.config
+        q = (self.linear_q_proj if c.q_lora_rank is None else self.linear_q_up_proj)(q_input)[0]
+        s, b = q.shape[:2]
+        q_nope, q_rope = q.view(s, b, self.heads, c.q_head_dim).split([c.qk_head_dim, c.qk_pos_emb_head_dim], -1)
+        return torch.cat([q_nope, self._rope(q_rope, rope)], dim=-1)
 
     def _rope(self, t, rope):
         return rope_front.apply_rope(deinterleave(t), *rope, impl=self.rope_impl)
@@ -110,9 +117,7 @@ class MultiLatentAttention(nn.Module):
         [s(/TP), b, kv_lora_rank] and the rotated shared key [s, b, 1, qk_pos_emb_head_dim]: what a
         generation cache keeps (not the per-head keys and values)."""
         c = self.config
-        q = self._queries(x)
-        s, b = q.shape[:2]
-        q_nope, q_rope = q.view(s, b, self.heads, c.q_head_dim).split([c.qk_head_dim, c.qk_pos_emb_head_dim], -1)
+        q = self._up(self._q_up, self._q_input(x), rope)
         latent, k_rope = self.linear_kv_down_proj(x).split([c.kv_lora_rank, c.qk_pos_emb_head_dim], -1)
         if self.kv_layernorm is not None:
             latent = self.kv_layernorm(latent)
@@ -120,8 +125,12 @@ class MultiLatentAttention(nn.Module):
             k_rope = gather_from_sequence_parallel_region(k_rope, self.tp_group)
         else:
             k_rope = copy_to_tensor_model_parallel_region(k_rope, self.tp_group)
-        q = torch.cat([q_nope, self._rope(q_rope, rope)], dim=-1)
         return q, latent, self._rope(k_rope.unsqueeze(2), rope)
+
+    def _up(self, fn, *args):
+        """fn(*args), recomputed in the backward pass with --recompute-modules mla_up_proj (the up-projections'
+        outputs, heads x head size per token, are the layer's largest activations; their inputs are latents)."""
+        return checkpoint(fn, *args) if self.recompute_up and self.training else fn(*args)
 
     def keys_values(self, latent, k_rope):
         """The latent [sk(/TP), b, r] and rotated shared key [sk, b, 1, d_r] -> k [sk, b, heads, q head],
@@ -144,7 +153,7 @@ class MultiLatentAttention(nn.Module):
             latent, k_rope = kv_cache.extend(self.layer_number, latent, k_rope)
             if latent.shape[0] > q.shape[0]:  # earlier tokens cached: the causal mask is no longer square
                 attn_mask = causal_mask_after(latent.shape[0] - q.shape[0], q.shape[0], x.device)
-        k, v = self.keys_values(latent, k_rope)
+        k, v = self._up(self.keys_values, latent, k_rope)
         s, b, d, dv = q.shape[0], q.shape[1], self.head_dim, v.shape[-1]
         if self.q_factor != 1.0:
             q = q * self.q_factor
