@@ -65,3 +65,17 @@ def test_deepseek_shaped_layout_matches_one_process(name):
     nproc, flags = LAYOUTS[name]
     got = run_metrics(FLAGS + flags, nproc=nproc)[1]
     assert_metrics_parity(reference(), got, TERMS)
+
+
+@pytest.mark.slow
+def test_checkpoint_saved_at_tp2_pp2_continues_at_one_process(tmp_path):
+    """Layout-free checkpoints of the new parameters: the replicated down-projections (saved once), the MTP module
+    and the expert biases saved at TP2 x PP2 (the last stage's copy of the input table not saved); one process
+    loads them at iteration 6 and goes on with the one-process run's losses."""
+    d = str(tmp_path / "ck")
+    first = run_metrics(FLAGS + TP2 + PP2 + ["--sequence-parallel", "--save", d, "--save-interval", "6",
+                                             "--exit-interval", "6"], nproc=4)[1]
+    second = run_metrics(FLAGS + ["--load", d])[1]
+    assert sorted(first["train"]) == list(range(1, 7)) and sorted(second["train"]) == list(range(7, ITERS + 1))
+    got = {"train": {**first["train"], **second["train"]}, "validation": {}}
+    assert_metrics_parity(reference(), got, TERMS)
