@@ -34,8 +34,8 @@ PENDING = {
                     "built by the passes branch"),
 }
 # why a refused feature may block a recipe: another issue builds it, or issue 31 asks for a one-line refusal
-ALLOWED = {"fp8": "issue 28", "mla": "issue 30", "qk_norm": "issue 30", "yarn": "issue 30", "mtp": "issue 30",
-           "group_routing": "issue 30", "moe_pattern": "issue 30", "flex": "issue 31: refuse in one line",
+ALLOWED = {"fp8": "issue 28", "qk_norm": "issue 30: built with MLA only", "yarn": "issue 30: built with MLA only",
+           "flex": "issue 31: refuse in one line",
            "window": "issue 31: gpt-oss, refuse each", "sinks": "issue 31: gpt-oss, refuse each",
            "gptoss_mlp": "issue 31: gpt-oss, refuse each", "gptoss_rope": "issue 31: gpt-oss, refuse each",
            "force_balance": "DeepSeek-V3 recipe's benchmark switch (not in any issue: reported)",
