@@ -26,6 +26,7 @@ from torch import nn
 
 from .. import comm
 from ..fusions import rope as rope_front
+from ..tensor_parallel import wgrad_fusion
 from ..tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from ..tensor_parallel.mappings import copy_to_tensor_model_parallel_region, gather_from_sequence_parallel_region
 from ..tensor_parallel.param_meta import set_init, set_sequence_parallel
@@ -47,7 +48,7 @@ class ReplicatedLinear(nn.Module):
         set_sequence_parallel(self.weight, sequence_parallel)
 
     def forward(self, x):
-        return F.linear(x, self.weight)
+        return wgrad_fusion.linear_or_fused(x, self.weight)  # the gradient to DDP's grad sink where it has one
 
 
 def _latent_norm(config, size, device):
