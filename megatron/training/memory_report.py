@@ -14,7 +14,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from .planner.predict import estimator  # loads tools/estimate_memory.py from the checkout
+from .planner import memory as estimator
 
 MB = 2.0 ** 20
 Stats = tuple  # (allocated, max allocated, reserved, max reserved) bytes
@@ -30,11 +30,10 @@ def cuda_memory_stats(device) -> Optional[Stats]:
 
 
 def estimated_peak(model_cfg, train_cfg, world_size, pp_rank) -> Union[int, str]:
-    """tools/estimate_memory.py's peak bytes of a rank of pipeline stage pp_rank (resolved configs), or
-    why there is none: like the planner's line, the estimate is information and never stops a run."""
+    """The memory estimator's (planner/memory.py) peak bytes of a rank of pipeline stage pp_rank (resolved
+    configs), or why there is none: like the planner's line, the estimate is information and never stops a run."""
     try:
-        est = estimator()
-        return int(est.total_bytes(est.estimate(model_cfg, train_cfg, world_size, pp_rank)))
+        return int(estimator.total_bytes(estimator.estimate(model_cfg, train_cfg, world_size, pp_rank)))
     except Exception as e:  # noqa: BLE001 - an estimate must never stop training
         return f"{type(e).__name__}: {e}".splitlines()[0][:200]
 

@@ -6,7 +6,8 @@ import types
 import pytest
 
 from megatron.training import memory_report
-from megatron.training.planner.predict import configs, estimator
+from megatron.training.planner import memory as est
+from megatron.training.planner.predict import configs
 
 MB = 2 ** 20
 ARGV = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
@@ -38,7 +39,6 @@ def test_report_carries_the_estimate_of_the_ranks_stage(pp_rank, capsys):
     model_cfg, train_cfg = configs(ARGV, 4)   # world 4 = PP 2 x DP 2
     groups = types.SimpleNamespace(rank=2 * pp_rank, dp_rank=0, pp_rank=pp_rank, world_size=4)
     line = memory_report.report_memory(5, groups, model_cfg, train_cfg, "cpu", stats_source=fake_stats)
-    est = estimator()
     expected = est.total_bytes(est.estimate(model_cfg, train_cfg, 4, pp_rank))
     assert line.startswith(f"[Rank {2 * pp_rank}] (after 5 iterations) memory (MB) | allocated: 100.0 |")
     assert line.endswith(f"| estimated peak: {expected / MB:.1f} (tools/estimate_memory.py)")
