@@ -194,3 +194,11 @@ def test_fused_attention_without_te_runs_sdpa_with_cudnn_first():
 def test_mla_up_proj_recompute_needs_multi_latent_attention():
     with pytest.raises(ConfigError, match="mla_up_proj .* needs --multi-latent-attention"):
         _cfgs(["--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj"])
+
+
+def test_latent_attention_and_mtp_settings_without_their_feature_are_named_without_effect():
+    m, t = _cfgs(["--rotary-scaling-factor", "40", "--kv-lora-rank", "64", "--mtp-loss-scaling-factor", "0.3"])
+    named = {flag for flag, _ in no_effect.accepted(m, t)}
+    assert {"--rotary-scaling-factor", "--kv-lora-rank", "--mtp-loss-scaling-factor"} <= named
+    m, t = _cfgs(["--position-embedding-type", "rope", "--multi-latent-attention", "--rotary-scaling-factor", "40"])
+    assert "--rotary-scaling-factor" not in {flag for flag, _ in no_effect.accepted(m, t)}
