@@ -10,8 +10,10 @@ import os
 import sys
 
 from megatron.core.models.gpt import GPTModel
+from megatron.core.pipeline_parallel.losses import TOKEN_LOSS
+from megatron.core.transformer import mtp
 from megatron.training.arguments import parse_args
-from megatron.training.data import build_datasets, gpt_collate
+from megatron.training.data import build_datasets, collate_gpt, gpt_collate
 from megatron.training.embedded import EMBEDDED, embedded_recipe
 from megatron.training.launch import USER_ERRORS, configure, print_first_rank, run_pretrain, start, user_error
 from megatron.training.model_spec import ModelSpec
@@ -25,11 +27,31 @@ def model_provider(config, groups, device, pre_process=True, post_process=True, 
 
 
 def forward_step(model, batch):
-    """-> {"lm loss": (per-token loss [b, s], loss mask [b, s])} on the last pipeline stage;
-    earlier stages return their hidden states [s(/TP), b, h] to send on."""
+    """-> {"lm loss": (per-token loss [b, s], loss mask [b, s])} on the last pipeline stage, with
+    --mtp-num-layers also "mtp_1 loss" ... (transformer/mtp.py); earlier stages return their hidden
+    states [s(/TP), b, h] to send on."""
+    inputs = mtp.mtp_inputs(batch, model.config)
     out = model(batch["tokens"], labels=batch["labels"], position_ids=batch.get("position_ids"),
-                attention_mask=batch.get("attention_mask"))
-    return {"lm loss": (out, batch["loss_mask"])} if model.post_process else out
+                attention_mask=batch.get("attention_mask"), mtp_inputs=inputs)
+    if not model.post_process:
+        return out
+    if inputs is None:
+        return {"lm loss": (out, batch["loss_mask"])}
+    loss, mtp_losses = out
+    return {"lm loss": (loss, batch["loss_mask"]), **mtp.loss_terms(mtp_losses, batch, model.config)}
+
+
+def model_spec(model_cfg, train_cfg, tokenizer):
+    """The ModelSpec of a GPT; multi-token prediction adds its loss terms and the shifted inputs to each batch."""
+    collate = gpt_collate(train_cfg, tokenizer)
+    if not model_cfg.mtp_num_layers:
+        return ModelSpec(model_provider, forward_step, collate=collate)
+    base, depth = collate or collate_gpt, model_cfg.mtp_num_layers
+
+    def with_mtp(samples, device):
+        return mtp.add_mtp_inputs(base(samples, device), depth)
+    return ModelSpec(model_provider, forward_step, loss_terms={**TOKEN_LOSS, **mtp.loss_declaration(model_cfg)},
+                     collate=with_mtp)
 
 
 def main(argv=None):
@@ -41,7 +63,7 @@ def main(argv=None):
         groups, device, datasets = start(model_cfg, train_cfg, layout, tokenizer, build_datasets)
     except USER_ERRORS as e:
         return user_error(e)
-    spec = ModelSpec(model_provider, forward_step, collate=gpt_collate(train_cfg, tokenizer))
+    spec = model_spec(model_cfg, train_cfg, tokenizer)
     return run_pretrain(model_cfg, train_cfg, groups, device, spec, datasets, type(tokenizer).__name__)
 
 

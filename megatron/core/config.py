@@ -15,8 +15,10 @@ from . import config_checks
 from .config_fields import flag_of as flag_of  # re-exported (as ConfigError): importers name this module
 from .config_fields import opt
 from .errors import ConfigError as ConfigError
+from .transformer.mla_config import MLAConfig
 from .transformer.model_options import ModelOptions, check_options, resolve_options
 from .transformer.moe.moe_config import MoEConfig
+from .transformer.mtp_config import MTPConfig
 
 
 @dataclass
@@ -43,7 +45,7 @@ class ModelParallelConfig:
 
 
 @dataclass
-class TransformerConfig(ModelParallelConfig, MoEConfig, ModelOptions):
+class TransformerConfig(ModelParallelConfig, MoEConfig, MLAConfig, MTPConfig, ModelOptions):
     num_layers: int = opt(4, "Number of transformer layers.")
     decoder_first_pipeline_num_layers: Optional[int] = opt(
         None, "Layers on the first pipeline stage (uneven split; the other stages share the rest evenly).")
@@ -175,6 +177,7 @@ class TransformerConfig(ModelParallelConfig, MoEConfig, ModelOptions):
             self.virtual_pipeline_model_parallel_size = None
         resolve_options(self)  # --recompute-activations, the recomputed modules (model_options.py)
         self.resolve_moe()  # --moe-layer-freq given as a pattern (moe_config.py)
+        self.resolve_mla()  # --rope-type's default under multi-latent attention (mla_config.py)
         if self.recompute_granularity == "full":
             self.recompute_method, self.recompute_num_layers = config_checks.recompute_defaults(self)
         if self.transformer_impl == "transformer_engine" and self.attention_backend == "auto":

@@ -4,7 +4,9 @@ from .config_fields import flag_namer, flag_of
 from .errors import ConfigError
 from .pipeline_parallel.split import layer_split
 from .ranges import NON_NEGATIVE, POSITIVE, check_ranges
+from .transformer.mla_config import check_mla
 from .transformer.moe.moe_config import check_moe
+from .transformer.mtp_config import check_mtp
 
 
 def check_sizes(cfg) -> None:
@@ -28,6 +30,8 @@ def validate(cfg) -> None:
     tp = cfg.tensor_model_parallel_size
     check_sizes(cfg)
     check_moe(cfg)
+    check_mla(cfg)
+    check_mtp(cfg)
     check_ranges(cfg, {"init_method_std": NON_NEGATIVE, "norm_epsilon": POSITIVE, "rotary_base": POSITIVE}, f)
     if cfg.hidden_size % cfg.num_attention_heads:
         raise ConfigError(f"{f('hidden_size')} ({cfg.hidden_size}) is not divisible by "

@@ -6,7 +6,9 @@ Megatron-LM counts), output projection 2h^2, MLP 2 h f (x3 with SwiGLU, x2 with 
 the logits add 2 h V per token (V padded; tied or not, the product is the same). Training
 is 3x forward (backward costs twice forward); activation recompute is not counted (model
 FLOPs, not hardware FLOPs). For a standard GPT (f = 4h, g d = h) this is Korthikanti et
-al.'s 72 B L s h^2 (1 + s/6h + V/12hL).
+al.'s 72 B L s h^2 (1 + s/6h + V/12hL). Multi-latent attention counts its own projections
+(attention_flops_per_token); multi-token prediction adds D more layers, each with its 2h x h
+projection and the 2 h V logits (docs/mfu.md).
 """
 import re
 
@@ -15,15 +17,30 @@ import torch
 from ..core.transformer.moe.flops import moe_flops_per_token
 
 
+def attention_flops_per_token(config):
+    """Forward FLOPs per token of one attention block: projections, the full s x s scores and weighted values.
+    Multi-latent attention (n heads, q head dq = qk + rope, v head dv, latents rq / rkv): the query path
+    2 h rq + 2 rq n dq (or 2 h n dq without compression), the KV down-projection 2 h (rkv + rope), its
+    up-projection 2 rkv n (qk + dv), scores 2 s n dq, values 2 s n dv, output 2 n dv h."""
+    c, h, s = config, config.hidden_size, config.seq_length
+    if c.multi_latent_attention:
+        n, dq, dv = c.num_attention_heads, c.q_head_dim, c.v_head_dim
+        query = 2 * h * n * dq if c.q_lora_rank is None else 2 * h * c.q_lora_rank + 2 * c.q_lora_rank * n * dq
+        kv = 2 * h * (c.kv_lora_rank + c.qk_pos_emb_head_dim) + 2 * c.kv_lora_rank * n * (c.qk_head_dim + dv)
+        return query + kv + 2 * s * n * (dq + dv) + 2 * n * dv * h
+    kv = c.num_query_groups * c.kv_channels
+    q = c.num_attention_heads * c.kv_channels
+    return 2 * h * (q + 2 * kv) + 4 * s * q + 2 * q * h
+
+
 def num_floating_point_operations(config, batch_size):
     """Model FLOPs of one training iteration over `batch_size` samples of config.seq_length."""
     h, s, L = config.hidden_size, config.seq_length, config.num_layers
-    kv = config.num_query_groups * config.kv_channels
-    q = config.num_attention_heads * config.kv_channels
-    per_layer = (2 * h * (q + 2 * kv) + 4 * s * q + 2 * q * h
-                 + 2 * h * config.ffn_hidden_size * (3 if config.swiglu else 2))
-    per_token = L * per_layer + 2 * h * config.padded_vocab_size
-    per_token += moe_flops_per_token(config)  # MoE layers: active experts instead of the dense MLP
+    per_layer = attention_flops_per_token(config) + 2 * h * config.ffn_hidden_size * (3 if config.swiglu else 2)
+    logits = 2 * h * config.padded_vocab_size
+    depth = config.mtp_num_layers or 0  # each MTP module: a layer, its [embedding; hidden] projection, the logits
+    per_token = L * per_layer + logits + depth * (per_layer + 2 * (2 * h) * h + logits)
+    per_token += moe_flops_per_token(config)  # MoE layers (MTP's too): active experts instead of the dense MLP
     return 3 * batch_size * s * per_token
 
 

@@ -6,7 +6,10 @@ gives on one line, with the reason:
 
 Everything else a recipe gives has an effect (or is refused: not_built.py).
 """
+import dataclasses
+
 from ..core.config_fields import flag_of
+from ..core.transformer.mla_config import MLAConfig
 
 
 def _rules(m, t, device):
@@ -33,14 +36,26 @@ def _rules(m, t, device):
         (m, "moe_router_pre_softmax", m.moe_router_pre_softmax and m.moe_router_score_function == "sigmoid",
          "sigmoid scores have no softmax to move, as in Megatron-LM"),
         (m, "add_position_embedding", not m.add_position_embedding, "rope has no learned position table"),
-        (m, "rope_type", m.rope_type == "rope", "standard RoPE is what --position-embedding-type rope runs"),
+        (m, "rope_type", m.rope_type == "rope" and not m.multi_latent_attention,
+         "standard RoPE is what --position-embedding-type rope runs"),
         (m, "export_force_local_attention", m.export_force_local_attention, "a ModelOpt export switch"),
         (m, "disable_bf16_reduced_precision_matmul", m.disable_bf16_reduced_precision_matmul and (not t.bf16 or cpu),
          "no CUDA bf16 GEMM runs" if t.bf16 else "without --bf16 there is no bf16 GEMM"),
         (t, "null_vocab_size", t.null_vocab_size is not None and t.tokenizer_type == "HuggingFaceTokenizer",
          "the HuggingFaceTokenizer's vocabulary is the model's, as in Megatron-LM"),
         (t, "empty_unused_memory_level", t.empty_unused_memory_level > 0 and cpu, "no CUDA caching allocator on CPU"),
-    ]
+        (m, "mtp_loss_scaling_factor", not m.mtp_num_layers and m.mtp_loss_scaling_factor != 0.1,
+         "without --mtp-num-layers there is no MTP loss"),
+    ] + _latent_attention_only(m)
+
+
+def _latent_attention_only(m):
+    """Multi-latent attention's sizes and YaRN settings given without --multi-latent-attention (as Megatron-LM,
+    which reads them only there; --qk-layernorm without it is refused as not built)."""
+    if m.multi_latent_attention:
+        return []
+    return [(m, f.name, getattr(m, f.name) != f.default, "it shapes multi-latent attention, which is off")
+            for f in dataclasses.fields(MLAConfig) if f.name not in ("multi_latent_attention", "qk_layernorm")]
 
 
 def accepted(model_cfg, train_cfg, device=None):

@@ -1,8 +1,8 @@
 """Megatron-LM flags (and flag values) whose feature is not built here. Each parses, so a recipe that
 gives one stops before anything starts with one line that names every such feature and its flags:
 
-    error: not built here: FP8 training (--fp8-format, --fp8-param-gather; issue 28); multi-token
-    prediction (--mtp-num-layers; issue 30); drop those flags
+    error: not built here: FP8 training (--fp8-format, --fp8-param-gather; issue 28); the flex token
+    dispatcher (DeepEP / HybridEP) (--moe-token-dispatcher-type flex; not planned); drop those flags
 
 A flag only here has no config field; build_parser adds it unless a config dataclass defines the same
 flag, so a feature that lands with its real fields takes its flags over without a change here (delete
@@ -12,16 +12,11 @@ from typing import NamedTuple
 
 from ..core.errors import ConfigError
 from ..core.transformer.model_options import RECOMPUTE_NOT_BUILT
-from ..core.transformer.moe.layer_pattern import every_n
 
 FEATURES = {  # key -> (what a user reads, who builds it)
     "fp8": ("FP8 training", "issue 28"),
-    "mla": ("multi-latent attention", "issue 30"),
-    "qk_norm": ("query/key layer norms (DeepSeek-V3's latent norms)", "issue 30"),
-    "yarn": ("YaRN RoPE", "issue 30"),
-    "mtp": ("multi-token prediction", "issue 30"),
-    "group_routing": ("group-limited MoE routing and its top-k scaling", "issue 30"),
-    "moe_pattern": ("MoE layer patterns other than every N layers", "issue 30"),
+    "qk_norm": ("per-head query/key layer norms without --multi-latent-attention", "not built"),
+    "yarn": ("YaRN RoPE without --multi-latent-attention", "not built"),
     "flex": ("the flex token dispatcher (DeepEP / HybridEP)", "not planned"),
     "force_balance": ("forced load balancing with random router logits (a benchmark mode)", "not planned"),
     "recompute": ("selective recompute of these modules", "not planned"),
@@ -47,15 +42,6 @@ FLAGS = {
     "--fp8-amax-compute-algo": Flag("fp8", {"choices": ["most_recent", "max"]}),
     "--fp8-param-gather": Flag("fp8", _SWITCH), "--first-last-layers-bf16": Flag("fp8", _SWITCH),
     "--num-layers-at-start-in-bf16": Flag("fp8", _INT), "--num-layers-at-end-in-bf16": Flag("fp8", _INT),
-    "--multi-latent-attention": Flag("mla", _SWITCH), "--q-lora-rank": Flag("mla", _INT),
-    "--kv-lora-rank": Flag("mla", _INT), "--qk-head-dim": Flag("mla", _INT),
-    "--qk-pos-emb-head-dim": Flag("mla", _INT), "--v-head-dim": Flag("mla", _INT),
-    "--qk-layernorm": Flag("qk_norm", _SWITCH),
-    "--rotary-scaling-factor": Flag("yarn", _FLOAT), "--mscale": Flag("yarn", _FLOAT),
-    "--mscale-all-dim": Flag("yarn", _FLOAT),
-    "--mtp-num-layers": Flag("mtp", _INT), "--mtp-loss-scaling-factor": Flag("mtp", _FLOAT),
-    "--moe-router-num-groups": Flag("group_routing", _INT), "--moe-router-group-topk": Flag("group_routing", _INT),
-    "--moe-router-topk-scaling-factor": Flag("group_routing", _FLOAT),
     "--moe-flex-dispatcher-backend": Flag("flex", _TEXT),
     "--moe-router-force-load-balancing": Flag("force_balance", _SWITCH),
     "--window-size": Flag("window", _TEXT), "--window-attn-skip-freq": Flag("window", _TEXT),
@@ -87,15 +73,12 @@ def _value_rules(model_cfg):
     c = model_cfg
     if c.moe_token_dispatcher_type == "flex":
         yield "flex", "--moe-token-dispatcher-type flex"
-    if c.rope_type == "yarn":
+    if c.rope_type == "yarn" and not c.multi_latent_attention:
         yield "yarn", "--rope-type yarn"
-    pattern = c.moe_layer_freq
-    if isinstance(pattern, (list, tuple)) and len(pattern) == c.num_layers and every_n(pattern, c.num_layers) is None:
-        yield "moe_pattern", "--moe-layer-freq <pattern>"
+    if c.qk_layernorm and not c.multi_latent_attention:
+        yield "qk_norm", "--qk-layernorm"
     for module in c.recompute_modules or ():
-        if module == "mla_up_proj":
-            yield "mla", "--recompute-modules mla_up_proj"
-        elif module in RECOMPUTE_NOT_BUILT:
+        if module in RECOMPUTE_NOT_BUILT:
             yield "recompute", f"--recompute-modules {module}"
 
 

@@ -5,6 +5,8 @@ and both router losses) and grad norms of one process, and a checkpoint saved at
 Each layout proves something the others do not:
   EP2 x DP2, alltoall, distributed optimizer, grouped GEMM: token counts then tokens exchanged;
       expert grads reduced over expert-DP and sharded by the distributed optimizer
+  EP2 x DP2, group-limited routing (one group per EP rank), scaling factor, a dense first layer: the
+      routing and the layer pattern the same on every rank
   TP2 x EP2, allgather, sequence parallel: experts split over TP, tokens gathered over TP and EP
   PP2 x EP2, alltoall, replicated optimizer, capacity 1.0 (drop by position): router losses from
       both stages; the expert grad norm summed over the EP group; the same pairs dropped as one process
@@ -30,6 +32,10 @@ TERMS = ("lm loss", "load_balancing_loss", "z_loss")
 EP2 = ["--expert-model-parallel-size", "2"]
 
 BIAS = ["--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", "0.05"]  # a rate that moves the routing
+# DeepSeek-V3's routing: sigmoid, top-2 of 4 experts from 1 of 2 groups (= one EP rank: device-limited), scaled
+# by 2.5, the first layer dense
+GROUPS = ["--moe-router-score-function", "sigmoid", "--moe-router-num-groups", "2", "--moe-router-group-topk", "1",
+          "--moe-router-topk-scaling-factor", "2.5", "--moe-layer-freq", "([0]+[1])"]
 CAPACITY = ["--moe-expert-capacity-factor", "1.0", "--moe-token-drop-policy", "position"]
 _ref = {}
 
@@ -46,6 +52,7 @@ def reference(extra=()):
 LAYOUTS = {  # name: (ranks, layout flags, model flags the reference shares)
     "ep2xdp2-alltoall-distopt-grouped": (4, EP2 + ["--moe-token-dispatcher-type", "alltoall",
                                                    "--use-distributed-optimizer", "--moe-grouped-gemm"], []),
+    "ep2xdp2-group-limited-dense-first": (4, EP2 + ["--moe-token-dispatcher-type", "alltoall"], GROUPS),
     "tp2xep2-allgather-sp": (4, EP2 + ["--tensor-model-parallel-size", "2", "--sequence-parallel"], []),
     "pp2xep2-alltoall-capacity": (4, EP2 + ["--pipeline-model-parallel-size", "2",
                                             "--moe-token-dispatcher-type", "alltoall"], CAPACITY),

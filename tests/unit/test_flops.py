@@ -38,6 +38,31 @@ def test_gqa_swiglu_and_untied_heads():
     assert flops.num_floating_point_operations(_gpt(untie_embeddings_and_output_weights=True), B) == f0
 
 
+def test_multi_latent_attention_and_mtp_counted_term_by_term():
+    h, n, s, V = 64, 4, 32, 512
+    mla = dict(multi_latent_attention=True, position_embedding_type="rope", q_lora_rank=24, kv_lora_rank=16,
+               qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=12, vocab_size=V, make_vocab_size_divisible_by=128)
+    cfg = _gpt(**mla)
+    dq, dv = 24, 12
+    attention = (2 * h * 24 + 2 * 24 * n * dq + 2 * h * (16 + 8) + 2 * 16 * n * (16 + dv)
+                 + 2 * s * n * dq + 2 * s * n * dv + 2 * n * dv * h)
+    assert flops.attention_flops_per_token(cfg) == attention
+    layer = attention + 2 * h * cfg.ffn_hidden_size * 2
+    assert flops.num_floating_point_operations(cfg, 2) == 3 * 2 * s * (3 * layer + 2 * h * V)
+    direct = _gpt(**dict(mla, q_lora_rank=None))  # no query compression: one h x n dq projection
+    assert flops.attention_flops_per_token(cfg) - flops.attention_flops_per_token(direct) == \
+        2 * h * 24 + 2 * 24 * n * dq - 2 * h * n * dq
+    # each MTP module: one more layer, its 2h -> h projection and the logits again
+    mtp = _gpt(**dict(mla, mtp_num_layers=2))
+    assert flops.num_floating_point_operations(mtp, 2) - flops.num_floating_point_operations(cfg, 2) == \
+        3 * 2 * s * 2 * (layer + 2 * 2 * h * h + 2 * h * V)
+    # an MoE last layer makes the MTP layer MoE too: its MLP replaced by the active experts
+    moe = dict(num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=32, moe_layer_freq=[0, 0, 1])
+    per_moe = 2 * h * 4 + 2 * h * 2 * 2 * 32 - 2 * h * cfg.ffn_hidden_size * 2
+    assert flops.num_floating_point_operations(_gpt(**dict(mla, mtp_num_layers=2, **moe)), 2) - \
+        flops.num_floating_point_operations(mtp, 2) == 3 * 2 * s * 3 * per_moe
+
+
 @pytest.mark.parametrize("name,precision,expected", [
     ("NVIDIA H100 80GB HBM3", "bf16", ("H100 SXM", 989)),
     ("NVIDIA H100 PCIe", "bf16", ("H100 PCIe", 756)),

@@ -29,6 +29,19 @@ VARIANTS = {
     "post-norm": dict(post_norm=True),
     "llama": dict(position_embedding_type="rope", normalization="RMSNorm", swiglu=True, group_query_attention=True,
                   num_query_groups=2, add_bias_linear=False, untie_embeddings_and_output_weights=True),
+    # multi-latent attention: the cache holds the latents and the rotated shared key (YaRN; v wider than q, then
+    # no query compression; a DeepSeek-V3 shape with group-limited MoE and an MTP module generation ignores)
+    "mla": dict(position_embedding_type="rope", normalization="RMSNorm", multi_latent_attention=True, q_lora_rank=12,
+                kv_lora_rank=10, qk_head_dim=6, qk_pos_emb_head_dim=4, v_head_dim=12, qk_layernorm=True,
+                rotary_scaling_factor=4.0, mscale_all_dim=1.0, yarn_original_max_position_embeddings=4),
+    "mla-q-direct-unfused": dict(position_embedding_type="rope", multi_latent_attention=True, kv_lora_rank=10,
+                                 qk_head_dim=8, qk_pos_emb_head_dim=4, v_head_dim=6, rope_type="rope",
+                                 attention_backend="unfused"),
+    "deepseek": dict(position_embedding_type="rope", normalization="RMSNorm", swiglu=True, add_bias_linear=False,
+                     multi_latent_attention=True, q_lora_rank=12, kv_lora_rank=10, qk_head_dim=6,
+                     qk_pos_emb_head_dim=4, v_head_dim=6, qk_layernorm=True, num_experts=4, moe_router_topk=2,
+                     moe_layer_freq=[0, 1], moe_router_score_function="sigmoid", moe_router_num_groups=2,
+                     moe_router_group_topk=1, moe_router_topk_scaling_factor=2.5, mtp_num_layers=1),
 }
 
 
@@ -86,7 +99,7 @@ def test_cached_greedy_equals_recomputed(name):
         step = recomputed[:, end:end + 1]
 
 
-@pytest.mark.parametrize("name", ["gpt", "llama", "gqa-unfused"])
+@pytest.mark.parametrize("name", ["gpt", "llama", "gqa-unfused", "mla", "mla-q-direct-unfused"])
 def test_prompt_in_pieces(name):
     """Several tokens after a filled cache: the causal mask is no longer square."""
     model = _model(**VARIANTS[name])

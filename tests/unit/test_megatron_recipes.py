@@ -34,8 +34,8 @@ PENDING = {
                     "built by the passes branch"),
 }
 # why a refused feature may block a recipe: another issue builds it, or issue 31 asks for a one-line refusal
-ALLOWED = {"fp8": "issue 28", "mla": "issue 30", "qk_norm": "issue 30", "yarn": "issue 30", "mtp": "issue 30",
-           "group_routing": "issue 30", "moe_pattern": "issue 30", "flex": "issue 31: refuse in one line",
+ALLOWED = {"fp8": "issue 28", "qk_norm": "issue 30: built with MLA only", "yarn": "issue 30: built with MLA only",
+           "flex": "issue 31: refuse in one line",
            "window": "issue 31: gpt-oss, refuse each", "sinks": "issue 31: gpt-oss, refuse each",
            "gptoss_mlp": "issue 31: gpt-oss, refuse each", "gptoss_rope": "issue 31: gpt-oss, refuse each",
            "force_balance": "DeepSeek-V3 recipe's benchmark switch (not in any issue: reported)",
@@ -45,8 +45,7 @@ EXPECTED_REFUSED = {
     "llama3-8b-fp8 (mock data)": {"fp8"}, "llama3-8b-fp8 (real data)": {"fp8"},
     "mixtral-8x7b": set(),
     "megatron-fsdp llama3-8b-fp8 (mock data)": {"fp8"}, "megatron-fsdp llama3-8b-fp8 (real data)": {"fp8"},
-    "deepseek-v3 (megatron-fsdp)": {"mla", "qk_norm", "yarn", "mtp", "group_routing", "moe_pattern", "flex",
-                                    "force_balance", "recompute"},
+    "deepseek-v3 (megatron-fsdp)": {"flex", "force_balance", "recompute"},
     "gpt-oss (mock data)": {"fp8", "window", "sinks", "gptoss_mlp", "gptoss_rope"},
 }
 

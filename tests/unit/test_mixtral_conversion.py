@@ -1,8 +1,5 @@
 """HuggingFace Mixtral <-> ours: the same logits as transformers at one process, and a round trip
 through tools/checkpoint/convert.py (HF -> ours -> HF) that gives back every tensor bit for bit."""
-import importlib.util
-import os
-
 import pytest
 import torch
 
@@ -13,8 +10,7 @@ from megatron.core.config import TransformerConfig  # noqa: E402
 from megatron.core.models.gpt import GPTModel  # noqa: E402
 from megatron.core.parallel_layout import ParallelLayout  # noqa: E402
 from megatron.core.tensor_parallel.param_meta import param_meta  # noqa: E402
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.hf_round_trip import round_trip  # noqa: E402
 
 
 def tiny_mixtral():
@@ -45,16 +41,6 @@ def test_mixtral_logits_equal_transformers():
 
 
 def test_convert_round_trip_is_bit_exact(tmp_path):
-    hf = tiny_mixtral()
-    hf.save_pretrained(tmp_path / "hf")
-    spec = importlib.util.spec_from_file_location("convert", os.path.join(REPO, "tools", "checkpoint", "convert.py"))
-    convert = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(convert)
-    assert convert.main(["--loader", "hf", "--saver", "megatron", "--load-dir", str(tmp_path / "hf"),
-                         "--save-dir", str(tmp_path / "ours")]) == 0
-    assert convert.main(["--loader", "megatron", "--saver", "hf", "--load-dir", str(tmp_path / "ours"),
-                         "--save-dir", str(tmp_path / "back")]) == 0
-    back = transformers.MixtralForCausalLM.from_pretrained(tmp_path / "back").state_dict()
-    want = hf.state_dict()
+    back, want = round_trip(tmp_path, tiny_mixtral(), transformers.MixtralForCausalLM)
     assert back.keys() == want.keys()
     assert all(torch.equal(back[k], want[k]) for k in want)

@@ -12,7 +12,8 @@ from megatron.core.checkpointing.dcp_interop import load_dcp
 
 transformers = pytest.importorskip("transformers")
 
-from tests.unit.test_mixtral_conversion import REPO, tiny_mixtral  # noqa: E402
+from tests.hf_round_trip import REPO  # noqa: E402
+from tests.unit.test_mixtral_conversion import tiny_mixtral  # noqa: E402
 
 sys.path.insert(0, os.path.join(REPO, "tools", "checkpoint"))
 import convert  # noqa: E402

@@ -15,11 +15,18 @@ class _Cfg:
     moe_expert_capacity_factor: float | None = None
     moe_token_drop_policy: str = "probs"
     moe_pad_expert_input_to_capacity: bool = False
+    moe_router_num_groups: int | None = None
+    moe_router_group_topk: int | None = None
 
 
 def test_dropless_line():
     assert describe(_Cfg(), 2, 2) == ("> MoE: 8 experts, top-2, every 1 layer(s), alltoall dispatcher, EP 2, "
                                       "dropless")
+
+
+def test_groups_and_pattern_named():
+    line = describe(_Cfg(moe_layer_freq=[0, 1, 1], moe_router_num_groups=4, moe_router_group_topk=2), 1, 1)
+    assert line.startswith("> MoE: 8 experts, top-2 from 2 of 4 groups, layers 011 (1: MoE), ")
 
 
 def test_capacity_named_as_megatron_differs_only_where_tokens_are_split():

@@ -29,12 +29,12 @@ def _cfgs(args, world=1, vocab=None):
 
 def test_not_built_flags_are_one_line_naming_every_feature():
     with pytest.raises(not_built.NotBuiltError) as e:
-        parse_args(MOCK + MOE + ["--fp8-format", "hybrid", "--fp8-param-gather", "--mtp-num-layers", "1",
+        parse_args(MOCK + MOE + ["--fp8-format", "hybrid", "--fp8-param-gather", "--qk-layernorm",
                                  "--moe-token-dispatcher-type", "flex", "--softmax-type", "learnable"])
     line = str(e.value)
     assert "\n" not in line and line.startswith("not built here: ")
-    assert [k for k, _ in e.value.features] == ["fp8", "mtp", "flex", "sinks"]
-    for fragment in ("FP8 training (--fp8-format, --fp8-param-gather; issue 28)", "multi-token prediction",
+    assert [k for k, _ in e.value.features] == ["fp8", "qk_norm", "flex", "sinks"]
+    for fragment in ("FP8 training (--fp8-format, --fp8-param-gather; issue 28)", "without --multi-latent-attention",
                      "--moe-token-dispatcher-type flex", "--softmax-type"):
         assert fragment in line
     # their defaults change nothing: accepted
@@ -49,7 +49,7 @@ def test_a_feature_that_lands_takes_its_flag_over():
     assert not hasattr(parser.parse_args([]), "not_built_fp8_format")
 
 
-@pytest.mark.parametrize("module,match", [("layernorm", "layernorm"), ("mla_up_proj", "multi-latent attention")])
+@pytest.mark.parametrize("module,match", [("layernorm", "layernorm"), ("moe_act", "moe_act")])
 def test_recompute_modules_not_built_are_refused(module, match):
     with pytest.raises(not_built.NotBuiltError, match=match):
         parse_args(MOCK + ["--recompute-granularity", "selective", "--recompute-modules", "mlp", module])
@@ -96,8 +96,8 @@ def test_moe_layer_freq_expressions():
     assert every_n([0, 1, 0, 1], 4) is None and every_n([1, 0, 1], 4) is None
     m, _ = _cfgs(MOE + ["--moe-layer-freq", "([1]+[0])*2"])
     assert m.moe_layer_freq == 2 and [m.is_moe_layer(n) for n in (1, 2, 3, 4)] == [True, False, True, False]
-    with pytest.raises(not_built.NotBuiltError, match="MoE layer patterns .* issue 30"):
-        parse_args(MOCK + MOE + ["--moe-layer-freq", "[0]*3+[1]"])
+    m, _ = _cfgs(MOE + ["--moe-layer-freq", "([0]*3+[1])"])  # dense first (DeepSeek-V3's shape)
+    assert m.moe_layer_freq == [0, 0, 0, 1] and [m.is_moe_layer(n) for n in (1, 2, 3, 4)] == [False] * 3 + [True]
     with pytest.raises(ConfigError, match="--moe-layer-freq"):
         parse_args(MOCK + MOE + ["--moe-layer-freq", "__import__('os')"])
     with pytest.raises(ConfigError, match="gives 3 layers but --num-layers is 4"):
@@ -189,3 +189,16 @@ def test_fused_attention_without_te_runs_sdpa_with_cudnn_first():
     m, _ = _cfgs(["--attention-backend", "fused"])  # not refused without Transformer Engine
     from megatron.core import fusions
     assert "no Transformer Engine" in dict(fusions.describe(m, torch.device("cpu")))["attention"]
+
+
+def test_mla_up_proj_recompute_needs_multi_latent_attention():
+    with pytest.raises(ConfigError, match="mla_up_proj .* needs --multi-latent-attention"):
+        _cfgs(["--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj"])
+
+
+def test_latent_attention_and_mtp_settings_without_their_feature_are_named_without_effect():
+    m, t = _cfgs(["--rotary-scaling-factor", "40", "--kv-lora-rank", "64", "--mtp-loss-scaling-factor", "0.3"])
+    named = {flag for flag, _ in no_effect.accepted(m, t)}
+    assert {"--rotary-scaling-factor", "--kv-lora-rank", "--mtp-loss-scaling-factor"} <= named
+    m, t = _cfgs(["--position-embedding-type", "rope", "--multi-latent-attention", "--rotary-scaling-factor", "40"])
+    assert "--rotary-scaling-factor" not in {flag for flag, _ in no_effect.accepted(m, t)}

@@ -1,6 +1,7 @@
 """Convert checkpoints between HuggingFace and ours: GPT (GPT2LMHeadModel, LlamaForCausalLM)
 and BERT (BertForPreTraining, or BertForMaskedLM for a model without the binary head); MoE GPT
-as MixtralForCausalLM, or Qwen2MoeForCausalLM for a model with (gated) shared experts.
+as MixtralForCausalLM, or Qwen2MoeForCausalLM for a model with (gated) shared experts; a model with
+multi-latent attention as DeepseekV3ForCausalLM (its router's e_score_correction_bias is our expert bias).
 
     python tools/checkpoint/convert.py --model-type GPT --loader hf --saver megatron \
         --load-dir hf_model/ --save-dir ckpt/
@@ -37,6 +38,7 @@ from megatron.core.checkpointing import (
     CheckpointReader,
     find_checkpoint,
     hf_bert,
+    hf_deepseek_v3,
     hf_mixtral,
     hf_qwen2_moe,
     save_global_checkpoint,
@@ -51,7 +53,8 @@ from megatron.core.errors import MegatronUserError
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_tokenizer
 
-HF_TYPES = {"GPT": ("gpt2", "llama", "mixtral", "qwen2_moe"), "BERT": ("bert",)}
+HF_TYPES = {"GPT": ("gpt2", "llama", "mixtral", "qwen2_moe", "deepseek_v3"), "BERT": ("bert",)}
+EXPERT_BIAS = ".mlp.router.expert_bias"  # a buffer of ours that DeepSeek-V3's state dict holds beside the weights
 
 
 def _transformers():
@@ -80,7 +83,8 @@ def load_hf(path, model_type="GPT"):
     except Exception as e:  # transformers rejects bad values with several exception types
         raise CheckpointError(f"{path}/config.json: {type(e).__name__}: {str(e).splitlines()[0]}") from None
     convert = {"gpt2": hc.gpt2_to_ours, "llama": hc.llama_to_ours, "bert": hf_bert.bert_to_ours,
-               "mixtral": hf_mixtral.mixtral_to_ours, "qwen2_moe": hf_qwen2_moe.qwen2_moe_to_ours}[raw["model_type"]]
+               "mixtral": hf_mixtral.mixtral_to_ours, "qwen2_moe": hf_qwen2_moe.qwen2_moe_to_ours,
+               "deepseek_v3": hf_deepseek_v3.deepseek_v3_to_ours}[raw["model_type"]]
     sd = read_state_dict(path)
     refuse_non_finite(sd, path)  # under the file's own names
     try:
@@ -90,10 +94,17 @@ def load_hf(path, model_type="GPT"):
     return args, tensors, raw
 
 
-def save_hf(path, args, tensors, training, model_type="GPT"):
+def save_hf(path, args, tensors, training, model_type="GPT", buffers=None):
     tf = _transformers()
     tensors = with_whole_norm_weights(args, tensors)  # --apply-layernorm-1p stores w - 1
-    if model_type == "BERT":
+    buffers = dict(buffers or {})
+    if not args.get("multi_latent_attention"):
+        refuse_nonzero_buffers(buffers)  # no HF family here but DeepSeek-V3 holds the expert bias
+    if args.get("multi_latent_attention"):
+        cfg, sd = hf_deepseek_v3.ours_to_deepseek_v3(args, tensors, buffers)
+        config, cls = tf.DeepseekV3Config(**cfg), tf.DeepseekV3ForCausalLM
+        tied = ("lm_head.weight",)
+    elif model_type == "BERT":
         cfg, sd, binary = hf_bert.ours_to_bert(args, tensors)
         config, cls = tf.BertConfig(**cfg), tf.BertForPreTraining if binary else tf.BertForMaskedLM
         tied = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
@@ -159,7 +170,7 @@ def main(argv=None):
         if a.loader == "hf":
             args, tensors, raw = load_hf(a.load_dir, a.model_type)
             training = dict(hf_tokenizer.from_hf(a.load_dir, a.save_dir, raw), hf_model_type=raw["model_type"])
-            buffers = {}
+            buffers = {k: tensors.pop(k) for k in [k for k in tensors if k.endswith(EXPERT_BIAS)]}
         elif a.loader == "torch_dcp":
             saved, tensors = load_dcp(a.load_dir)
             args, training = saved.get("model", {}), saved.get("training", {})
@@ -172,8 +183,7 @@ def main(argv=None):
         if a.loader != "hf":
             refuse_non_finite(tensors, a.load_dir)
         if a.saver == "hf":
-            refuse_nonzero_buffers(buffers)
-            save_hf(a.save_dir, args, tensors, training, a.model_type)
+            save_hf(a.save_dir, args, tensors, training, a.model_type, buffers)
         elif a.saver == "torch_dcp":
             save_dcp(a.save_dir, tensors, {"model": args, "training": training}, buffers)
         else:

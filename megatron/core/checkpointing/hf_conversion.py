@@ -139,17 +139,23 @@ _LLAMA_LAYER = (("input_layernorm.weight", "input_layernorm.weight"),
                 ("mlp.down_proj.weight", "mlp.linear_fc2.weight"))
 
 
+def ends_to_ours(sd, untied):
+    """Llama-style model.embed_tokens, model.norm and lm_head (a TrackedTensors) -> our tensors of the ends."""
+    out = {"word_embeddings.weight": sd["model.embed_tokens.weight"],
+           "decoder.final_layernorm.weight": sd["model.norm.weight"]}
+    if untied:
+        out["output_layer.weight"] = sd["lm_head.weight"]
+    else:
+        same_as_tied(sd, "lm_head.weight", "model.embed_tokens.weight")
+    return out
+
+
 def llama_to_ours(config, sd):
     """LlamaForCausalLM config and state dict -> (model args, {init_key: tensor})."""
     a = _llama_args(config)
     sd = TrackedTensors(sd, "the HuggingFace checkpoint")
     n, g, d = a["num_attention_heads"], a["num_query_groups"], a["kv_channels"]
-    out = {"word_embeddings.weight": sd["model.embed_tokens.weight"],
-           "decoder.final_layernorm.weight": sd["model.norm.weight"]}
-    if a["untie_embeddings_and_output_weights"]:
-        out["output_layer.weight"] = sd["lm_head.weight"]
-    else:
-        same_as_tied(sd, "lm_head.weight", "model.embed_tokens.weight")
+    out = ends_to_ours(sd, a["untie_embeddings_and_output_weights"])
     for i in range(a["num_layers"]):
         s, o = f"model.layers.{i}.", L.format(i)
         for hf, ours in _LLAMA_LAYER:

@@ -23,6 +23,8 @@ REQUIRED_KEYS = {
                 "max_position_embeddings", "num_local_experts", "num_experts_per_tok"),
     "qwen2_moe": ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings",
                   "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"),
+    "deepseek_v3": ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank",
+                    "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"),
 }
 
 

@@ -22,15 +22,19 @@ class CoreAttention(nn.Module):
     attn_mask None means causal (sk == s); otherwise SDPA's convention (bool True = attend, or
     an additive float mask) broadcastable to [b, heads, s, sk]. No parameters. cp_group: the
     context-parallel group when CP > 1 (q, k, v then hold this rank's chunks of the sequence).
+    head_dim: d when it is not --kv-channels (multi-latent attention): the scale is 1 / sqrt(d) and
+    Transformer Engine's attention (built for --kv-channels) gives way to SDPA.
     """
 
-    def __init__(self, config, tp_group=None, layer_number=1, device=None, cp_group=None):
+    def __init__(self, config, tp_group=None, layer_number=1, device=None, cp_group=None, head_dim=None):
         super().__init__()
         dtype = config.params_dtype
         device = torch.device(device or "cpu")
         self.dropout = config.attention_dropout
-        self.scale = 1.0 / math.sqrt(config.kv_channels)
+        self.scale = 1.0 / math.sqrt(head_dim or config.kv_channels)
         self.backend = attention_front.select(config.attention_backend, device, dtype)
+        if self.backend == "te" and head_dim not in (None, config.kv_channels):
+            self.backend = "sdpa"
         self.softmax_impl = softmax_front.select(config.masked_softmax_fusion, device, dtype, causal=True,
                                                  force=config.fused_kernels)
         self.masked_softmax_impl = softmax_front.select(config.masked_softmax_fusion, device, dtype, causal=False,

@@ -3,7 +3,8 @@ import torch
 
 
 class KVCache:
-    """Per layer, the rotated keys and the values of every token processed so far.
+    """Per layer, the rotated keys and the values of every token processed so far (multi-latent attention:
+    the normed KV latent and the rotated shared key instead, mla.py).
 
     Give the same cache to each forward of one generation: the first forward takes the prompt,
     the next ones a token at a time. A forward attends over the cached tokens plus its own

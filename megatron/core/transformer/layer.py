@@ -7,6 +7,7 @@ from torch import nn
 
 from ..tensor_parallel.random import checkpoint, get_rng_tracker
 from .attention import SelfAttention
+from .mla import MultiLatentAttention
 from .model_options import recomputes
 from .moe.moe_layer import build_mlp
 from .norm import build_norm
@@ -36,7 +37,8 @@ class TransformerLayer(nn.Module):
         first, second = ("post_attention_layernorm", "post_mlp_layernorm") if config.post_norm \
             else ("input_layernorm", "pre_mlp_layernorm")
         setattr(self, first, build_norm(config, device))
-        self.self_attention = SelfAttention(config, groups.tp, device, layer_number, groups.cp)
+        attention = MultiLatentAttention if config.multi_latent_attention else SelfAttention
+        self.self_attention = attention(config, groups.tp, device, layer_number, groups.cp)
         setattr(self, second, build_norm(config, device))
         self.mlp = build_mlp(config, groups, layer_number, device)
         self.norms = (getattr(self, first), getattr(self, second))

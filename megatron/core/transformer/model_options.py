@@ -16,8 +16,9 @@ RECOMPUTE_MODULES = {
     "core_attn": "the attention core (scores, softmax, dropout, weighted sum)",
     "mlp": "the dense MLP of each non-MoE layer",
     "moe": "the whole MoE layer (router, dispatch, experts, shared experts)",
+    "mla_up_proj": "multi-latent attention's query and key / value up-projections with the rotary embedding",
 }
-# Megatron-LM's other names: refused in one line (not_built.py; mla_up_proj is multi-latent attention's).
+# Megatron-LM's other names: refused in one line (not_built.py).
 # layernorm: Megatron-Core frees the norm's output until the backward needs it (no plain checkpoint does that)
 RECOMPUTE_NOT_BUILT = ("layernorm", "moe_act", "shared_experts", "gdn_norm_out", "gdp_in_proj", "gdp_qkv", "mhc")
 
@@ -50,7 +51,8 @@ class ModelOptions:
         "it changes no result of training: accepted, no effect.")
     rope_type: Optional[str] = opt(
         None, "Rotary embedding variant: rope (the standard one, what --position-embedding-type rope runs) or "
-        "yarn (not built here yet).", choices=["rope", "yarn"])
+        "yarn (with --multi-latent-attention, its default as in Megatron-LM; not built for standard attention).",
+        choices=["rope", "yarn"])
     calculate_per_token_loss: bool = opt(
         False, "Average each loss over all its tokens in the global batch (every DP rank and microbatch "
         "together). Default, as Megatron-LM: the mean over microbatches of each microbatch's per-token mean.")
@@ -79,11 +81,14 @@ def check_options(cfg) -> None:
     if cfg.recompute_modules is not None:
         if cfg.recompute_granularity != "selective":
             raise ConfigError(f"{f('recompute_modules')} goes with {f('recompute_granularity')} selective")
-        unknown = [m for m in cfg.recompute_modules if m not in RECOMPUTE_MODULES and m != "mla_up_proj"]
+        unknown = [m for m in cfg.recompute_modules if m not in RECOMPUTE_MODULES]
         if unknown:
             what = "not built here" if unknown[0] in RECOMPUTE_NOT_BUILT else "not a module name"
             raise ConfigError(f"{f('recompute_modules')} {unknown[0]}: {what}; choose from "
                               f"{', '.join(RECOMPUTE_MODULES)}")
+    if "mla_up_proj" in (cfg.recompute_modules or ()) and not cfg.multi_latent_attention:
+        raise ConfigError(f"{f('recompute_modules')} mla_up_proj recomputes multi-latent attention's up-projections: "
+                          f"it needs {f('multi_latent_attention')}")
     if not cfg.add_position_embedding and cfg.position_embedding_type != "rope":
         raise ConfigError(f"{f('add_position_embedding')} is deprecated (as in Megatron-LM) except with "
                           f"{f('position_embedding_type')} rope; use --position-embedding-type instead")

@@ -29,9 +29,11 @@ def stage_chunks(model_cfg, t, world_size, pp_rank):
 
 
 def stage_params(model_cfg, t, world_size, pp_rank):
-    """(trainable parameters (meta tensors) of pipeline stage pp_rank, its layers)."""
+    """(trainable parameters (meta tensors) of pipeline stage pp_rank, its layers: the last stage's multi-token
+    prediction layers count as layers for the activations)."""
     chunks = stage_chunks(model_cfg, t, world_size, pp_rank)
-    return [p for c in chunks for p in c.parameters() if p.requires_grad], sum(len(c.decoder.layers) for c in chunks)
+    layers = sum(len(c.decoder.layers) + (len(c.mtp.layers) if c.mtp is not None else 0) for c in chunks)
+    return [p for c in chunks for p in c.parameters() if p.requires_grad], layers
 
 
 def estimate(model_cfg, t, world_size, pp_rank=0):

@@ -26,6 +26,7 @@ from ...tensor_parallel.param_meta import (
 )
 from ...transformer.block import TransformerBlock
 from ...transformer.layer import hidden_dropout
+from ...transformer.mla_rope import mla_cos_sin
 from ...transformer.rope import rope_cos_sin
 
 
@@ -49,14 +50,17 @@ class LanguageModule(nn.Module):
         if num_layers is None:
             layer_offset, num_layers = stage_layers(config, groups.layout, groups.pp_rank, vp_stage)
         tp = groups.tp
-        if pre_process or (post_process and self.share_embeddings):
-            # with pipelining the last stage keeps its own copy of the tied table
+        # the last stage reads the word table too where the output layer is tied to it or multi-token
+        # prediction embeds the next tokens with it
+        shared = self.share_embeddings or bool(config.mtp_num_layers)
+        if pre_process or (post_process and shared):
+            # with pipelining the last stage keeps its own copy of the table
             self.word_embeddings = VocabParallelEmbedding(
                 config.padded_vocab_size, config.hidden_size, group=tp, unpadded_vocab_size=config.vocab_size,
                 init_std=config.init_method_std, reduce_scatter_embeddings=config.sequence_parallel,
                 params_dtype=config.params_dtype, device=device)
             set_embedding_or_output(self.word_embeddings.weight)
-            if self.share_embeddings and pre_process != post_process:
+            if shared and pre_process != post_process:
                 # the tied table lives on the first and the last stage: finalize_model_grads sums
                 # its grads over groups.embd; the grad norm counts it once (param_meta.counted_once)
                 set_tied_embedding(self.word_embeddings.weight, output_copy=post_process)
@@ -115,12 +119,17 @@ class LanguageModule(nn.Module):
         if config.position_embedding_type != "rope":
             return None
         if position_ids is not None:  # context parallelism gives global positions past the local seq_len
-            cos, sin = rope_cos_sin(max(seq_len, config.seq_length), config.rotary_dim, config.rotary_base,
-                                    like.device, like.dtype)
+            cos, sin = self._rope_table(max(seq_len, config.seq_length), like)
             return cos[:, 0][position_ids.t()], sin[:, 0][position_ids.t()]
-        cos, sin = rope_cos_sin(position_offset + seq_len, config.rotary_dim, config.rotary_base,
-                                like.device, like.dtype)
+        cos, sin = self._rope_table(position_offset + seq_len, like)
         return cos[position_offset:], sin[position_offset:]
+
+    def _rope_table(self, length, like):
+        """cos, sin [length, 1, 1, d] of positions 0.. (multi-latent attention's own: mla_rope.py)."""
+        config = self.config
+        if config.multi_latent_attention:
+            return mla_cos_sin(config, length, like.device, like.dtype)
+        return rope_cos_sin(length, config.rotary_dim, config.rotary_base, like.device, like.dtype)
 
     def output_weight(self):
         return self.word_embeddings.weight if self.share_embeddings else self.output_layer.weight

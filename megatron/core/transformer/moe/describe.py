@@ -6,7 +6,11 @@ def describe(config, tp_size: int, cp_size: int) -> str:
     ranks hold parts of a sequence (TP > 1 or CP > 1), it says that drops follow one process's rule
     over the whole micro-batch, where Megatron-Core counts capacity per rank's share of the tokens."""
     c = config
-    line = (f"> MoE: {c.num_experts} experts, top-{c.moe_router_topk}, every {c.moe_layer_freq} layer(s), "
+    layers = (f"every {c.moe_layer_freq} layer(s)" if isinstance(c.moe_layer_freq, int)
+              else f"layers {''.join(map(str, c.moe_layer_freq))} (1: MoE)")
+    groups = (f" from {c.moe_router_group_topk} of {c.moe_router_num_groups} groups" if c.moe_router_group_topk
+              else "")
+    line = (f"> MoE: {c.num_experts} experts, top-{c.moe_router_topk}{groups}, {layers}, "
             f"{c.moe_token_dispatcher_type} dispatcher, EP {c.expert_model_parallel_size}")
     if c.moe_expert_capacity_factor is None:
         return line + ", dropless"

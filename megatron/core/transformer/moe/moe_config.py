@@ -25,14 +25,23 @@ class MoEConfig:
     num_experts: Optional[int] = opt(None, "Number of experts in each MoE layer (None: a dense model).")
     moe_layer_freq: int = opt(
         1, "Every this many layers is an MoE layer, counting from the first (1: all); or Megatron-LM's pattern "
-        "expression with one 0 (dense) / 1 (MoE) per layer, e.g. '([1]+[0])*12', where it means every N layers "
-        "(other patterns are not built yet).", parse=moe_freq)
+        "expression with one 0 (dense) / 1 (MoE) per layer, e.g. '([0]*3+[1]*58)' (three dense layers first).",
+        parse=moe_freq)
     moe_ffn_hidden_size: Optional[int] = opt(None, "Hidden size of each expert (default --ffn-hidden-size).")
     moe_shared_expert_intermediate_size: Optional[int] = opt(
         None, "Hidden size of the shared experts, run on every token beside the routed ones (None: none).")
     moe_shared_expert_gate: bool = opt(
         False, "Scale the shared experts' output by a learned sigmoid gate of each token (Qwen2-MoE).")
     moe_router_topk: int = opt(2, "Experts each token is routed to.")
+    moe_router_num_groups: Optional[int] = opt(
+        None, "Group-limited routing: the experts split into this many equal groups (in index order; e.g. the EP "
+        "size for device-limited, the nodes for node-limited routing).")
+    moe_router_group_topk: Optional[int] = opt(
+        None, "Group-limited routing: each token's experts come from this many groups, those whose top-(topk / "
+        "group-topk) scores sum highest (None: not group-limited).")
+    moe_router_topk_scaling_factor: Optional[float] = opt(
+        None, "Multiply the routing weights of the chosen experts by this (DeepSeek-V3's routed scaling factor; "
+        "None: 1).")
     moe_router_score_function: str = opt("softmax", "Router scores.", choices=["softmax", "sigmoid"])
     moe_router_pre_softmax: bool = opt(
         False, "Softmax over all experts before the top-k (default: top-k logits, then softmax over those k); "
@@ -77,8 +86,14 @@ class MoEConfig:
         return self.moe_ffn_hidden_size or self.ffn_hidden_size
 
     def is_moe_layer(self, layer_number: int) -> bool:
-        """layer_number counts from 1 over the whole model."""
-        return self.num_experts is not None and (layer_number - 1) % self.moe_layer_freq == 0
+        """layer_number counts from 1 over the whole model; past num_layers (multi-token prediction's layers)
+        the last decoder layer's kind, as Megatron-Core."""
+        if self.num_experts is None:
+            return False
+        layer_number = min(layer_number, self.num_layers)
+        if isinstance(self.moe_layer_freq, (list, tuple)):
+            return bool(self.moe_layer_freq[layer_number - 1])
+        return (layer_number - 1) % self.moe_layer_freq == 0
 
     def resolve_moe(self) -> None:
         """As Megatron-LM: a one-item --moe-router-load-balancing-type / --moe-aux-loss-coeff list is its
@@ -110,6 +125,7 @@ def check_moe(cfg) -> None:
         raise ConfigError(f"{f('num_experts')}, {f('expert_model_parallel_size')} and {f('moe_layer_freq')} "
                           "must be positive")
     check_ranges(cfg, NUMBER_RULES, f)
+    check_group_routing(cfg, f)
     if not 1 <= cfg.moe_router_topk <= cfg.num_experts:
         raise ConfigError(f"{f('moe_router_topk')} ({cfg.moe_router_topk}) must be between 1 and "
                           f"{f('num_experts')} ({cfg.num_experts})")
@@ -135,7 +151,7 @@ def check_moe(cfg) -> None:
 
 
 def check_balance_and_pattern(cfg, f) -> None:
-    """The balance-loss lists pair up; --moe-layer-freq is every N layers (what is built)."""
+    """The balance-loss lists pair up; a --moe-layer-freq pattern has one entry per layer."""
     types, coeffs = cfg.moe_router_load_balancing_type, cfg.moe_aux_loss_coeff
     if isinstance(types, (list, tuple)) or isinstance(coeffs, (list, tuple)):
         n_types = len(types) if isinstance(types, (list, tuple)) else 1
@@ -152,8 +168,29 @@ def check_balance_and_pattern(cfg, f) -> None:
         if n != cfg.num_layers:
             raise ConfigError(f"{f('moe_layer_freq')} gives {n} layers but {f('num_layers')} is {cfg.num_layers}; "
                               "give one 0 or 1 per layer")
-        raise ConfigError(f"{f('moe_layer_freq')} pattern {cfg.moe_layer_freq}: only every N layers is built "
-                          "(dense-first and other patterns are not, yet: issue 30)")
+
+
+def check_group_routing(cfg, f) -> None:
+    """--moe-router-group-topk needs groups that split the experts evenly and leave top-k experts to choose;
+    topk below group-topk would sum no score per group (every group ties), so it is refused too."""
+    groups, group_topk, k = cfg.moe_router_num_groups, cfg.moe_router_group_topk, cfg.moe_router_topk
+    if cfg.moe_router_topk_scaling_factor is not None and not cfg.moe_router_topk_scaling_factor > 0:
+        raise ConfigError(f"{f('moe_router_topk_scaling_factor')} ({cfg.moe_router_topk_scaling_factor}) must be "
+                          "positive")
+    if not group_topk:
+        return
+    if not groups:
+        raise ConfigError(f"{f('moe_router_group_topk')} needs {f('moe_router_num_groups')}")
+    if groups < 1 or cfg.num_experts % groups:
+        raise ConfigError(f"{f('moe_router_num_groups')} ({groups}) must divide {f('num_experts')} "
+                          f"({cfg.num_experts})")
+    if not 1 <= group_topk <= groups:
+        raise ConfigError(f"{f('moe_router_group_topk')} ({group_topk}) must be between 1 and "
+                          f"{f('moe_router_num_groups')} ({groups})")
+    per_group = cfg.num_experts // groups
+    if not group_topk <= k <= group_topk * per_group:
+        raise ConfigError(f"{f('moe_router_topk')} ({k}) must be between {f('moe_router_group_topk')} ({group_topk}) "
+                          f"and the experts of the chosen groups ({group_topk * per_group})")
 
 
 def check_folding(cfg, f) -> None:

@@ -11,38 +11,46 @@ from ...tensor_parallel import wgrad_fusion
 from ...tensor_parallel.param_meta import param_meta, set_init
 from . import aux_losses
 from .capacity import drop_over_capacity
+from .group_routing import select
 from .token_counts import tokens_per_expert
 
 ROUTER_DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
 
 
-def topk_routing(logits, topk, score_function="softmax", pre_softmax=False, expert_bias=None):
+def topk_routing(logits, topk, score_function="softmax", pre_softmax=False, expert_bias=None, num_groups=None,
+                 group_topk=None, scaling_factor=None):
     """logits [T, E] -> (probs [T, k], indices [T, k], scores [T, E] for the balance loss).
 
     softmax: top-k of the logits, then softmax over those k (with pre_softmax: softmax over all
     experts, then its top-k, unnormalised). sigmoid: top-k of sigmoid(logits), normalised to sum
     to 1 when k > 1. expert_bias [E] (aux-loss-free balancing) shifts the choice only: the probs
-    are the unbiased scores of the chosen experts.
+    are the unbiased scores of the chosen experts. num_groups / group_topk: the top-k is group-limited
+    (group_routing.py) on the scores the choice is made on. scaling_factor: the probs times it (DeepSeek-V3's
+    routed scaling factor, after the sigmoid normalisation).
     """
     wide = torch.promote_types(logits.dtype, torch.float32)  # fp32 statistics; fp64 stays fp64 (--moe-router-dtype)
     if score_function == "softmax":
         full = torch.softmax(logits.to(wide), dim=-1).type_as(logits)
         if pre_softmax or expert_bias is not None:
             choice = full if expert_bias is None else full + expert_bias
-            indices = torch.topk(choice, topk, dim=-1).indices
+            indices = select(choice, topk, num_groups, group_topk).indices
             probs = full.gather(1, indices)
         else:
-            top, indices = torch.topk(logits, topk, dim=-1)
+            top, indices = select(logits, topk, num_groups, group_topk)
             probs = torch.softmax(top.to(wide), dim=-1).type_as(logits)
-        return probs, indices, full
+        return _scaled(probs, scaling_factor), indices, full
     # with sigmoid scores there is no softmax to move: pre_softmax changes nothing (as Megatron-Core)
     scores = torch.sigmoid(logits.to(wide)).type_as(logits)
     choice = scores if expert_bias is None else scores + expert_bias
-    indices = torch.topk(choice, topk, dim=-1).indices
+    indices = select(choice, topk, num_groups, group_topk).indices
     probs = scores.gather(1, indices)
     if topk > 1:
         probs = probs / (probs.sum(-1, keepdim=True) + 1e-20)
-    return probs, indices, scores / (scores.sum(-1, keepdim=True) + 1e-20)
+    return _scaled(probs, scaling_factor), indices, scores / (scores.sum(-1, keepdim=True) + 1e-20)
+
+
+def _scaled(probs, factor):
+    return probs * factor if factor else probs
 
 
 class TopKRouter(nn.Module):
@@ -80,7 +88,8 @@ class TopKRouter(nn.Module):
         else:  # the cast weight's gradient reaches .grad through autograd, which DDP takes as any other
             logits = F.linear(x.to(dtype), self.weight.to(dtype))
         probs, indices, scores = topk_routing(logits, c.moe_router_topk, c.moe_router_score_function,
-                                              c.moe_router_pre_softmax, self.expert_bias)
+                                              c.moe_router_pre_softmax, self.expert_bias, c.moe_router_num_groups,
+                                              c.moe_router_group_topk, c.moe_router_topk_scaling_factor)
         chosen = indices  # the balance losses and counts see the choice before any drop
         counts = tokens_per_expert(chosen, c.num_experts).float()  # exact below 2^24 pairs
         if c.moe_expert_capacity_factor is not None:

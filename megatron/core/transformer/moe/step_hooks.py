@@ -20,6 +20,11 @@ def loss_names(config):
     return names
 
 
+def _all_layers(config):
+    """The decoder's layers and multi-token prediction's (numbered after them: they route too)."""
+    return config.num_layers + (config.mtp_num_layers or 0)
+
+
 def _config(model):
     layers = moe_layers(model)
     return layers[0].config if layers else None
@@ -56,7 +61,7 @@ def finish_step(model, groups, num_microbatches, losses, updated, model_cfg=None
     if config is None or config.num_experts is None:
         return losses
     device = next(iter(losses.values()))[0].device
-    moe_count = sum(config.is_moe_layer(n) for n in range(1, config.num_layers + 1))
+    moe_count = sum(config.is_moe_layer(n) for n in range(1, _all_layers(config) + 1))
     report = aux_losses.iteration_report(loss_names(config), groups, num_microbatches * groups.dp_size, moe_count,
                                          device, router_losses)
     if updated:
@@ -70,5 +75,5 @@ def balance_line(config, groups, device, router_losses=None):
     groups.pp), or '' without MoE. config: the model's TransformerConfig; router_losses: bind()'s."""
     if config.num_experts is None:
         return ""
-    found = aux_losses.tokens_balance(groups, config.num_layers, config.num_experts, device, router_losses)
+    found = aux_losses.tokens_balance(groups, _all_layers(config), config.num_experts, device, router_losses)
     return f" tokens per expert min/max: {found[0]:.0f} / {found[1]:.0f} |" if found else ""
