@@ -101,6 +101,10 @@ class TransformerConfig(ModelParallelConfig, MoEConfig, MLAConfig, MTPConfig, Mo
                             flag="--no-norm-fusion")
     apply_rope_fusion: bool = opt(True, "Use torch for the rotary embedding instead of a fused kernel.",
                                   flag="--no-rope-fusion")
+    bias_dropout_fusion: bool = opt(
+        True, "Megatron-LM's fused bias-dropout-add; here the row-parallel bias is added inside its GEMM and the "
+        "dropout-add is torch's either way: --no-bias-dropout-fusion is accepted, no effect.",
+        flag="--no-bias-dropout-fusion")
     cross_entropy_loss_fusion: bool = opt(
         False, "Fuse the vocabulary-parallel cross entropy: read the logits once per pass in chunks of tokens, "
         "no fp32 copy of [tokens, vocab], the gradient written over the logits (Megatron-LM's flag; off by "

@@ -21,6 +21,9 @@ def _rules(m, t, device):
         (m, "use_flash_attn", m.use_flash_attn, "--attention-backend picks the kernel (the flag selects nothing in "
                                                 "Megatron-LM either)"),
         (m, "moe_permute_fusion", m.moe_permute_fusion, "the token permutation is an exact gather, no fused kernel"),
+        (m, "bias_dropout_fusion", not m.bias_dropout_fusion, "the row-parallel bias is inside its GEMM; no fused "
+                                                              "bias-dropout-add kernel is built"),
+        (m, "moe_per_layer_logging", m.moe_per_layer_logging, "router losses are logged summed over layers"),
         (t, "nccl_ub", t.nccl_ub, "NCCL user-buffer registration is not built"),
         (t, "fsdp_double_buffer", t.fsdp_double_buffer, "the sharded buffers here manage their own memory"),
         (t, "fsdp_manual_registration", t.fsdp_manual_registration, "NCCL user-buffer registration is not built"),

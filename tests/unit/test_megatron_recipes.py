@@ -23,16 +23,6 @@ from tests.unit.megatron_recipes import RECIPES
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# flags other helpers are building; while this parser does not know one, it is taken out and counted as
-# pending. Once their branch is merged the parser knows it and it is checked like every other flag.
-PENDING = {
-    **dict.fromkeys(["--log-throughput", "--log-params-norm", "--log-num-zeros-in-grad", "--log-memory-to-tensorboard",
-                     "--log-timers-to-tensorboard", "--log-validation-ppl-to-tensorboard", "--logging-level",
-                     "--wandb-project", "--wandb-exp-name", "--wandb-save-dir", "--profile", "--profile-step-start",
-                     "--profile-step-end", "--profile-ranks", "--moe-per-layer-logging"], "observability helper"),
-    **dict.fromkeys(["--cross-entropy-loss-fusion", "--no-gradient-accumulation-fusion", "--no-bias-dropout-fusion"],
-                    "built by the passes branch"),
-}
 # why a refused feature may block a recipe: another issue builds it, or issue 31 asks for a one-line refusal
 ALLOWED = {"fp8": "issue 28", "qk_norm": "issue 30: built with MLA only", "yarn": "issue 30: built with MLA only",
            "flex": "issue 31: refuse in one line",
@@ -76,10 +66,6 @@ def occurrences(argv):
     return out
 
 
-def pending(argv, known):
-    return [f for f, _ in occurrences(argv) if f in PENDING and f not in known]
-
-
 def _tokenizer(recipe):
     def make(train_cfg):
         if train_cfg.tokenizer_type == "NullTokenizer":
@@ -93,7 +79,7 @@ def _flag_text_to_flag(text):
 
 
 def refused(argv):
-    """(features {key: [flags]}, argv without them) of a recipe's argv (pending flags already out)."""
+    """(features {key: [flags]}, argv without them) of a recipe's argv."""
     try:
         parse_args(argv)
         return {}, argv
@@ -125,7 +111,7 @@ def _dest_of(flag):
 @pytest.mark.parametrize("recipe", RECIPES, ids=[r.name for r in RECIPES])
 def test_recipe_flags_are_known_valid_or_refused_for_a_named_feature(recipe, monkeypatch):
     known = _known()
-    argv = without(recipe.argv, set(pending(recipe.argv, known)))
+    argv = recipe.argv
     unknown = [f for f, _ in occurrences(argv) if f not in known]
     assert not unknown, f"{recipe.name}: unknown flags {unknown}"
     found, rest = refused(argv)
@@ -144,8 +130,7 @@ def _plain(value):
 def test_no_recipe_flag_is_silently_ignored(recipe, monkeypatch):
     """Each flag lands in a config field, and one that the resolved configuration does not follow (taking it
     out changes nothing, yet resolve holds another value) is on the start-up line of flags without effect."""
-    known = _known()
-    argv = refused(without(recipe.argv, set(pending(recipe.argv, known))))[1]
+    argv = refused(recipe.argv)[1]
     base = resolved(argv, recipe, monkeypatch)
     given = parse_args(argv)
     listed = {flag for flag, _ in no_effect.accepted(*base)}
@@ -192,15 +177,12 @@ def table(known=None):
     rows = []
     for recipe in RECIPES:
         uses = occurrences(recipe.argv)
-        waiting = pending(recipe.argv, known)
-        argv = without(recipe.argv, set(waiting))
-        found, rest = refused(argv)
+        found, rest = refused(recipe.argv)
         model_cfg, train_cfg = parse_args(rest)
         listed = {flag for flag, _ in no_effect.accepted(model_cfg, train_cfg)}
         nope = [f for f, _ in occurrences(rest) if f in listed]
         refused_flags = len(uses) - len(occurrences(rest))
         reasons = {FEATURES[k][0]: v for k, v in found.items()}
-        reasons.update({PENDING[f]: [g for g in waiting if PENDING[g] == PENDING[f]] for f in waiting})
         rows.append((recipe.name, len(uses), len(occurrences(rest)) - len(nope), len(nope), refused_flags, reasons))
     return rows
 

@@ -66,6 +66,9 @@ class MoEConfig:
     moe_permute_fusion: bool = opt(
         False, "Megatron-LM's fused token permutation (Transformer Engine kernels); the permutation here is the "
         "same exact gather either way: accepted, no effect.")
+    moe_per_layer_logging: bool = opt(
+        False, "Megatron-LM's per-layer router-loss scalars; the log here has each router loss over all layers: "
+        "accepted, no effect.")
     moe_grouped_gemm: bool = opt(False, "Run the local experts as one grouped matmul (torch._grouped_mm where "
                                  "available, else a loop).")
     moe_expert_capacity_factor: Optional[float] = opt(
