@@ -1,7 +1,7 @@
 """Megatron-LM flags (and flag values) whose feature is not built here. Each parses, so a recipe that
 gives one stops before anything starts with one line that names every such feature and its flags:
 
-    error: not built here: FP8 training (--fp8-format, --fp8-param-gather; issue 28); multi-token
+    error: not built here: FP8 parameter all-gather (--fp8-param-gather; issue 28); multi-token
     prediction (--mtp-num-layers; issue 30); drop those flags
 
 A flag only here has no config field; build_parser adds it unless a config dataclass defines the same
@@ -15,7 +15,11 @@ from ..core.transformer.model_options import RECOMPUTE_NOT_BUILT
 from ..core.transformer.moe.layer_pattern import every_n
 
 FEATURES = {  # key -> (what a user reads, who builds it)
-    "fp8": ("FP8 training", "issue 28"),
+    "fp8": ("FP8 parameter all-gather", "issue 28"),
+    "fp8_te": ("FP8 through Transformer Engine (fp8_autocast; our FP8 runs with --transformer-impl local)",
+               "issue 28"),
+    "mxfp8": ("MXFP8 scaling (Blackwell's MX formats)", "issue 28"),
+    "fp8_moe": ("FP8 expert GEMMs (MoE layers with --fp8-format)", "issue 28"),
     "mla": ("multi-latent attention", "issue 30"),
     "qk_norm": ("query/key layer norms (DeepSeek-V3's latent norms)", "issue 30"),
     "yarn": ("YaRN RoPE", "issue 30"),
@@ -41,12 +45,7 @@ _SWITCH = {"action": "store_true"}
 _INT, _FLOAT, _TEXT = {"type": int}, {"type": float}, {"type": str}
 
 FLAGS = {
-    "--fp8-format": Flag("fp8", {"choices": ["e4m3", "hybrid"]}),
-    "--fp8-recipe": Flag("fp8", {"choices": ["tensorwise", "delayed", "mxfp8", "blockwise"]}),
-    "--fp8-margin": Flag("fp8", _INT), "--fp8-amax-history-len": Flag("fp8", _INT),
-    "--fp8-amax-compute-algo": Flag("fp8", {"choices": ["most_recent", "max"]}),
-    "--fp8-param-gather": Flag("fp8", _SWITCH), "--first-last-layers-bf16": Flag("fp8", _SWITCH),
-    "--num-layers-at-start-in-bf16": Flag("fp8", _INT), "--num-layers-at-end-in-bf16": Flag("fp8", _INT),
+    "--fp8-param-gather": Flag("fp8", _SWITCH),
     "--multi-latent-attention": Flag("mla", _SWITCH), "--q-lora-rank": Flag("mla", _INT),
     "--kv-lora-rank": Flag("mla", _INT), "--qk-head-dim": Flag("mla", _INT),
     "--qk-pos-emb-head-dim": Flag("mla", _INT), "--v-head-dim": Flag("mla", _INT),
@@ -85,6 +84,13 @@ def add_flags(parser):
 def _value_rules(model_cfg):
     """(feature, flag text) of config values whose feature is not built."""
     c = model_cfg
+    if c.fp8_format is not None:
+        if c.transformer_impl == "transformer_engine":
+            yield "fp8_te", "--fp8-format with --transformer-impl transformer_engine"
+        if c.fp8_recipe == "mxfp8":
+            yield "mxfp8", "--fp8-recipe mxfp8"
+        if c.num_experts is not None:
+            yield "fp8_moe", "--fp8-format with --num-experts"
     if c.moe_token_dispatcher_type == "flex":
         yield "flex", "--moe-token-dispatcher-type flex"
     if c.rope_type == "yarn":

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from megatron.core.fp8 import gemm
 from megatron.core.fp8.linear import fp8_linear
 from megatron.core.fp8.recipes import build_recipe
 
@@ -84,15 +85,18 @@ def _references(recipe_name, x, w, grad):
     return {"forward": (qx * ix, qw * iw), "dgrad": (qg * ig, (qw * iw).t()), "wgrad": ((qg * ig).t(), (qx * ix).t())}
 
 
+@pytest.mark.parametrize("scaled_mm", [True, False], ids=["scaled_mm", "fp32_mm"])
 @pytest.mark.parametrize("name", ["tensorwise", "delayed", "blockwise"])
-def test_gemms_equal_fp64_of_the_same_quantised_inputs(name):
-    x, w, grad = _case(0)
+def test_gemms_equal_fp64_of_the_same_quantised_inputs(name, scaled_mm, monkeypatch):
+    """Both GEMM paths: torch._scaled_mm (the GPU's) and the fp32 GEMM of the FP8 values (the CPU's default)."""
+    monkeypatch.setattr(gemm, "_use_scaled_mm", lambda a, forced: scaled_mm)
+    x, w, grad = _case(0, m=128 if scaled_mm else 256)
     y, dx, dw = _run(build_recipe(_settings(name), (), ()), x, w, grad)
-    for gemm, got in (("forward", y), ("dgrad", dx), ("wgrad", dw)):
-        a, b = _references(name, x, w, grad)[gemm]
+    for which, got in (("forward", y), ("dgrad", dx), ("wgrad", dw)):
+        a, b = _references(name, x, w, grad)[which]
         ref = a @ b.t()
         err = (got.double() - ref).abs()
-        assert (err <= _accumulation_bound(a, b)).all(), (gemm, (err - _accumulation_bound(a, b)).max())
+        assert (err <= _accumulation_bound(a, b)).all(), (which, (err - _accumulation_bound(a, b)).max())
 
 
 def _cast_bound(x, dtype, scale):

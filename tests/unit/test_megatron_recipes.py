@@ -34,7 +34,8 @@ PENDING = {
                     "built by the passes branch"),
 }
 # why a refused feature may block a recipe: another issue builds it, or issue 31 asks for a one-line refusal
-ALLOWED = {"fp8": "issue 28", "mla": "issue 30", "qk_norm": "issue 30", "yarn": "issue 30", "mtp": "issue 30",
+ALLOWED = {"fp8": "issue 28", "fp8_te": "issue 28", "mxfp8": "issue 28", "fp8_moe": "issue 28",
+           "mla": "issue 30", "qk_norm": "issue 30", "yarn": "issue 30", "mtp": "issue 30",
            "group_routing": "issue 30", "moe_pattern": "issue 30", "flex": "issue 31: refuse in one line",
            "window": "issue 31: gpt-oss, refuse each", "sinks": "issue 31: gpt-oss, refuse each",
            "gptoss_mlp": "issue 31: gpt-oss, refuse each", "gptoss_rope": "issue 31: gpt-oss, refuse each",
@@ -47,7 +48,7 @@ EXPECTED_REFUSED = {
     "megatron-fsdp llama3-8b-fp8 (mock data)": {"fp8"}, "megatron-fsdp llama3-8b-fp8 (real data)": {"fp8"},
     "deepseek-v3 (megatron-fsdp)": {"mla", "qk_norm", "yarn", "mtp", "group_routing", "moe_pattern", "flex",
                                     "force_balance", "recompute"},
-    "gpt-oss (mock data)": {"fp8", "window", "sinks", "gptoss_mlp", "gptoss_rope"},
+    "gpt-oss (mock data)": {"fp8", "fp8_te", "fp8_moe", "window", "sinks", "gptoss_mlp", "gptoss_rope"},
 }
 
 

@@ -50,12 +50,15 @@ class DelayedScaler(nn.Module):
         self.step_amax = torch.zeros(())
 
     def scale(self, x):
+        """The scale to cast x with; in training, x's amax joins the step's (evaluation records nothing)."""
         if int(self.updates) == 0:
             a = reduced_amax(x, self.groups)
+            s = scale_from_amax(a, self.dtype, self.margin)
+        else:
+            a, s = amax(x), self.scale_
+        if self.training:
             self.step_amax = torch.maximum(self.step_amax, a)
-            return scale_from_amax(a, self.dtype, self.margin)
-        self.step_amax = torch.maximum(self.step_amax, amax(x))
-        return self.scale_
+        return s
 
     def update(self, step_groups):
         a = self.step_amax.clone()

@@ -11,8 +11,11 @@ from torch import nn
 
 from .. import comm
 from ..backward_needs import needs_grad
+from ..fp8.linear import fp8_linear
+from ..fp8.recipes import build_recipe
 from .mappings import (
     copy_to_tensor_model_parallel_region,
+    gather_from_sequence_parallel_region,
     gather_from_tensor_model_parallel_region,
     reduce_from_tensor_model_parallel_region,
     reduce_scatter_to_sequence_parallel_region,
@@ -52,6 +55,13 @@ class _SequenceParallelLinear(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias, None
 
 
+def _fp8_recipe(fp8, group, cp_group):
+    """The FP8 recipe module of a TP linear (None without FP8). An activation or output gradient is split
+    over TP (shards of features, or of the sequence with SP) and CP (chunks of the sequence): its amax is
+    the MAX over both groups; a weight is split over TP only. A replicated piece reduces to itself."""
+    return None if fp8 is None else build_recipe(fp8, (group, cp_group), (group,))
+
+
 def _divide(n, d, what):
     if n % d:
         raise ValueError(f"{what} ({n}) is not divisible by the tensor-parallel size ({d})")
@@ -64,12 +74,15 @@ class ColumnParallelLinear(nn.Module):
     Input [s, b, in] (or [s/TP, b, in] with sequence_parallel); output [s, b, out/TP],
     or [s, b, out] with gather_output. Talks to the TP group `group`.
     stride: A is `stride` blocks along out, each split separately (SwiGLU's [gate; up]).
+    fp8: the FP8 settings (core/fp8/config.py) to run the GEMMs in FP8, or None; cp_group: the CP group
+    (None at CP 1), over which FP8 amaxes of the sequence's chunks are reduced.
     """
 
     def __init__(self, input_size, output_size, *, group, bias=True, gather_output=False,
                  init_std=0.02, stride=1, sequence_parallel=False, skip_bias_add=False,
-                 params_dtype=torch.float32, device=None):
+                 params_dtype=torch.float32, device=None, fp8=None, cp_group=None):
         super().__init__()
+        self.fp8 = _fp8_recipe(fp8, group, cp_group)
         self.group, self.tp = group, comm.world(group)
         self.gather_output, self.sequence_parallel = gather_output, sequence_parallel
         self.skip_bias_add = skip_bias_add
@@ -88,7 +101,12 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x):
         bias = None if self.skip_bias_add else self.bias
-        if self.sequence_parallel and self.tp > 1:
+        if self.fp8 is not None:  # the gathered input is kept in FP8 for the backward
+            gather = self.sequence_parallel and self.tp > 1
+            x = gather_from_sequence_parallel_region(x, self.group) if gather \
+                else copy_to_tensor_model_parallel_region(x, self.group)
+            y = fp8_linear(x, self.weight, bias, self.fp8)
+        elif self.sequence_parallel and self.tp > 1:
             y = _SequenceParallelLinear.apply(x, self.weight, bias, self.group)
         else:
             y = F.linear(copy_to_tensor_model_parallel_region(x, self.group), self.weight, bias)
@@ -102,13 +120,14 @@ class RowParallelLinear(nn.Module):
 
     Input [s, b, in/TP] (input_is_parallel) or [s, b, in]; output [s, b, out] summed
     over the TP group, or reduce-scattered to [s/TP, b, out] with sequence_parallel.
-    The bias is replicated and added after the reduction.
+    The bias is replicated and added after the reduction. fp8, cp_group: as ColumnParallelLinear's.
     """
 
     def __init__(self, input_size, output_size, *, group, bias=True, input_is_parallel=True,
                  init_std=0.02, sequence_parallel=False, skip_bias_add=False,
-                 params_dtype=torch.float32, device=None):
+                 params_dtype=torch.float32, device=None, fp8=None, cp_group=None):
         super().__init__()
+        self.fp8 = _fp8_recipe(fp8, group, cp_group)
         self.group, self.tp = group, comm.world(group)
         self.input_is_parallel, self.sequence_parallel = input_is_parallel, sequence_parallel
         self.skip_bias_add = skip_bias_add
@@ -129,7 +148,7 @@ class RowParallelLinear(nn.Module):
     def forward(self, x):
         if not self.input_is_parallel:
             x = scatter_to_tensor_model_parallel_region(x, self.group)
-        y = F.linear(x, self.weight)
+        y = F.linear(x, self.weight) if self.fp8 is None else fp8_linear(x, self.weight, None, self.fp8)
         if self.sequence_parallel:
             y = reduce_scatter_to_sequence_parallel_region(y, self.group)
         else:

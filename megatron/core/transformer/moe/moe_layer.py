@@ -4,6 +4,7 @@ import dataclasses
 from torch import nn
 
 from ... import comm
+from ...fp8.config import fp8_layer
 from ...tensor_parallel import mappings
 from ...tensor_parallel.param_meta import set_sequence_parallel
 from ..mlp import MLP
@@ -119,7 +120,7 @@ def build_mlp(config, groups, layer_number, device=None):
     a shard on the meta device): EP when EP > 1, CP when CP > 1; folded, the expert-TP group and the
     TP x CP group in place of the CP one."""
     if not config.is_moe_layer(layer_number):
-        return MLP(config, groups.tp, device)
+        return MLP(config, groups.tp, device, fp8_layer(config, layer_number), groups.cp)
     folded = groups.expert_folded
     cp_group = groups.tp_cp if folded else groups.cp
     ep_group = groups.ep if groups.ep_size > 1 else None
