@@ -13,7 +13,8 @@ class _Fp8Linear(torch.autograd.Function):
     def forward(ctx, x, weight, bias, recipe):
         k = x.shape[-1]
         y, saved = recipe.forward_gemm(x.reshape(-1, k), weight)
-        ctx.recipe, ctx.saved, ctx.x_shape, ctx.has_bias = recipe, saved, x.shape, bias is not None
+        ctx.save_for_backward(*saved)  # FP8 copies, the weight itself, scales: seen by saved-tensor hooks
+        ctx.recipe, ctx.x_shape, ctx.has_bias = recipe, x.shape, bias is not None
         ctx.dtypes = (x.dtype, weight.dtype)
         y = y.to(x.dtype).view(*x.shape[:-1], weight.shape[0])
         return y + bias if bias is not None else y
@@ -24,11 +25,12 @@ class _Fp8Linear(torch.autograd.Function):
         want_x, want_w = needs_grad(ctx, 0), needs_grad(ctx, 1)
         grad_x = grad_w = grad_b = None
         if want_x or want_w:
+            saved = ctx.saved_tensors
             gc = ctx.recipe.cast_grad(g)
             if want_x:
-                grad_x = ctx.recipe.dgrad(gc, ctx.saved).to(ctx.dtypes[0]).view(ctx.x_shape)
+                grad_x = ctx.recipe.dgrad(gc, saved).to(ctx.dtypes[0]).view(ctx.x_shape)
             if want_w:
-                grad_w = ctx.recipe.wgrad(gc, ctx.saved).to(ctx.dtypes[1])
+                grad_w = ctx.recipe.wgrad(gc, saved).to(ctx.dtypes[1])
         if ctx.has_bias and needs_grad(ctx, 2):
             grad_b = g.sum(0)
         return grad_x, grad_w, grad_b, None

@@ -2,10 +2,13 @@
 (g, W^T) and weight gradient dW = g^T x (g^T, x^T), each as a b^T with K the contraction dimension.
 
 x and W are cast to the forward format, g to the gradient format (e5m2 with --fp8-format hybrid).
-Per-tensor recipes (tensorwise, delayed) cast each tensor once and transpose the FP8 copy for the
-backward GEMMs (a transpose keeps a tensorwise scale). Blockwise tiles run along K, which is another
-dimension in each GEMM: x and g are cast again in the backward (x is kept in its own precision for it,
-as DeepSeek-V3's recipe keeps both orientations); W's 128x128 blocks transpose with their scales.
+Per-tensor recipes (tensorwise, delayed) cast x and g once and transpose the FP8 copy for the backward
+GEMMs (a transpose keeps a tensorwise scale). W is kept as the parameter itself (no FP8 copy per
+microbatch in flight: that would cost the layer's weights in bytes per microbatch) and cast again in the
+backward with the scale the forward used: the same FP8 values, one more elementwise cast. Blockwise tiles
+run along K, which is another dimension in each GEMM: x and g are cast again in the backward (x is kept
+in its own precision for it, as DeepSeek-V3's recipe keeps both orientations); W's 128x128 blocks
+transpose with their scales.
 """
 from torch import nn
 
@@ -45,7 +48,7 @@ class PerTensorRecipe(nn.Module):
         sin, sw, _ = self._scalers()
         s_x, s_w = sin.scale(x), sw.scale(w)
         xq, wq = quantize(x, s_x, self.fwd), quantize(w, s_w, self.fwd)
-        return tensorwise_mm(xq, 1 / s_x, wq, 1 / s_w), (xq, 1 / s_x, wq, 1 / s_w)
+        return tensorwise_mm(xq, 1 / s_x, wq, 1 / s_w), (xq, 1 / s_x, w, s_w)
 
     def cast_grad(self, g):
         s_g = self._scalers()[2].scale(g)
@@ -53,8 +56,8 @@ class PerTensorRecipe(nn.Module):
 
     def dgrad(self, gc, saved):
         gq, g_inv = gc
-        _, _, wq, w_inv = saved
-        return tensorwise_mm(gq, g_inv, wq.t(), w_inv)
+        _, _, w, s_w = saved
+        return tensorwise_mm(gq, g_inv, quantize(w, s_w, self.fwd).t(), 1 / s_w)
 
     def wgrad(self, gc, saved):
         gq, g_inv = gc
@@ -77,13 +80,14 @@ class BlockwiseRecipe(nn.Module):
         xq, s_x = bw.quantize_tiles(x, self.fwd, self.margin)
         wq, s_w = bw.quantize_blocks(w, self.fwd, self.margin)
         y = blockwise_mm(xq, 1 / s_x, wq, bw.block_rows(1 / s_w, w.shape[0]))
-        return y, (x, wq, s_w)
+        return y, (x, w, s_w)
 
     def cast_grad(self, g):
         return g
 
     def dgrad(self, g, saved):
-        _, wq, s_w = saved
+        _, w, s_w = saved
+        wq = quantize(w, bw.expand(s_w, *w.shape, bw.TILE), self.fwd)
         gq, s_g = bw.quantize_tiles(g, self.bwd, self.margin)
         return blockwise_mm(gq, 1 / s_g, wq.t().contiguous(), bw.block_rows(1 / s_w.t(), wq.shape[1]))
 
