@@ -47,21 +47,24 @@ class DelayedScaler(nn.Module):
         self.register_buffer("amax_history", torch.zeros(history_len))
         self.register_buffer("scale_", torch.ones(()))
         self.register_buffer("updates", torch.zeros((), dtype=torch.int64))
-        self.step_amax = torch.zeros(())
+        self.step_amax = None
+        self._has_history = False  # cached: reading `updates` is a host sync on a GPU
 
     def scale(self, x):
         """The scale to cast x with; in training, x's amax joins the step's (evaluation records nothing)."""
-        if int(self.updates) == 0:
+        if not self._has_history:  # until the first update, or the first cast after a checkpoint's load
+            self._has_history = bool(self.updates)
+        if not self._has_history:
             a = reduced_amax(x, self.groups)
             s = scale_from_amax(a, self.dtype, self.margin)
         else:
             a, s = amax(x), self.scale_
         if self.training:
-            self.step_amax = torch.maximum(self.step_amax, a)
+            self.step_amax = a if self.step_amax is None else torch.maximum(self.step_amax, a)
         return s
 
     def update(self, step_groups):
-        a = self.step_amax.clone()
+        a = torch.zeros_like(self.scale_) if self.step_amax is None else self.step_amax.clone()
         for g in self.groups + tuple(step_groups):
             if g is not None:
                 comm.all_reduce_max_(a, g)
@@ -71,4 +74,4 @@ class DelayedScaler(nn.Module):
         source = h.max() if self.algo == "max" else h[0]
         self.scale_.copy_(scale_from_amax(source, self.dtype, self.margin))
         self.updates += 1
-        self.step_amax = torch.zeros(())
+        self.step_amax, self._has_history = None, True
