@@ -19,7 +19,8 @@ FEATURES = {  # key -> (what a user reads, who builds it)
     "fp8_te": ("FP8 through Transformer Engine (fp8_autocast; our FP8 runs with --transformer-impl local)",
                "issue 28"),
     "mxfp8": ("MXFP8 scaling (Blackwell's MX formats)", "issue 28"),
-    "fp8_moe": ("FP8 expert GEMMs (MoE layers with --fp8-format)", "issue 28"),
+    "fp8_moe": ("FP8 experts under expert parallelism or folding (an expert's GEMM mixes micro-batches)",
+                "issue 28"),
     "mla": ("multi-latent attention", "issue 30"),
     "qk_norm": ("query/key layer norms (DeepSeek-V3's latent norms)", "issue 30"),
     "yarn": ("YaRN RoPE", "issue 30"),
@@ -89,8 +90,9 @@ def _value_rules(model_cfg):
             yield "fp8_te", "--fp8-format with --transformer-impl transformer_engine"
         if c.fp8_recipe == "mxfp8":
             yield "mxfp8", "--fp8-recipe mxfp8"
-        if c.num_experts is not None:
-            yield "fp8_moe", "--fp8-format with --num-experts"
+        folded = c.expert_tensor_parallel_size not in (None, c.tensor_model_parallel_size)
+        if c.num_experts is not None and (c.expert_model_parallel_size > 1 or folded):
+            yield "fp8_moe", "--fp8-format with --expert-model-parallel-size > 1 or --expert-tensor-parallel-size"
     if c.moe_token_dispatcher_type == "flex":
         yield "flex", "--moe-token-dispatcher-type flex"
     if c.rope_type == "yarn":

@@ -35,13 +35,20 @@ LAYOUTS = {  # name: (processes, flags)
     "zero3-dp2": (2, ["--data-parallel-sharding-strategy", "optim_grads_params"]),
     "cp2": (2, ["--context-parallel-size", "2"]),
 }
+# MoE (EP 1: FP8 under expert parallelism is refused): each expert's input is its micro-batch's tokens,
+# replicated over TP and split over CP, so its amaxes reduce over those groups as the dense linears'
+MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "96", "--moe-aux-loss-coeff", "1e-2",
+       "--disable-bias-linear", "--moe-shared-expert-intermediate-size", "64"]
 CASES = [(r, layout) for r in ("tensorwise", "delayed") for layout in LAYOUTS] + \
-    [("blockwise", "tp2-sp"), ("blockwise", "distopt-dp2")]
+    [("blockwise", "tp2-sp"), ("blockwise", "distopt-dp2")] + \
+    [("moe-" + r, layout) for r in ("tensorwise", "delayed") for layout in ("tp2-sp", "cp2", "distopt-dp2")]
 
 _reference = {}
 
 
 def _model(recipe):
+    if recipe.startswith("moe-"):
+        return RECIPES[recipe[4:]] + MOE
     return RECIPES[recipe] + (BLOCK_SHAPE if recipe == "blockwise" else [])
 
 

@@ -53,7 +53,7 @@ def _plan_groups(cfg):
     (["--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"], "mxfp8"),
     (["--fp8-format", "hybrid", "--fp8-param-gather"], "fp8"),
     (["--fp8-format", "hybrid", "--transformer-impl", "transformer_engine"], "fp8_te"),
-    (["--fp8-format", "hybrid", "--num-experts", "4"], "fp8_moe"),
+    (["--fp8-format", "hybrid", "--num-experts", "4", "--expert-model-parallel-size", "2"], "fp8_moe"),
 ])
 def test_not_built_is_refused_in_one_line(args, feature):
     with pytest.raises(not_built.NotBuiltError) as e:
@@ -81,3 +81,15 @@ def test_values_that_do_not_fit(args, match):
 def test_cli_refusal_is_one_error_line_exit_2():
     proc = run_cli(MOCK + ["--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"], check=False, timeout=120)
     assert_one_error_line(proc, "MXFP8 scaling")
+
+
+def test_moe_fp8_state_is_checkpoint_state_with_layout_free_keys():
+    from megatron.core.tensor_parallel.param_meta import set_init_key
+    from megatron.core.transformer.model_state import non_trained_state
+    cfg, _ = _cfgs(["--fp8-format", "hybrid", "--num-experts", "2", "--moe-router-topk", "1", "--num-layers", "2"])
+    block = TransformerBlock(cfg, _plan_groups(cfg), device="meta")
+    for name, p in block.named_parameters():  # as the language model names them (language_module.py)
+        set_init_key(p, "decoder." + name)
+    keys = [k for k, _ in non_trained_state(block)]
+    assert len(keys) == len(set(keys)) == 2 * (2 + 2 * 2) * 3 * 3  # layers x (QKV, proj, 2 experts x 2) x 3 x 3
+    assert "decoder.layers.0.mlp.experts.local_experts.1.fc2_fp8.grad.amax_history" in keys, keys[:3]

@@ -7,6 +7,7 @@ through one function rather than by walking module attributes.
 """
 from ..tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from ..tensor_parallel.param_meta import param_meta
+from .moe.experts import ExpertMLP
 from .moe.router import TopKRouter
 
 
@@ -18,6 +19,15 @@ def _fp8_state(linear):
         return []
     base = param_meta(linear.weight).init_key.removesuffix("weight") + "fp8."
     return [(base + name, t) for name, t in linear.fp8.named_buffers()]
+
+
+def _expert_fp8_state(expert):
+    """The same for an expert's two FP8 GEMMs: `fc1_fp8.<tensor>.<buffer>`, `fc2_fp8...` beside its weights."""
+    if expert.fc1_fp8 is None:
+        return []
+    base = param_meta(expert.fc1_weight).init_key.removesuffix("fc1_weight")
+    return [(f"{base}{which}.{name}", t) for which in ("fc1_fp8", "fc2_fp8")
+            for name, t in getattr(expert, which).named_buffers()]
 
 
 def non_trained_state(model):
@@ -34,4 +44,6 @@ def non_trained_state(model):
             out += m.bias_state()
         elif isinstance(m, (ColumnParallelLinear, RowParallelLinear)):
             out += _fp8_state(m)
+        elif isinstance(m, ExpertMLP):
+            out += _expert_fp8_state(m)
     return out
