@@ -4,6 +4,12 @@ import os
 import re
 import statistics
 
+CE_FUSION = "--cross-entropy-loss-fusion"
+# bench/gpu_suite.py's steps whose output is a pretrain_gpt.py log, and those printing bench/overhead.py's tables
+PRETRAIN_STEPS = ("gpt1.3b ours", f"gpt1.3b ours {CE_FUSION}", "llama1b ours", "moe ours")
+OVERHEAD_STEPS = ("gpt1.3b ours vs plain", f"gpt1.3b ours {CE_FUSION} vs plain", "gpt1.3b plain compiled",
+                  "llama1b ours vs plain", "moe ours vs plain")
+
 ITER = re.compile(r"elapsed time per iteration \(ms\): ([\d.]+) \| throughput per GPU \(TFLOP/s/GPU\): ([\d.]+)"
                   r"(?: \| MFU: ([\d.]+)%)?")
 PLANNER = re.compile(r"planner \(.*?\): predicted ([\d.]+) s per iteration.*?([\d.]+) GB on the most loaded GPU")
@@ -74,7 +80,7 @@ def render(done, label, out):
               "| run | ms/step | TFLOP/s | MFU % | max allocated GB | planner ms | planner GB |",
               "|---|---:|---:|---:|---:|---:|---:|"]
     impls = []
-    for name in ("gpt1.3b ours", "llama1b ours", "moe ours"):
+    for name in PRETRAIN_STEPS:
         if name in by and by[name].get("output"):
             ms, tf, mfu, pms, pgb, mem, impl = pretrain_row(by[name])
             lines.append(f"| {name} (pretrain_gpt.py) | {fmt(ms)} | {fmt(tf)} | {fmt(mfu)} | {fmt(mem)} | "
@@ -85,7 +91,7 @@ def render(done, label, out):
             if "ms_per_step" in r:
                 lines.append(f"| {r['name']} | {r['ms_per_step']} | {r.get('tflops', 'n/a')} | "
                              f"{fmt(r['mfu'] * 100 if r.get('mfu') else None)} | {fmt(r.get('peak_mem_gib'))} | | |")
-    for name in ("gpt1.3b ours vs plain", "gpt1.3b plain compiled", "llama1b ours vs plain", "moe ours vs plain"):
+    for name in OVERHEAD_STEPS:
         text = by.get(name, {}).get("output", "")
         if text:
             lines += ["", f"### {name}", "", *tables_of(text)]

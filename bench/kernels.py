@@ -17,7 +17,8 @@ as a perfect fused kernel would; the partial sums and re-reads of a real one not
 the device-to-device copy bandwidth measured in the same run (read + write of 1 GiB). A
 kernel's "x roofline" is its time over that bound; the target is <= 1.3. --write-table records,
 per op, the three times and the default the fronts run here: csrc only where it beat both eager
-and compiled (kernel_table.choose reads it). Needs CUDA; tests/gpu/test_kernel_speed.py runs it too.
+and compiled, else the faster of those (kernel_table.default_impl; kernel_table.choose reads it).
+Needs CUDA; tests/gpu/test_kernel_speed.py runs it too.
 """
 import argparse
 import datetime
@@ -94,6 +95,7 @@ OPS = {
     "layernorm": (lambda x, w, b: norm.layer_norm(x, w, b, 1e-5, "csrc"),
                   lambda x, w, b: norm.layer_norm(x, w, b, 1e-5, "torch")),
     "rmsnorm": (lambda x, w: norm.rms_norm(x, w, 1e-5, "csrc"), lambda x, w: norm.torch_rms_norm(x, w, 1e-5)),
+    # "compiled" in the fronts is torch.compile of these same torch functions
     "bias-gelu": (lambda x, b: activations.bias_gelu(x, b, "csrc"), activations.torch_bias_gelu),
     "bias-swiglu": (lambda x, b: activations.bias_swiglu(x, b, "csrc"), activations.torch_bias_swiglu),
     "rope": (lambda x, c, s: rope.apply_rope(x, c, s, "csrc"), rope.torch_apply_rope),
@@ -180,7 +182,7 @@ def run(dtype="bf16", repeats=20, ops=None):
             row[f"{impl}_ms"] = ms
             row[f"{impl}_tb_s"] = row["bytes"] / (ms * 1e-3) / 1e12
             row[f"{impl}_x_roofline"] = ms / row["roofline_ms"]
-        row["default"] = "csrc" if row["fused_ms"] < min(row["eager_ms"], row["compiled_ms"]) else "torch"
+        row["default"] = kernel_table.default_impl(row["fused_ms"], row["eager_ms"], row["compiled_ms"])
         rows.append(row)
         del inputs
         torch.cuda.empty_cache()

@@ -95,10 +95,10 @@ def _worker(rank, world, a, port, out):
         model, ddp, opt, sched = _setup(a, _config(a, True, world), groups, world)
         original = token_dispatcher.AllToAllDispatcher.dispatch
 
-        def dispatch(self, x, probs, indices):
+        def dispatch(self, x, probs, indices, *rest):
             local = (indices // self.count) == dist.get_rank(self.group)
             pairs[0] += int((~local).sum())
-            return original(self, x, probs, indices)
+            return original(self, x, probs, indices, *rest)
         token_dispatcher.AllToAllDispatcher.dispatch = dispatch
         train_step(model, ddp, opt, sched, batches, _step, groups, 1)
         out.put(("bytes", rank, sent[0], pairs[0]))

@@ -45,6 +45,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("grad"), py::arg("x"), py::arg("bias"));
   m.def("swiglu_forward", &mfb::swiglu_forward, "silu(gate) * up of x + bias = [gate | up]", py::arg("x"),
         py::arg("bias"));
+#ifndef MEGATRON_FUSED_CPU_STUB  // bind_wgrad.cpp: cuBLAS, not in the CPU test build
+  m.def("wgrad_gemm_accumulate", &megatron_fused::wgrad_gemm_accumulate, "main += g^T x (fp32, cuBLAS; accumulate false: main = g^T x); false: no cuBLAS", py::arg("x"), py::arg("g"), py::arg("main"), py::arg("accumulate") = true);
+#endif
   m.def("swiglu_backward", &mfb::swiglu_backward, "gradients of swiglu -> (dx, dbias or None)", py::arg("grad"),
         py::arg("x"), py::arg("bias"));
   m.def("rope_apply", &mfb::rope_apply, "rotary embedding (rotate-half); backward=True applies the transpose",

@@ -35,3 +35,10 @@ std::tuple<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& dy, const a
 at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool backward);
 
 }  // namespace megatron_fused_bind
+
+// bind_wgrad.cpp (cuBLAS; registered outside the CPU test build): main [out, in] (fp32) += g^T x for g [t, out] and
+// x [t, in] (bf16, fp16 or fp32, one dtype), all contiguous on one CUDA device, on torch's current stream
+// and cuBLAS handle. Raises ValueError on a bad input; false (nothing done) in a build without cuBLAS headers.
+namespace megatron_fused {
+bool wgrad_gemm_accumulate(const at::Tensor& x, const at::Tensor& g, const at::Tensor& main, bool accumulate);
+}  // namespace megatron_fused

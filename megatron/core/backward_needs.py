@@ -12,7 +12,9 @@ _will_execute = getattr(torch._C, "_will_engine_execute_node", None)
 
 def needs_grad(ctx, i: int) -> bool:
     """Whether input i of the custom function whose backward is running (ctx) gets a gradient that
-    the running backward uses. Call it only inside that backward."""
+    the running backward uses. Call it only inside that backward. Autograd keeps edges for the inputs
+    that are tensors only (not for None or other values): i must count those, so a function that uses
+    this takes its tensor inputs first and its other arguments after them."""
     if not ctx.needs_input_grad[i]:
         return False
     node = ctx.next_functions[i][0]

@@ -36,6 +36,10 @@ class ModelParallelConfig:
     cp_comm_type: str = opt("p2p", "Attention across context-parallel ranks: p2p (ring attention), all_gather "
                             "(gather K/V) or a2a (Ulysses all-to-all over heads).",
                             choices=["p2p", "all_gather", "a2a"])
+    gradient_accumulation_fusion: bool = opt(
+        True, "Give each linear layer's weight gradient its own tensor, added to the fp32 main gradient in a "
+        "pass of its own, instead of accumulating it there inside the weight-gradient GEMM (csrc cuBLAS kernel "
+        "on CUDA where built, torch elsewhere).", flag="--no-gradient-accumulation-fusion")
     params_dtype: torch.dtype = dataclasses.field(default=torch.float32, metadata={"cli": False})
 
 
@@ -96,6 +100,10 @@ class TransformerConfig(ModelParallelConfig, MoEConfig, ModelOptions, Fp8Config)
                             flag="--no-norm-fusion")
     apply_rope_fusion: bool = opt(True, "Use torch for the rotary embedding instead of a fused kernel.",
                                   flag="--no-rope-fusion")
+    cross_entropy_loss_fusion: bool = opt(
+        False, "Fuse the vocabulary-parallel cross entropy: read the logits once per pass in chunks of tokens, "
+        "no fp32 copy of [tokens, vocab], the gradient written over the logits (Megatron-LM's flag; off by "
+        "default, as there).")
     fused_kernels: str = opt(
         "auto", "This project's (not in Megatron-LM): where no --no-*-fusion flag is given, auto runs our csrc "
         "kernel for an op only where a GPU measurement on file shows it faster than eager torch and "

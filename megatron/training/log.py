@@ -208,7 +208,7 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
         f" ({model_cfg.num_query_groups} query groups), ffn {model_cfg.ffn_hidden_size}, seq {model_cfg.seq_length},"
         f" vocab {model_cfg.vocab_size} padded to {model_cfg.padded_vocab_size} ({tokenizer_name})",
         "> implementations: " + " | ".join(f"{op}={impl}" for op, impl in fusions.describe(model_cfg, device))
-        + " | cross entropy=vocab-parallel (torch) | optimizer=torch.optim.AdamW (fused)",
+        + " | optimizer=torch.optim.AdamW (fused; clip coefficient inside the step)",
         f"> fused kernels (csrc): {fusions.kernels_status()}",
         *(f"> kernel choice: {op}={impl} ({why})" for op, impl, why in fusions.explain(model_cfg, device)),
         f"> activation recompute: {_recompute(model_cfg)}",

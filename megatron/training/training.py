@@ -23,6 +23,7 @@ from .data import end_of_training_sets, microbatches, validation_window
 from .flops import num_floating_point_operations
 from .log import print_rank_0, print_rank_last, startup_summary
 from .memory_errors import building
+from .memory_report import report_memory
 from .metrics_log import MetricsLog
 from .model_spec import ModelSpec
 from .numerics import check_finite
@@ -145,7 +146,8 @@ def setup_model_and_optimizer(model_cfg, train_cfg, groups, device, model_provid
         initialize_parameters(model, train_cfg.seed, groups.tp_rank, groups.tp_size,
                               (groups.etp_rank, groups.etp_size))
     with building("the gradient buffers and optimizer state", count, model_cfg.params_dtype, groups.rank):
-        ddp = DistributedDataParallel(model, groups, train_cfg.ddp_config())
+        ddp = DistributedDataParallel(model, groups, train_cfg.ddp_config(),
+                                      gradient_accumulation_fusion=model_cfg.gradient_accumulation_fusion)
         optimizer = get_megatron_optimizer(ddp, groups, train_cfg.lr, train_cfg.weight_decay,
                                            (train_cfg.adam_beta1, train_cfg.adam_beta2), train_cfg.adam_eps,
                                            train_cfg.clip_grad, build_grad_scaler(train_cfg),
@@ -185,7 +187,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     collector.start()
     # +2: past first-call costs
     trace_iter = min(iteration + 2, train_cfg.train_iters) if train_cfg.pipeline_trace else None
-    start = iteration
+    start, memory_reported = iteration, False
     for iteration in range(start + 1, (start if train_cfg.skip_train else train_cfg.train_iters) + 1):
         fault_point("train.iteration", iteration, groups.rank)
         profiler.before(iteration)
@@ -216,6 +218,9 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                 torch.cuda.synchronize()
             logger.log(iteration, consumed, lr, global_batch, num_floating_point_operations(model_cfg, global_batch),
                        groups.world_size, optimizer.loss_scale if train_cfg.fp16 else None)
+            if not memory_reported:  # as Megatron-LM, once: the peaks after the first logged iterations
+                report_memory(iteration, groups, model_cfg, train_cfg, device)
+                memory_reported = True
             balance = moe_hooks.balance_line(model_cfg, groups, device, router_losses)
             if balance:
                 print_rank_last(f" iteration {iteration:8d} |{balance}")

@@ -63,11 +63,19 @@ def compiled(tmp_path_factory):
     if nvcc is None:
         pytest.skip("nvcc not found (no CUDA toolkit): the CUDA sources cannot be compile-checked")
     out = tmp_path_factory.mktemp("csrc")
-    jobs = {f: [nvcc, "-c", f, "-o", str(out / (os.path.basename(f) + ".o")), "-std=c++17", "-O3",
-                "-Xcompiler", "-fPIC"] + ARCH for f in CU_FILES}
     from torch.utils import cpp_extension
     torch_inc = cpp_extension.include_paths()
     cuda_inc = _cuda_include(nvcc)
+    shim = out / "shim" / "c10" / "cuda" / "impl"
+    shim.mkdir(parents=True)
+    (shim / "cuda_cmake_macros.h").write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
+    # bind_wgrad.cpp calls cuBLAS where its headers are: the toolkit's, pip's nvidia wheels' or
+    # MEGATRON_CUBLAS_INCLUDE's (else its guarded build is what compiles)
+    cublas = [os.environ.get("MEGATRON_CUBLAS_INCLUDE", "")] + glob.glob(os.path.join(
+        sysconfig.get_paths()["purelib"], "nvidia", "*", "include"))
+    cublas = [f"-I{d}" for d in cublas if d and os.path.exists(os.path.join(d, "cublas_v2.h"))]
+    jobs = {f: [nvcc, "-c", f, "-o", str(out / (os.path.basename(f) + ".o")), "-std=c++17", "-O3",
+                "-Xcompiler", "-fPIC"] + ARCH for f in CU_FILES}
     cxx = shutil.which("c++") or shutil.which("g++")
     skip_bindings = None
     if cxx is None:
@@ -77,14 +85,11 @@ def compiled(tmp_path_factory):
     elif not os.path.exists(os.path.join(cuda_inc, "cuda_runtime_api.h")):
         skip_bindings = f"cuda_runtime_api.h not found in {cuda_inc}"
     else:
-        shim = out / "shim" / "c10" / "cuda" / "impl"
-        shim.mkdir(parents=True)
-        (shim / "cuda_cmake_macros.h").write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
         for cpp in CPP_FILES:
             jobs[cpp] = ([cxx, "-fsyntax-only", "-std=c++17", f"-I{out / 'shim'}"]
                          + [f"-I{p}" for p in torch_inc]
                          + [f"-I{sysconfig.get_paths()['include']}", f"-I{cuda_inc}",
-                            "-DTORCH_EXTENSION_NAME=megatron_fused_kernels", "-w", cpp])
+                            "-DTORCH_EXTENSION_NAME=megatron_fused_kernels", "-w"] + cublas + [cpp])
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
         results = dict(zip(jobs, pool.map(_compile, jobs.values())))
     return results, skip_bindings

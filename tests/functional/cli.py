@@ -13,6 +13,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PINNED = ["--train-iters", "200", "--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "cosine",
           "--lr-warmup-iters", "20", "--lr-wsd-decay-style", "linear", "--weight-decay", "0.1", "--adam-beta2", "0.95",
           "--log-interval", "10", "--eval-interval", "100", "--eval-iters", "10"]
+# MEGATRON_TEST_FLAGS: trainer flags added to PINNED for a whole test run (a test's own flags still
+# come after), e.g. "--cross-entropy-loss-fusion" runs every CLI test, references included, fused
+PINNED += os.environ.get("MEGATRON_TEST_FLAGS", "").split()
 LOSS_RE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?\| lm loss: ([0-9.Ee+-]+|nan) \|")
 
 

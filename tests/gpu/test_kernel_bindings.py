@@ -13,8 +13,12 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# faulthandler and torch's fatal-signal handler: a crash prints its Python and native (C++) frames on
+# stderr, which the failure message carries (tests/gpu/bindings_crash_probe.py separates the causes)
 CHILD = r"""
-import json, torch
+import faulthandler, json, torch
+faulthandler.enable()
+torch._C._set_print_stack_traces_on_fatal_signal(True)
 from megatron.core.fusions import _ext
 from tests.kernel_binding_cases import BAD, GOOD, run_case
 ext = _ext.load()
@@ -44,7 +48,7 @@ def test_every_binding_raises_on_every_bad_input():
             name, result = json.loads(line[7:])
             results[tuple(name)] = result
     assert proc.returncode == 0, (f"the bindings' process died (exit {proc.returncode}) in case {started}:\n"
-                                  f"{proc.stderr[-3000:]}")
+                                  f"{proc.stderr[-12000:]}")
     from tests.kernel_binding_cases import BAD, GOOD
     bad = {case: results.get(case) for case in BAD}
     assert all(r is not None and r.split(":")[0] in ("ValueError", "TypeError") for r in bad.values()), \

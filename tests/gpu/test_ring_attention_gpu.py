@@ -61,7 +61,9 @@ def _check(got, want, tol, what):
         assert err <= t, f"{what} {name}: normwise relative error {err:.3g} > {t:.3g}"
 
 
-CASES = [(k, dt) for k in ("flash", "cudnn", "efficient") for dt in (torch.bfloat16, torch.float16)]
+# the efficient kernel: fp32 only (its half-precision backward from a merged log-sum-exp gave
+# non-finite dq on an H200 on 2026-11-26, and BlockKernel refuses it)
+CASES = [(k, dt) for k in ("flash", "cudnn") for dt in (torch.bfloat16, torch.float16)]
 CASES.append(("efficient", torch.float32))
 
 

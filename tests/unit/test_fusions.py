@@ -100,20 +100,25 @@ def test_kernels_are_picked_where_the_table_says_and_flags_pick_torch(kernels_pr
 def test_describe_and_explain_follow_the_flags_and_the_table(kernels_present):
     cfg = TransformerConfig(attention_backend="unfused", position_embedding_type="rope", swiglu=True,
                             normalization="RMSNorm", params_dtype=torch.bfloat16)
+    # the fake kernels have no wgrad_gemm_accumulate: the accumulation runs through torch
+    extra = {"weight-gradient accumulation": "in the GEMM (torch)", "cross entropy": "vocab-parallel (torch)"}
     assert dict(fusions.describe(cfg, CUDA)) == {
         "attention": "unfused (matmul + masked softmax + matmul), softmax csrc, masked softmax csrc",
-        "RMSNorm": "csrc", "bias-swiglu": "csrc", "rope": "csrc"}
+        "RMSNorm": "csrc", "bias-swiglu": "csrc", "rope": "csrc", **extra}
     off = dataclasses.replace(cfg, masked_softmax_fusion=False, norm_fusion=False, bias_swiglu_fusion=False,
                               apply_rope_fusion=False)
     assert dict(fusions.describe(off, CUDA)) == {
         "attention": "unfused (matmul + masked softmax + matmul), softmax torch, masked softmax torch",
-        "RMSNorm": "torch", "bias-swiglu": "torch", "rope": "torch"}
+        "RMSNorm": "torch", "bias-swiglu": "torch", "rope": "torch", **extra}
     assert {op: why for op, _, why in fusions.explain(off, CUDA)} == {
         "causal softmax": "--no-masked-softmax-fusion", "masked softmax": "--no-masked-softmax-fusion",
         "RMSNorm": "--no-norm-fusion", "bias-swiglu": "--no-bias-swiglu-fusion", "rope": "--no-rope-fusion"}
-    gelu = TransformerConfig(bias_gelu_fusion=False)
+    gelu = TransformerConfig(bias_gelu_fusion=False, gradient_accumulation_fusion=False,
+                             cross_entropy_loss_fusion=True)
     assert dict(fusions.describe(gelu, CUDA)) == {
-        "attention": "torch scaled_dot_product_attention", "LayerNorm": "csrc", "bias-gelu": "torch"}
+        "attention": "torch scaled_dot_product_attention", "LayerNorm": "csrc", "bias-gelu": "torch",
+        "weight-gradient accumulation": "off (a .grad, then added)",
+        "cross entropy": "fused (chunked, gradient over the logits)"}
     assert fusions.explain(gelu, CUDA)[0] == ("LayerNorm", "csrc", f"csrc 0.33x eager, 0.50x torch.compile on {GPU}, "
                                                                    "table.json")
     assert [impl for _, impl, _ in fusions.explain(gelu, torch.device("cpu"))] == ["torch", "torch"]

@@ -2,8 +2,9 @@
 every expert's, the router's and the shared experts' weight gradients untouched and fires no parameter
 hook; W then gives the ordinary backward's gradients bit for bit, each parameter's hook once per
 microbatch (what DDP's buckets count); B's and W's GEMMs are the ordinary backward's, none twice
-(tests/split_check.py). Loop and grouped experts (torch._grouped_mm and its loop fallback), GeLU and
-SwiGLU, with and without biases, and an expert that receives no token."""
+(tests/split_check.py), with and without gradient-accumulation fusion. Loop and grouped experts
+(torch._grouped_mm and its loop fallback), GeLU and SwiGLU, with and without biases, and an expert that
+receives no token."""
 import pytest
 import torch
 
@@ -26,8 +27,9 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("fusion", [False, True], ids=["autograd", "fused"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_expert_weight_grads_wait_for_w_and_equal_the_ordinary_backward(name, monkeypatch):
+def test_expert_weight_grads_wait_for_w_and_equal_the_ordinary_backward(name, monkeypatch, fusion):
     kw = dict(CASES[name])
     monkeypatch.setattr(grouped_gemm, "_HAS_GROUPED", grouped_gemm._HAS_GROUPED and not kw.pop("fallback", False))
     m = layer(cfg(moe_router_topk=2, moe_aux_loss_coeff=0.1, moe_z_loss_coeff=0.01, **kw))
@@ -45,8 +47,11 @@ def test_expert_weight_grads_wait_for_w_and_equal_the_ordinary_backward(name, mo
     def step(module, x, gy):
         inp = x.clone().requires_grad_()
         return module(inp), gy, inp
-    figures = check_split(m, [lambda module, x=x, gy=gy: step(module, x, gy) for x, gy in zip(xs, grads)])
+    figures = check_split(m, [lambda module, x=x, gy=gy: step(module, x, gy) for x, gy in zip(xs, grads)],
+                          fusion=fusion)
     assert figures["b_gemms"] > 0 and figures["w_gemms"] > 0
+    if fusion:  # gradient-accumulation fusion: every expert's, the router's and shared experts' weights
+        assert figures["fused"] == sorted(n for n in names if n.endswith(("weight", "_weight"))), figures["fused"]
 
 
 @pytest.mark.parametrize("bias", [False, True])

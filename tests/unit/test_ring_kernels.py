@@ -22,9 +22,10 @@ ALL_CUDA = frozenset({"flash", "cudnn", "efficient", "math"})
     ("cuda", BF16, 64, ALL_CUDA, "flash"),
     ("cuda", FP16, 256, ALL_CUDA, "flash"),
     ("cuda", BF16, 64, ALL_CUDA - {"flash"}, "cudnn"),  # flash switched off (sdpa_kernel) or not built
-    ("cuda", BF16, 192, ALL_CUDA - {"flash"}, "efficient"),  # above cuDNN's 128
-    ("cuda", BF16, 64, {"efficient", "math"}, "efficient"),  # before sm80
-    ("cuda", BF16, 320, ALL_CUDA, "efficient"),  # above flash's 256
+    # the efficient kernel's half-precision backward is refused (ring_kernels.py): math instead
+    ("cuda", BF16, 192, ALL_CUDA - {"flash"}, "math"),  # above cuDNN's 128
+    ("cuda", BF16, 64, {"efficient", "math"}, "math"),  # before sm80
+    ("cuda", BF16, 320, ALL_CUDA, "math"),  # above flash's 256
     ("cuda", FP32, 64, ALL_CUDA, "efficient"),  # the only fused kernel for fp32
     ("cuda", FP32, 20, ALL_CUDA, "efficient"),  # fp32: multiples of 4
     ("cuda", BF16, 20, ALL_CUDA, "math"),  # half: no kernel takes a head dim off multiples of 8
@@ -34,6 +35,12 @@ ALL_CUDA = frozenset({"flash", "cudnn", "efficient", "math"})
 ])
 def test_each_case_gets_its_kernel(device, dtype, head_dim, usable, want):
     assert choose_kernel(device, dtype, head_dim, frozenset(usable)) == want
+
+
+def test_the_efficient_kernel_refuses_half_precision():
+    q = torch.empty(1, 2, 8, 16, device="meta", dtype=BF16)
+    with pytest.raises(ValueError, match="'efficient' takes float32 only"):
+        BlockKernel("efficient").forward(q, q, q, 0.25, True)
 
 
 def test_cpu_has_torchs_flash_kernel():
@@ -49,12 +56,13 @@ def test_fused_kernels_call_their_ops_as_this_torch_declares_them(name, causal):
     and the wrappers must give back [b, h, sq, d] and a [b, h, sq] log-sum-exp (the efficient kernel's
     comes padded to 64 rows here, cuDNN's with a trailing 1) and gradients of the inputs' shapes."""
     b, h, g, sq, d = 2, 4, 2, 40, 16
-    q = torch.empty(b, h, sq, d, device="meta", dtype=BF16)
-    k, v = (torch.empty(b, g, sq, d, device="meta", dtype=BF16) for _ in range(2))
+    dt = FP32 if name == "efficient" else BF16  # the efficient kernel serves fp32 only
+    q = torch.empty(b, h, sq, d, device="meta", dtype=dt)
+    k, v = (torch.empty(b, g, sq, d, device="meta", dtype=dt) for _ in range(2))
     blocks = BlockKernel(name)
     out, lse = blocks.forward(q, k, v, 0.25, causal)
     assert (out.shape, out.dtype, lse.shape, lse.dtype) == ((b, h, sq, d), FP32, (b, h, sq), FP32)
-    grads = blocks.backward(q, k, v, out.to(BF16), torch.empty(b, h, sq, d, device="meta"), lse, 0.25, causal)
+    grads = blocks.backward(q, k, v, out.to(dt), torch.empty(b, h, sq, d, device="meta"), lse, 0.25, causal)
     assert [t.shape for t in grads] == [q.shape, k.shape, v.shape] and all(t.dtype == FP32 for t in grads)
 
 

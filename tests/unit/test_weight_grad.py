@@ -1,6 +1,7 @@
 """The backward split in B and W (pipeline_parallel/backward_split.py) on each parallel layer and norm,
 one process: B then W gives the ordinary backward's gradients bit for bit, each parameter's
-post-accumulate-grad hook (DDP's) once per microbatch in W and none in B (tests/split_check.py)."""
+post-accumulate-grad hook (DDP's) once per microbatch in W and none in B (tests/split_check.py); with
+gradient-accumulation fusion too, the linears' weights then reaching their grad sink in W."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -52,11 +53,16 @@ def _step(module, x, gy, inp):
     return _out(module, x), gy, x if inp else None
 
 
+@pytest.mark.parametrize("fusion", [False, True], ids=["autograd", "fused"])
 @pytest.mark.parametrize("name,module", list(_layers()), ids=lambda v: v if isinstance(v, str) else "")
-def test_b_then_w_equals_the_ordinary_backward(name, module):
+def test_b_then_w_equals_the_ordinary_backward(name, module, fusion):
+    """fusion: gradient-accumulation fusion, the linears' weight gradients added into a grad sink in W."""
     _randomise(module)
-    figures = check_split(module, _steps(module, 2))
-    assert (figures["b_gemms"] > 0) == name.startswith(("column", "row"))
+    figures = check_split(module, _steps(module, 2), fusion=fusion)
+    linear = name.startswith(("column", "row"))
+    assert (figures["b_gemms"] > 0) == linear
+    if fusion:
+        assert figures["fused"] == (["weight"] if linear else [])
 
 
 def test_a_table_used_twice_in_a_stage_gets_one_summed_gradient():

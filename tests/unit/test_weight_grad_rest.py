@@ -1,7 +1,8 @@
 """Every parameter of GPT, MoE GPT and BERT models under the zero-bubble backward split
 (pipeline_parallel/backward_split.py), one process: B leaves every parameter's gradient untouched and
 fires no post-accumulate-grad hook; W gives each parameter its ordinary-backward gradient, bit for bit,
-its hook once per microbatch (what DDP's buckets count). tests/split_check.py does the comparing.
+its hook once per microbatch (what DDP's buckets count). tests/split_check.py does the comparing, with
+and without gradient-accumulation fusion (the linears' weight gradients added into DDP's buffer in W).
 
 The guard that nothing is computed in B: the parameters whose hooks fire in W must be *all* of the
 model's. Each model runs as the stages a pipeline cuts it into: the first (token ids in, hidden states
@@ -103,9 +104,16 @@ def _step(kind, ids, hidden, w, extra, post):
     return step
 
 
+# weights whose gradients gradient-accumulation fusion adds into the grad sink (by name suffix)
+FUSED = ("linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight", "linear_fc2.weight", "router.weight",
+         "gate_weight", "fc1_weight", "fc2_weight", "output_layer.weight", "pooler.weight", "binary_head.weight",
+         "lm_head.dense.weight")
+
+
+@pytest.mark.parametrize("fusion", [False, True], ids=["autograd", "fused"])
 @pytest.mark.parametrize("stage", list(STAGES))
 @pytest.mark.parametrize("name", list(MODELS))
-def test_every_parameter_gets_its_gradient_in_w_equal_to_the_ordinary_backward(name, stage):
+def test_every_parameter_gets_its_gradient_in_w_equal_to_the_ordinary_backward(name, stage, fusion):
     kind, model, steps = _build(name, stage)
     names = [n for n, _ in model.named_parameters()]
     for suffix in MUST_HAVE.get((kind, stage), []):
@@ -115,15 +123,20 @@ def test_every_parameter_gets_its_gradient_in_w_equal_to_the_ordinary_backward(n
             assert any(n.endswith(suffix) for n in names), suffix
     if (losses := step_hooks.bind(model)) is not None:  # the MoE balance losses of both runs
         losses.start_iteration(1.0, 2 * len(steps))
-    figures = check_split(model, steps)
+    figures = check_split(model, steps, fusion=fusion)
+    if fusion:  # every linear's weight, and nothing else, reached its sink without a .grad
+        tied_here = kind == "gpt" and stage == "last"  # the word table's one use on a last stage: the logits
+        want = sorted(n for n in names if n.endswith(FUSED) or tied_here and n == "word_embeddings.weight")
+        assert figures["fused"] == want
     if stage == "first":  # no input gradient: B has nothing to compute
         assert figures["b_gemms"] == 0 and not figures["input_grads"]
     else:  # B ran the input-gradient GEMMs, W the weights'
         assert figures["b_gemms"] > 0 and figures["w_gemms"] > 0 and len(figures["input_grads"]) == 2
 
 
+@pytest.mark.parametrize("fusion", [False, True], ids=["autograd", "fused"])
 @pytest.mark.parametrize("cls", [ColumnParallelLinear, RowParallelLinear])
-def test_skip_bias_add_bias_gets_its_gradient_in_w(cls):
+def test_skip_bias_add_bias_gets_its_gradient_in_w(cls, fusion):
     lin = cls(6, 4, group=PlanGroup(1, 0), skip_bias_add=True)
     g = torch.Generator().manual_seed(4)
     with torch.no_grad():
@@ -136,4 +149,4 @@ def test_skip_bias_add_bias_gets_its_gradient_in_w(cls):
         y, bias = m(inp)
         assert bias is m.bias  # the very parameter: the caller adds it, the split finds it
         return y + bias, gy, inp
-    check_split(lin, [step, step])
+    check_split(lin, [step, step], fusion=fusion)

@@ -37,7 +37,9 @@ def test_the_zb_v_layout_has_two_chunks_and_the_roles_put_embedding_and_loss_on_
     assert stage_layers(cfg, layout, 3, 0) == (3, 1) and stage_layers(cfg, layout, 3, 1) == (4, 1)
     assert [chunk_roles(layout, p, v) for p in (0, 3) for v in (0, 1)] == \
         [(True, False), (False, True), (False, False), (False, False)]
-    one = ParallelLayout(1, schedule=schedule_for_flag("zb-v", 1, 1))  # one stage: plain accumulation, no V
+    with pytest.raises(ConfigError, match="needs --pipeline-model-parallel-size 2"):
+        schedule_for_flag("zb-v", 1, 1)  # one stage: no bubble to fill, the flag is refused
+    one = ParallelLayout(1, schedule="zb_v")  # a layout given the schedule anyway has no V at one stage
     assert not one.v_shape and one.chunks == 1
     plain = ParallelLayout(4, pp=4, vpp=2, schedule="interleaved_1f1b")
     assert chunk_roles(plain, 3, 1) == (False, True) and chunk_roles(plain, 0, 1) == (False, False)

@@ -1,9 +1,12 @@
 """Data-parallel gradient reduction over contiguous, bucketed buffers.
 
 Attaches to a model (the model is still called directly): gradients are accumulated
-into `param.main_grad` (a view of the bucket buffer) by a hook after each backward, and
-`.grad` is freed. Each parameter is expected to get one gradient per microbatch; once
-all parameters of a bucket have their last one, the bucket is complete. With
+into the parameter's main grad (main_grad(param), a view of the bucket buffer) by a hook after
+each backward, and `.grad` is freed; with gradient_accumulation_fusion the linear layers add their
+weight gradients there themselves (tensor_parallel/wgrad_fusion.py: DDP is each parameter's
+ParamMeta.grad_sink, grad_target() and grad_added() its side of that contract). Each parameter is
+expected to get one gradient per microbatch; once all parameters of a bucket have their last one, the
+bucket is complete. With
 overlap_grad_reduce its reduction starts right then, asynchronously, while backward
 goes on through earlier layers; otherwise every bucket is reduced in finish_grad_sync().
 Reduction is a sum over the DP group (the loss is already normalised by the global
@@ -17,7 +20,7 @@ across the step: sharded_buffer.py says what is held when, zero3.py how paramete
 import torch
 
 from .. import comm
-from ..tensor_parallel.param_meta import param_meta
+from ..tensor_parallel.param_meta import param_meta, set_grad_sink
 from . import zero3
 from .buffers import buffer_groups, buffer_layout
 from .ddp_config import DistributedDataParallelConfig
@@ -33,9 +36,13 @@ class DistributedDataParallel:
     (groups.layout.expert_dp_apart) the experts' parameters get buffers of their own, reduced over
     groups.edp and, with any strategy but no_shard, sharded over it as the dense ones over DP x CP
     (ZeRO-3: gathered over it).
+
+    gradient_accumulation_fusion: offer the buffers to the layers, which add their weight gradients
+    straight into them (the model's --gradient-accumulation-fusion; wgrad_fusion.py); False: every
+    gradient comes through .grad and the hook.
     """
 
-    def __init__(self, module, groups, config=None):
+    def __init__(self, module, groups, config=None, gradient_accumulation_fusion=False):
         config = config or DistributedDataParallelConfig()
         self.module, self.config, self.dp_group = module, config, groups.dp_cp
         self.overlap_grad_reduce = config.overlap_grad_reduce
@@ -72,9 +79,11 @@ class DistributedDataParallel:
                  for chunk in chunk_units], config.overlap_param_gather)
         self._counts = {}
         self.num_microbatches = 1
+        self.gradient_accumulation_fusion = gradient_accumulation_fusion
         for p in module.parameters():
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(self._on_grad)
+                set_grad_sink(p, self if gradient_accumulation_fusion else None)
         if self.overlap_param_gather and not self.config.shards_params:
             for m in module.modules():
                 if any(True for _ in m.parameters(recurse=False)):
@@ -82,21 +91,44 @@ class DistributedDataParallel:
 
     # ---- gradients
     def start_step(self, num_microbatches):
-        """Zero the buffers before the first microbatch of an iteration."""
+        """A new iteration: no gradient has arrived. The buffers are not zeroed: each parameter's first
+        gradient of the step is written into its main grad (grad_is_first), later ones added, and
+        finish_grad_sync zeroes the main grads no gradient reached (one pass fewer over the buffer)."""
         self.finish_param_sync()
         self.num_microbatches = num_microbatches
-        for buf in self.buffers:
-            buf.zero_grad()
         self._counts = {}
         for b in self.buckets:
             b.pending = {id(p) for p in b.params}
             b.grad_handle = None
 
-    def _on_grad(self, param):
+    def main_grad(self, param):
+        """param's gradient in the buffer (its shape): summed over microbatches, then over DP by
+        finish_grad_sync. With sharded gradients a view of storage that exists during backward only."""
+        return self._buffer_of[id(param)].main_grad(param)
+
+    def grad_target(self, param):
+        """main_grad(param), ready to add this backward's gradient into (a released bucket of sharded
+        gradients is allocated and zeroed first)."""
         if self.config.shards_grads:
             self._bucket_of[id(param)].ensure_grad()
-        param.main_grad.add_(param.grad)
+        return self.main_grad(param)
+
+    def grad_is_first(self, param):
+        """Whether no gradient of param has arrived this step: its main grad holds stale values, to be
+        overwritten, not added to."""
+        return id(param) not in self._counts
+
+    def _on_grad(self, param):
+        if param.grad is None:  # no gradient reached .grad: nothing to add, nothing to count
+            return
+        target = self.grad_target(param)
+        target.copy_(param.grad) if self.grad_is_first(param) else target.add_(param.grad)
         param.grad = None
+        self.grad_added(param)
+
+    def grad_added(self, param):
+        """This backward's gradient of param is in its main grad: count it; a bucket whose parameters all
+        have their last microbatch's starts its reduction (overlap_grad_reduce)."""
         key = id(param)
         self._counts[key] = self._counts.get(key, 0) + 1
         if self.overlap_grad_reduce and self._counts[key] == self.num_microbatches:
@@ -124,6 +156,7 @@ class DistributedDataParallel:
 
         before_reduce: called once the full gradients are complete and before the buckets not
         yet started are reduced (with sharded gradients: sums that must precede the DP reduction)."""
+        self.zero_unreached_grads()
         if before_reduce is not None:
             for b in self.buckets:
                 if self.config.shards_grads and b.pending is not None:
@@ -138,6 +171,18 @@ class DistributedDataParallel:
             elif b.grad_handle is not None:
                 b.grad_handle.wait()
                 b.grad_handle = None
+
+    def zero_unreached_grads(self):
+        """Zero the main grads no gradient reached this step (start_step leaves the buffers as they were;
+        a released bucket of sharded gradients is allocated zeroed by its first gradient). Called before
+        the main grads are read (finish_grad_sync; finalize_model_grads first where it sums before)."""
+        if self.config.shards_grads:
+            return
+        for b in self.buckets:
+            for p in b.params:
+                if id(p) not in self._counts:
+                    self.main_grad(p).zero_()
+                    self._counts[id(p)] = 0  # zeroed: a later gradient adds, a second call leaves it
 
     def before_weight_grads(self, params):
         """Called by a zero-bubble W before it computes params' gradients (pipeline_parallel/
@@ -202,7 +247,7 @@ class DistributedDataParallel:
         """The tensors holding param's DP-summed gradient on this rank: main_grad, or with sharded
         gradients the part of it in this rank's shard (none when it lies outside)."""
         if not self.config.shards_grads:
-            return [param.main_grad]
+            return [self.main_grad(param)]
         bucket = self._bucket_of[id(param)]
         lo, hi = bucket.shard()
         off = self._buffer_of[id(param)].offset(param)

@@ -36,8 +36,8 @@ def _all_reduce_coalesced(tensors, group):
 
 
 def _grad_of(ddp):
-    """Where gradients live: DDP's buffer views (`main_grad`) when it is attached, else .grad."""
-    return (lambda p: p.main_grad) if ddp is not None else (lambda p: p.grad)
+    """Where gradients live: DDP's buffer views (ddp.main_grad) when it is attached, else .grad."""
+    return ddp.main_grad if ddp is not None else (lambda p: p.grad)
 
 
 def sum_tied_copies_here(model, grad_of) -> bool:
@@ -89,6 +89,8 @@ def finalize_model_grads(model, groups, ddp=None, timers=None):
     if ddp is not None and ddp.config.shards_grads:
         _finalize_sharded(model, groups, ddp, timers)
         return
+    if ddp is not None:  # the main grads nothing reached hold the last step's until zeroed
+        ddp.zero_unreached_grads()
     # ZB-V's two tied copies: summed before the DP reduction where it has not started yet (the
     # distributed optimizer's shards of the two copies are different slices: DDP holds their buckets
     # back, tied_reduced_last); with overlap and plain all-reduce after it

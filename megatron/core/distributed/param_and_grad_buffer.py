@@ -66,7 +66,7 @@ class ParamAndGradBuffer:
     """Buffers for parameters of one dtype: grad_data (grad_dtype) always, param_data
     (the parameters' own storage) with the distributed optimizer.
 
-    Each parameter gets `main_grad`, a view of grad_data; with param_data its `.data`
+    Each parameter's main grad (main_grad(param)) is a view of grad_data; with param_data its `.data`
     becomes a view of param_data too, so all-gathering a bucket updates the model.
     """
 
@@ -79,9 +79,10 @@ class ParamAndGradBuffer:
         if distributed_optimizer:
             self.param_data = torch.zeros(total, dtype=self.params[0].dtype, device=device)
         self.offsets = dict(zip(map(id, self.params), offsets))
+        self.main_grads = {}
         for p, off in zip(self.params, offsets):
             n = p.numel()
-            p.main_grad = self.grad_data[off:off + n].view_as(p)
+            self.main_grads[id(p)] = self.grad_data[off:off + n].view_as(p)
             if self.param_data is not None:
                 self.param_data[off:off + n].copy_(p.data.view(-1))
                 p.data = self.param_data[off:off + n].view_as(p)
@@ -90,6 +91,9 @@ class ParamAndGradBuffer:
 
     def offset(self, param):
         return self.offsets[id(param)]
+
+    def main_grad(self, param):
+        return self.main_grads[id(param)]
 
     def numel(self):
         return self.grad_data.numel()
@@ -103,4 +107,4 @@ class ParamAndGradBuffer:
 
     def grad_view(self, param, lo, hi):
         """1-D view of param's flat [lo, hi) in the gradient buffer."""
-        return param.main_grad.view(-1)[lo:hi]
+        return self.main_grads[id(param)].view(-1)[lo:hi]

@@ -11,7 +11,7 @@ the expert-data-parallel group instead, d its size):
   ZeRO-1 does); ZeRO-3 keeps only `param_shard`, N/d elements of the parameter dtype.
 - during backward only: a bucket's full-size gradient tensor exists from the first gradient of the
   step that lands in it until its reduce-scatter has completed, then its storage is released
-  (resized to 0; the parameters' `main_grad` views come back when it is allocated again). Without
+  (resized to 0; the parameters' main-grad views come back when it is allocated again). Without
   accumulation and with --overlap-grad-reduce at most two buckets' are alive at once; with
   gradient accumulation a bucket's lives across all microbatches of the step, since it is
   reduced once, after the last one.
@@ -112,7 +112,7 @@ class ShardedBuffer:
     """Buckets of the parameters of one dtype in `layouts` (bucket_layout or unit_layout over
     `params`, in that order), with persistent gradient (and, shard_params, parameter) shards.
 
-    Each parameter gets `main_grad`, a view of its bucket's full gradient tensor, and its `.data`
+    Each parameter's main grad (main_grad(param)) is a view of its bucket's full gradient tensor; its `.data`
     becomes a view of its bucket's full parameter tensor. Talks to dp_group (buckets' collectives).
     """
 
@@ -124,6 +124,7 @@ class ShardedBuffer:
         self.grad_shard = torch.zeros(total // dp, dtype=grad_dtype, device=device)
         self.param_shard = torch.zeros(total // dp, dtype=params[0].dtype, device=device) if shard_params else None
         self.offsets = dict(zip(map(id, params), offsets))
+        self.main_grads = {}
         self.buckets, base = [], 0
         for lay in layouts:
             b = ShardedBucket(lay, [params[i] for i in lay.params], grad_dtype, dp_group, self.grad_shard,
@@ -131,7 +132,7 @@ class ShardedBuffer:
             base += b.k
             for i in lay.params:
                 p, off, n = params[i], offsets[i] - lay.start, params[i].numel()
-                p.main_grad = b.grad[off:off + n].view_as(p)
+                self.main_grads[id(p)] = b.grad[off:off + n].view_as(p)
                 b.param[off:off + n].copy_(p.data.view(-1))
                 p.data = b.param[off:off + n].view_as(p)
             if shard_params and not b.whole:
@@ -143,6 +144,9 @@ class ShardedBuffer:
 
     def offset(self, param):
         return self.offsets[id(param)]
+
+    def main_grad(self, param):
+        return self.main_grads[id(param)]
 
     def numel(self):
         return self.total

@@ -7,6 +7,8 @@ or plain torch by availability and the config's flags, and always falls back to 
     norm.layer_norm / rms_norm        --no-norm-fusion
     activations.bias_gelu / bias_swiglu   --no-bias-gelu-fusion / --no-bias-swiglu-fusion
     rope.apply_rope                   --no-rope-fusion
+    (tensor_parallel) wgrad_fusion    --no-gradient-accumulation-fusion
+    (tensor_parallel) cross_entropy_fused   --cross-entropy-loss-fusion
 
 Modules choose once, at construction (select(...) with the device and dtype they are built
 for, through kernel_table.choose: our kernel only where a GPU result on file beats eager torch
@@ -53,6 +55,11 @@ def describe(config, device):
         device = torch.device(device)
         ops.append(("ring-attention-blocks",
                     choose_kernel(device.type, config.params_dtype, config.kv_channels, usable_kernels(device))))
+    from ..tensor_parallel import wgrad_fusion  # here: tensor_parallel imports this package
+    ops.append(("weight-gradient accumulation", f"in the GEMM ({wgrad_fusion.impl(device)})"
+                if config.gradient_accumulation_fusion else "off (a .grad, then added)"))
+    ops.append(("cross entropy", "fused (chunked, gradient over the logits)" if config.cross_entropy_loss_fusion
+                else "vocab-parallel (torch)"))
     return ops
 
 

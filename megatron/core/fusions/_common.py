@@ -38,6 +38,20 @@ def csrc_ok(device, dtype):
     return csrc_unavailable(device, dtype) is None
 
 
+@functools.cache
+def compiled(fn):
+    """`fn` (a front's torch function) under torch.compile with static shapes: the "compiled"
+    implementation, chosen where bench/kernels.py measured it faster than our kernel and eager
+    (one compiled function per front function; dynamo keys its graphs by shape and stride)."""
+    return torch.compile(fn, dynamic=False)
+
+
+def compiled_fits(*tensors):
+    """The compiled implementation runs on CUDA tensors only (its figures are GPU figures; off CUDA
+    the front runs eager torch)."""
+    return all(t is None or t.is_cuda for t in tensors)
+
+
 def csrc_ok_for(*tensors):
     """Runtime check before calling a kernel: CUDA tensors of a kernel dtype, kernels loaded."""
     return all(t is None or (t.is_cuda and t.dtype in KERNEL_DTYPES) for t in tensors) and _ext.load() is not None
@@ -55,6 +69,8 @@ def kernel_choice(op, device, dtype, enabled, force, flag, others=None):
     """(impl, reason) for one op of a module built for `device` and `dtype`: kernel_table.choose
     with this machine's facts. others: {impl: why unavailable} for a front's other candidates."""
     unavailable = dict(others or {})
+    if not importable("triton"):
+        unavailable["compiled"] = "triton is not installed (torch.compile's GPU backend)"
     why = csrc_unavailable(device, dtype)
     if why is not None:
         unavailable["csrc"] = why

@@ -2,14 +2,14 @@
 
 "csrc" fuses the bias add into the activation (the linear layer then skips its bias) and
 sums the bias gradient in the backward's pass; "torch" is F.gelu (exact, erf) or
-F.silu(gate) * up. There is no apex or Transformer Engine candidate: neither exposes these as
-standalone functions. Which one a module runs: kernel_table.choose.
+F.silu(gate) * up; "compiled" is that under torch.compile. There is no apex or Transformer
+Engine candidate: neither exposes these as standalone functions. Which one a module runs: kernel_table.choose.
 """
 import torch
 import torch.nn.functional as F
 
 from . import _ext
-from ._common import csrc_ok_for, kernel_choice
+from ._common import compiled, compiled_fits, csrc_ok_for, kernel_choice
 
 
 def choice(enabled, device, dtype, swiglu=False, force="auto"):
@@ -60,6 +60,8 @@ def bias_gelu(x, bias=None, impl="torch", approximate="none"):
     always takes the torch path: the kernel computes the exact (erf) GeLU."""
     if impl == "csrc" and approximate == "none" and _csrc_fits(x, bias):
         return _CsrcBiasAct.apply(x, bias, False)
+    if impl == "compiled" and compiled_fits(x, bias):
+        return compiled(torch_bias_gelu)(x, bias, approximate)
     return torch_bias_gelu(x, bias, approximate)
 
 
@@ -67,4 +69,6 @@ def bias_swiglu(x, bias=None, impl="torch"):
     """silu(gate) * up for [gate | up] = x + bias; x [..., 2f], bias [2f] or None -> [..., f]."""
     if impl == "csrc" and _csrc_fits(x, bias):
         return _CsrcBiasAct.apply(x, bias, True)
+    if impl == "compiled" and compiled_fits(x, bias):
+        return compiled(torch_bias_swiglu)(x, bias)
     return torch_bias_swiglu(x, bias)

@@ -3,14 +3,14 @@
 Implementations: "csrc" (our kernel: fp32 statistics, keeps the input and fp32 mean / rstd
 for the backward; weights of the input's dtype or fp32), "apex" (apex.normalization's
 fused_layer_norm_affine / fused_rms_norm_affine), "torch" (F.layer_norm; RMSNorm with fp32
-statistics, written out). Which one a module runs: kernel_table.choose (torch unless a GPU
-result on file says otherwise).
+statistics, written out), "compiled" (the torch function under torch.compile). Which one a
+module runs: kernel_table.choose (torch unless a GPU result on file says otherwise).
 """
 import torch
 import torch.nn.functional as F
 
 from . import _ext
-from ._common import csrc_ok_for, importable, kernel_choice
+from ._common import compiled, compiled_fits, csrc_ok_for, importable, kernel_choice
 
 _APEX = "apex.normalization.fused_layer_norm"
 
@@ -30,6 +30,10 @@ def torch_rms_norm(x, weight, eps):
     xf = x.to(torch.promote_types(x.dtype, torch.float32))
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return y.to(x.dtype) * weight
+
+
+def torch_layer_norm(x, weight, bias, eps):
+    return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
 
 
 class _CsrcNorm(torch.autograd.Function):
@@ -61,6 +65,8 @@ def layer_norm(x, weight, bias, eps, impl="torch"):
     if impl == "apex" and x.is_cuda:
         from apex.normalization.fused_layer_norm import fused_layer_norm_affine
         return fused_layer_norm_affine(x, weight, bias, x.shape[-1:], eps)
+    if impl == "compiled" and compiled_fits(x, weight, bias):
+        return compiled(torch_layer_norm)(x, weight, bias, eps)
     return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
 
 
@@ -71,4 +77,6 @@ def rms_norm(x, weight, eps, impl="torch"):
     if impl == "apex" and x.is_cuda:
         from apex.normalization.fused_layer_norm import fused_rms_norm_affine
         return fused_rms_norm_affine(x, weight, x.shape[-1:], eps)
+    if impl == "compiled" and compiled_fits(x, weight):
+        return compiled(torch_rms_norm)(x, weight, eps)
     return torch_rms_norm(x, weight, eps)

@@ -1,5 +1,6 @@
 """Rotary embedding front: "csrc" (one elementwise kernel each way, reading q / k where they
-lie in the fused QKV output) or "torch"; which one a module runs: kernel_table.choose.
+lie in the fused QKV output), "torch" or "compiled" (torch's under torch.compile); which one
+a module runs: kernel_table.choose.
 
 apex and Transformer Engine have fused RoPE too, but they take the angles, not cos / sin,
 and TE's layout options differ by version; our kernel covers the same need.
@@ -8,7 +9,7 @@ import torch
 
 from ..transformer.rope import apply_rope as torch_apply_rope
 from . import _ext
-from ._common import csrc_ok_for, kernel_choice
+from ._common import compiled, compiled_fits, csrc_ok_for, kernel_choice
 
 
 def choice(enabled, device, dtype, force="auto"):
@@ -44,4 +45,6 @@ def apply_rope(x, cos, sin, impl="torch"):
             and cos.is_contiguous() and sin.is_contiguous()
             and cos.numel() == sin.numel() == x.shape[0] * x.shape[-1]):
         return _CsrcRope.apply(x, cos, sin)
+    if impl == "compiled" and compiled_fits(x, cos, sin):
+        return compiled(torch_apply_rope)(x, cos, sin)
     return torch_apply_rope(x, cos, sin)

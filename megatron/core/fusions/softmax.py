@@ -17,7 +17,7 @@ import functools
 import torch
 
 from . import _ext
-from ._common import HALF_DTYPES, csrc_ok_for, importable, kernel_choice
+from ._common import HALF_DTYPES, compiled, compiled_fits, csrc_ok_for, importable, kernel_choice
 
 _APEX = "scaled_upper_triang_masked_softmax_cuda"
 
@@ -124,6 +124,8 @@ def scaled_masked_softmax(x, mask, scale=1.0, impl=None):
         operands = kernel_operands(x, mask)
         if operands is not None:
             return _CsrcSoftmax.apply(*operands, float(scale), False).view(x.shape)
+    if impl == "compiled" and compiled_fits(x, mask):
+        return compiled(torch_scaled_masked_softmax)(x, mask, scale)
     return torch_scaled_masked_softmax(x, mask, scale)
 
 
@@ -135,4 +137,6 @@ def scaled_upper_triang_masked_softmax(x, scale=1.0, impl=None):
     if impl == "apex" and _apex_fits(x):
         sq, sk = x.shape[-2:]
         return _ApexCausalSoftmax.apply(x.reshape(-1, sq, sk).contiguous(), float(scale)).view(x.shape)
+    if impl == "compiled" and compiled_fits(x):
+        return compiled(torch_scaled_masked_softmax)(x, None, scale, causal=True)
     return torch_scaled_masked_softmax(x, None, scale, causal=True)

@@ -67,6 +67,14 @@ def clip_by_norm_(grads, max_norm, total_norm):
     torch._foreach_mul_(grads, coeff.to(grads[0].dtype))
 
 
+def clip_divisor(max_norm, total_norm):
+    """max(1, total_norm / max_norm) as an fp32 tensor (no host sync): dividing by it is clip_by_norm_'s
+    scaling, in the form torch's fused AdamW takes (its grad_scale); None without clipping."""
+    if max_norm <= 0:
+        return None
+    return ((total_norm + 1e-6) / max_norm).clamp(min=1.0).to(torch.float32)
+
+
 def clip_grads_(params, max_norm, total_norm):
     """clip_by_norm_ on the `.grad`s of `params`."""
     clip_by_norm_([p.grad for p in params if p.grad is not None], max_norm, total_norm)

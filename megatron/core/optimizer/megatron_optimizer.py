@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from ..tensor_parallel.param_meta import counted_once, has_weight_decay, is_embedding_or_output, is_expert_parallel
 from ..timers import phase
-from .clip_grads import clip_by_norm_, model_sum, squares, zeros
+from .clip_grads import clip_by_norm_, clip_divisor, model_sum, squares, zeros
 from .cpu_offload import host_copy, offloaded
 
 ADAM_STATES = ("exp_avg", "exp_avg_sq")
@@ -36,6 +36,15 @@ class StatePiece:
     start: int
     end: int
     tensors: dict[str, torch.Tensor]
+
+
+def _copy_all(pairs):
+    """dst.copy_(src) for each (dst, src): one multi-tensor copy per (dst device, src device)."""
+    by_devices = {}
+    for dst, src in pairs:
+        by_devices.setdefault((dst.device, src.device), []).append((dst, src))
+    for group in by_devices.values():
+        torch._foreach_copy_([d for d, _ in group], [s for _, s in group])
 
 
 class _Piece:
@@ -156,9 +165,8 @@ class MegatronOptimizer:
         step is skipped and the scale backs off); grad_norm is a tensor or None.
         """
         with phase(timers, "optimizer-copy-to-main-grad", 1):
-            for pc in self._pieces:
-                if pc.grad_view.dtype != torch.float32 and not pc.on_host:
-                    pc.main.grad.copy_(pc.grad_view)
+            _copy_all([(pc.main.grad, pc.grad_view) for pc in self._pieces
+                       if pc.grad_view.dtype != torch.float32 and not pc.on_host])
         grads = self._grads()
         if self.grad_scaler is not None:
             with phase(timers, "optimizer-unscale-and-check-inf", 1):
@@ -173,7 +181,11 @@ class MegatronOptimizer:
                 return False, None
         with phase(timers, "optimizer-clip-main-grad", 1):
             norm = self._model_total(squares, grads).sqrt()
-            clip_by_norm_(grads, self.clip_grad, norm)
+            # the device pieces' clip coefficient divides their gradients inside the fused AdamW step (torch's
+            # grad_scale, the channel its GradScaler uses): no pass of its own over the fp32 gradients
+            clip_by_norm_([pc.grad_view for pc in self._pieces if pc.on_host], self.clip_grad, norm)
+            if self.optimizer is not None:
+                self.optimizer.grad_scale = clip_divisor(self.clip_grad, norm)
         with phase(timers, "optimizer-inner-step", 1):
             for pc in self._pieces:
                 if pc.on_host:
@@ -182,9 +194,9 @@ class MegatronOptimizer:
                 if opt is not None:
                     opt.step()
         with phase(timers, "optimizer-copy-main-to-model-params", 1):
-            for pc in self._pieces:
-                if pc.param.dtype != torch.float32 or pc.on_host:
-                    pc.param_view.copy_(pc.main.detach())
+            # the new values into the model's parameters: one multi-tensor copy (per device)
+            _copy_all([(pc.param_view, pc.main.detach()) for pc in self._pieces
+                       if pc.param.dtype != torch.float32 or pc.on_host])
         with phase(timers, "params-all-gather", 1):
             self._after_update()
         return True, norm
@@ -206,8 +218,9 @@ class MegatronOptimizer:
                          [self.groups.mp])
 
     def count_zeros(self):
-        """Zeros in this step's gradients (fp32, unscaled and clipped) over the whole model, each
-        element once whatever the layout (--log-num-zeros-in-grad): an int64 tensor. Collective."""
+        """Zeros in this step's gradients (fp32, unscaled; clipping scales them by a positive number) over
+        the whole model, each element once whatever the layout (--log-num-zeros-in-grad): an int64
+        tensor. Collective."""
         return self._model_total(zeros, self._grads())
 
     def params_norm(self):

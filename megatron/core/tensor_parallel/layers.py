@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import comm
-from ..backward_needs import needs_grad
 from ..fp8.linear import fp8_linear
 from ..fp8.recipes import build_recipe
+from . import wgrad_fusion
 from .mappings import (
     copy_to_tensor_model_parallel_region,
     gather_from_sequence_parallel_region,
@@ -22,37 +22,6 @@ from .mappings import (
     scatter_to_tensor_model_parallel_region,
 )
 from .param_meta import set_init, set_sequence_parallel, set_tensor_parallel
-
-
-class _SequenceParallelLinear(torch.autograd.Function):
-    """y = all_gather_s(x) W^T + b that keeps only this rank's shard x for the backward.
-
-    Sequence parallelism's memory saving is that activations outside TP regions hold s/TP
-    tokens; gathering and then calling F.linear would keep the gathered [s, b, in] for the
-    weight gradient instead. As Megatron-LM does, we keep the shard and gather it again
-    in the backward: one more all-gather per layer, for 1/TP of the input's memory. Each part of
-    the backward runs only where the running backward uses it (backward_needs.py): under a
-    zero-bubble split the reduce-scatter is in B, the all-gather and the weight GEMM in W.
-    """
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, group):
-        ctx.save_for_backward(x, weight)
-        ctx.group, ctx.has_bias = group, bias is not None
-        return F.linear(comm.all_gather_dim0(x, group), weight, bias)
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, weight = ctx.saved_tensors
-        g = grad.reshape(-1, grad.shape[-1])
-        grad_x = grad_weight = grad_bias = None
-        if needs_grad(ctx, 0):
-            grad_x = comm.reduce_scatter_dim0(grad.matmul(weight), ctx.group)  # partial sums over TP
-        if needs_grad(ctx, 1):
-            grad_weight = g.t().mm(comm.all_gather_dim0(x, ctx.group).reshape(-1, x.shape[-1]))
-        if ctx.has_bias and needs_grad(ctx, 2):
-            grad_bias = g.sum(0)
-        return grad_x, grad_weight, grad_bias, None
 
 
 def _fp8_recipe(fp8, group, cp_group):
@@ -101,13 +70,17 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x):
         bias = None if self.skip_bias_add else self.bias
+        sp = self.sequence_parallel and self.tp > 1
         if self.fp8 is not None:  # the gathered input is kept in FP8 for the backward
-            gather = self.sequence_parallel and self.tp > 1
-            x = gather_from_sequence_parallel_region(x, self.group) if gather \
+            x = gather_from_sequence_parallel_region(x, self.group) if sp \
                 else copy_to_tensor_model_parallel_region(x, self.group)
             y = fp8_linear(x, self.weight, bias, self.fp8)
-        elif self.sequence_parallel and self.tp > 1:
-            y = _SequenceParallelLinear.apply(x, self.weight, bias, self.group)
+        elif sp or wgrad_fusion.fusable(self.weight):
+            # sequence parallelism: as Megatron-LM, the shard [s/TP, b, in] is kept for the weight gradient
+            # and gathered again in the backward (one more all-gather per layer for 1/TP of the input's
+            # memory); gradient-accumulation fusion: the weight gradient added into DDP's buffer
+            x = x if sp else copy_to_tensor_model_parallel_region(x, self.group)
+            y = wgrad_fusion.linear(x, self.weight, bias, self.group if sp else None)
         else:
             y = F.linear(copy_to_tensor_model_parallel_region(x, self.group), self.weight, bias)
         if self.gather_output:
@@ -120,7 +93,11 @@ class RowParallelLinear(nn.Module):
 
     Input [s, b, in/TP] (input_is_parallel) or [s, b, in]; output [s, b, out] summed
     over the TP group, or reduce-scattered to [s/TP, b, out] with sequence_parallel.
-    The bias is replicated and added after the reduction. fp8, cp_group: as ColumnParallelLinear's.
+    The bias is replicated; TP rank 0 adds it inside its GEMM (addmm), before the sum over TP, which
+    thus adds it once: no pass of its own over the output. Every rank's copy still gets its gradient:
+    the sum over all tokens of the output's gradient on each rank, or with sequence_parallel on rank 0
+    alone (zero elsewhere; finalize_model_grads sums it over TP, as for any sequence-parallel bias).
+    fp8, cp_group: as ColumnParallelLinear's.
     """
 
     def __init__(self, input_size, output_size, *, group, bias=True, input_is_parallel=True,
@@ -131,6 +108,7 @@ class RowParallelLinear(nn.Module):
         self.group, self.tp = group, comm.world(group)
         self.input_is_parallel, self.sequence_parallel = input_is_parallel, sequence_parallel
         self.skip_bias_add = skip_bias_add
+        self.adds_bias = comm.rank(group) == 0  # the TP rank whose GEMM adds the bias
         if sequence_parallel and not input_is_parallel:
             raise ValueError("sequence_parallel needs input_is_parallel=True")
         inp = _divide(input_size, self.tp, "input size")
@@ -140,7 +118,7 @@ class RowParallelLinear(nn.Module):
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size, dtype=params_dtype, device=device))
             set_init(self.bias, "zeros")
-            # each rank adds the bias to its own sequence shard: its grad is partial
+            # with sequence parallelism its gradient is partial on each rank (see forward): summed over TP
             set_sequence_parallel(self.bias, sequence_parallel)
         else:
             self.register_parameter("bias", None)
@@ -148,14 +126,21 @@ class RowParallelLinear(nn.Module):
     def forward(self, x):
         if not self.input_is_parallel:
             x = scatter_to_tensor_model_parallel_region(x, self.group)
-        y = F.linear(x, self.weight) if self.fp8 is None else fp8_linear(x, self.weight, None, self.fp8)
+        inside = self.bias is not None and not self.skip_bias_add
+        bias = self.bias if inside and self.adds_bias else None
+        if self.fp8 is not None:
+            y = fp8_linear(x, self.weight, bias, self.fp8)
+        else:
+            y = (wgrad_fusion.linear if wgrad_fusion.fusable(self.weight) else F.linear)(x, self.weight, bias)
+        if inside and not self.adds_bias:
+            y = wgrad_fusion.bias_grad_only(y, self.bias, counted=not self.sequence_parallel)
         if self.sequence_parallel:
             y = reduce_scatter_to_sequence_parallel_region(y, self.group)
         else:
             y = reduce_from_tensor_model_parallel_region(y, self.group)
         if self.skip_bias_add:
             return y, self.bias
-        return (y + self.bias if self.bias is not None else y), None
+        return y, None
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -34,6 +34,10 @@ class ParamMeta:
     tied_output_copy: bool = False     # that table's copy the output layer uses (not counted, not saved)
     no_weight_decay: bool = False      # AdamW leaves it undecayed
     expert_parallel: bool = False      # one MoE expert's: held by one expert-parallel rank, reduced over expert-DP
+    # where a layer that computes this parameter's weight gradient itself adds it (gradient-accumulation
+    # fusion, wgrad_fusion.py): DDP, an object with grad_target(param) and grad_added(param); None:
+    # the gradient goes through autograd (.grad). Not a fact of the model: not compared, not saved.
+    grad_sink: object = dataclasses.field(default=None, compare=False, repr=False)
     embedding_or_output: bool = False  # the word embedding or the output layer's weight (--decoupled-lr)
 
 
@@ -82,6 +86,11 @@ def set_expert_parallel(param):
     """A parameter of one MoE expert: only its expert-parallel rank holds it; its gradient is summed
     over the expert-data-parallel group (groups.edp), not groups.dp."""
     _update(param, expert_parallel=True)
+
+
+def set_grad_sink(param, sink):
+    """Let layers add `param`'s weight gradient straight into `sink` (see ParamMeta.grad_sink); None: stop."""
+    _update(param, grad_sink=sink)
 
 
 def set_embedding_or_output(param):

@@ -1,6 +1,7 @@
 """Causal self-attention with grouped-query attention, heads split over the TP group."""
 import math
 
+import torch
 from torch import nn
 
 from .. import comm
@@ -56,8 +57,10 @@ class SelfAttention(nn.Module):
         heads, query_groups = self.num_attention_heads_per_partition, self.num_query_groups_per_partition
         per_group = heads // query_groups
         qkv = qkv.view(s, b, query_groups, per_group + 2, self.head_dim)
-        q = qkv[:, :, :, :per_group].reshape(s, b, heads, self.head_dim)
-        k, v = qkv[:, :, :, per_group], qkv[:, :, :, per_group + 1]
+        # views by one split, whose backward concatenates the three gradients into qkv's in one pass:
+        # indexing would give each its own zero-filled qkv-sized gradient, then two adds
+        q, k, v = torch.split(qkv, [per_group, 1, 1], dim=3)
+        q, k, v = q.reshape(s, b, heads, self.head_dim), k.squeeze(3), v.squeeze(3)
         if rope is not None:
             q, k = (rope_front.apply_rope(t, *rope, impl=self.rope_impl) for t in (q, k))
         if kv_cache is not None:

@@ -7,8 +7,10 @@ Kernels (choose_kernel picks one per ring call from device, dtype and head dim):
              multiple of 8 up to 256, sm80 or later
   cudnn      cuDNN attention (_scaled_dot_product_cudnn_attention): fp16 / bf16, head dim a multiple
              of 8 up to 128, sm80 or later, cuDNN 9
-  efficient  CUDA memory-efficient attention (_scaled_dot_product_efficient_attention): fp32 too,
-             head dim a multiple of 8 (4 in fp32), sm50 or later
+  efficient  CUDA memory-efficient attention (_scaled_dot_product_efficient_attention): fp32 only,
+             head dim a multiple of 4, sm50 or later. Its fp16 / bf16 backward, given the rows' merged
+             log-sum-exp, gave non-finite dq on an H200 (torch 2.11, 2026-11-26; fp32 matched fp64 to
+             1e-5), so half precision is refused here and falls back to the math kernel
   math       the scores written out in fp32 (fp64 stays fp64): any device, dtype and shape; the reference.
 Each takes both kinds of block the ring has: a square causal one (the diagonal) and an unmasked one;
 no row of a block is fully masked. The fused kernels' output comes in the input dtype and is merged
@@ -57,7 +59,8 @@ def choose_kernel(device_type, dtype, head_dim, usable) -> str:
     """The kernel for ring blocks on `device_type` ('cpu', 'cuda', ...) with q / k / v of `dtype` and
     `head_dim`, among `usable` (usable_kernels). Flash first (measured on the GPU machine: what torch's
     SDPA picks there besides cuDNN, and the one whose ops are unchanged since torch 2.1), then cuDNN,
-    then the efficient kernel (the only fused one for fp32), else the explicit math. The causal and
+    then the efficient kernel for fp32 (the only fused one there; its half-precision backward is
+    refused, see above), else the explicit math. The causal and
     the unmasked block are served by all of them alike, so the mask does not enter the choice."""
     if device_type == "cpu":
         return "cpu_flash" if "cpu_flash" in usable else "math"
@@ -66,7 +69,7 @@ def choose_kernel(device_type, dtype, head_dim, usable) -> str:
         return "flash"
     if half and head_dim % 8 == 0 and head_dim <= 128 and "cudnn" in usable:
         return "cudnn"
-    if (half or dtype == torch.float32) and head_dim % (8 if half else 4) == 0 and "efficient" in usable:
+    if dtype == torch.float32 and head_dim % 4 == 0 and "efficient" in usable:
         return "efficient"
     return "math"
 
@@ -137,6 +140,10 @@ class BlockKernel:
             r = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
             out, lse, self._extra = r[0], r[1], (r[6], r[7])
         elif self.name == "efficient":
+            if q.dtype in _HALF:
+                raise ValueError(f"ring attention kernel 'efficient' takes float32 only, got {q.dtype} "
+                                 "(its half-precision backward from a merged log-sum-exp is wrong): use flash, "
+                                 "cudnn or math")
             out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(
                 _bhsd(q), _bhsd(k), _bhsd(v), None, True, 0.0, causal, scale=scale)
             lse, self._extra = lse[..., :q.shape[2]], (seed, offset)

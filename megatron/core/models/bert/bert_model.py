@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...tensor_parallel import mappings
+from ...tensor_parallel import mappings, wgrad_fusion
 from ...tensor_parallel.param_meta import set_init, set_sequence_parallel, set_tensor_parallel
 from ...transformer.norm import build_norm
 from ..common.language_module import LanguageModule
@@ -29,7 +29,7 @@ class ReplicatedLinear(nn.Module):
         set_sequence_parallel(self.bias, sequence_parallel)
 
     def forward(self, x):
-        return F.linear(x, self.weight, self.bias)
+        return wgrad_fusion.linear_or_fused(x, self.weight, self.bias)
 
 
 class BertLMHead(nn.Module):

@@ -13,8 +13,9 @@ import torch
 from torch import nn
 
 from ...pipeline_parallel.split import stage_layers
-from ...tensor_parallel import mappings
+from ...tensor_parallel import mappings, wgrad_fusion
 from ...tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
+from ...tensor_parallel.cross_entropy_fused import fused_vocab_parallel_cross_entropy
 from ...tensor_parallel.layers import ColumnParallelLinear, VocabParallelEmbedding
 from ...tensor_parallel.param_meta import (
     set_embedding_or_output,
@@ -131,9 +132,13 @@ class LanguageModule(nn.Module):
                 hidden = mappings.gather_from_sequence_parallel_region(hidden, self.groups.tp)
             else:
                 hidden = mappings.copy_to_tensor_model_parallel_region(hidden, self.groups.tp)
+            if not self.pre_process:  # the table's one use here: its gradient may go straight to DDP's buffer
+                return wgrad_fusion.linear_or_fused(hidden, self.word_embeddings.weight)
             return torch.nn.functional.linear(hidden, self.word_embeddings.weight)
         return self.output_layer(hidden)[0]
 
     def loss(self, logits, labels):
         """logits [s, b, V_padded/TP], labels [b, s] -> per-token cross entropy [b, s] (fp32)."""
-        return vocab_parallel_cross_entropy(logits, labels.t(), self.config.vocab_size, self.groups.tp).t()
+        fused = self.config.cross_entropy_loss_fusion
+        ce = fused_vocab_parallel_cross_entropy if fused else vocab_parallel_cross_entropy
+        return ce(logits, labels.t(), self.config.vocab_size, self.groups.tp).t()

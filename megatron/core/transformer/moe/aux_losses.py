@@ -13,7 +13,6 @@ import dataclasses
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 
 @dataclasses.dataclass
@@ -61,7 +60,9 @@ def sequence_load_balancing_loss(scores, indices, seq_len, topk, coeff, cp_group
     sequence): n_be is all-reduced over it and the result is this rank's part (sum over CP = loss)."""
     T, E = scores.shape
     b = T // seq_len
-    counts = F.one_hot(indices.view(seq_len, b, topk), E).sum((0, 2)).to(scores.dtype)  # [b, E]
+    # [b, E]; one_hot reads the ids' range on the host (CPU) and makes an int64 [T, k, E]
+    counts = (indices.view(seq_len, b, topk, 1) == torch.arange(E, device=indices.device)).sum((0, 2))
+    counts = counts.to(scores.dtype)
     parts = 1 if cp_group is None else dist.get_world_size(cp_group)
     if parts > 1:
         dist.all_reduce(counts, group=cp_group)
@@ -73,7 +74,8 @@ def sequence_load_balancing_loss(scores, indices, seq_len, topk, coeff, cp_group
 def z_loss(logits, coeff, parts=1):
     """ST-MoE router z-loss: coeff x mean_t logsumexp(logits_t)^2. logits [T, E] -> scalar; with
     context parallelism (parts = CP ranks, each holding T of the tokens) this rank's part of the mean."""
-    return coeff * torch.logsumexp(logits, dim=-1).square().mean() / parts
+    loss = coeff * torch.logsumexp(logits, dim=-1).square().mean()
+    return loss / parts if parts > 1 else loss
 
 
 class _AttachLoss(torch.autograd.Function):
@@ -107,19 +109,21 @@ def iteration_report(names, groups, microbatches_in_global_batch, moe_layers, de
     calls it (collective)."""
     if not names:
         return {}
+    zero = torch.zeros((), device=device)  # a stage without MoE layers records nothing
     sums = losses.sums if losses is not None else {}
-    sums = torch.stack([torch.as_tensor(sums.get(n, 0.0), device=device, dtype=torch.float32) for n in names])
+    sums = torch.stack([sums.get(n, zero) for n in names])
     for group, size in token_groups(groups) + [(groups.pp, groups.pp_size)]:
         if size > 1:
             dist.all_reduce(sums, group=group)
-    count = torch.tensor(float(microbatches_in_global_batch * moe_layers), device=device)
+    count = torch.full((), float(microbatches_in_global_batch * moe_layers), device=device)  # no host copy
     return {n: (sums[i], count) for i, n in enumerate(names)}
 
 
 def tokens_balance(groups, num_layers, num_experts, device, losses=None):
     """(min, max) over MoE layers and experts of the tokens routed since the last call (`losses`, this
     rank's RouterLosses), summed over token_groups and groups.pp (collective); clears the counts. None
-    when nothing was routed."""
+    when nothing was routed. One host read (at log intervals only: the counts are summed on the device
+    every micro-batch)."""
     table = torch.zeros(num_layers, num_experts, device=device)
     if losses is not None:
         for layer, counts in losses.tokens.items():
@@ -128,7 +132,8 @@ def tokens_balance(groups, num_layers, num_experts, device, losses=None):
     for group, size in token_groups(groups) + [(groups.pp, groups.pp_size)]:
         if size > 1:
             dist.all_reduce(table, group=group)
-    used = table[table.sum(1) > 0]
-    if used.numel() == 0:
-        return None
-    return float(used.min()), float(used.max())
+    used = (table.sum(1) > 0)[:, None]
+    low = torch.where(used, table, torch.inf).min()
+    high = torch.where(used, table, -torch.inf).max()
+    low, high, any_used = torch.stack([low, high, used.any().float()]).tolist()
+    return (low, high) if any_used else None

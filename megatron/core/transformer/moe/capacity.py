@@ -13,6 +13,7 @@ import math
 import torch
 
 from ... import comm
+from .token_counts import tokens_per_expert
 
 
 def capacity(num_tokens, topk, num_experts, factor):
@@ -34,7 +35,7 @@ def keep_over_capacity(probs, indices, num_experts, cap, policy="probs", rows=No
     else:
         priority = torch.arange(expert.numel(), device=expert.device) if base is None else base
     order = priority[torch.argsort(expert[priority], stable=True)]  # by expert, then by priority
-    per_expert = torch.bincount(expert, minlength=num_experts)
+    per_expert = tokens_per_expert(expert, num_experts)
     starts = torch.cumsum(per_expert, 0) - per_expert
     rank_in_expert = torch.arange(order.numel(), device=order.device) - starts[expert[order]]
     keep = torch.zeros_like(expert, dtype=torch.bool)
@@ -59,16 +60,21 @@ def drop_over_capacity(probs, indices, num_experts, factor, policy="probs", grou
     return probs * keep, torch.where(keep, indices, torch.full_like(indices, num_experts))
 
 
-def pad_to_capacity(x, counts, size):
-    """--moe-pad-expert-input-to-capacity: x [N, h] in groups of counts[g] rows -> [G x size, h], each
-    group followed by zero rows up to `size` (its capacity from every EP rank), so the experts see
-    fixed shapes. The zero rows' outputs are cut off again by unpad; they change no value or gradient."""
-    parts = []
-    for chunk in x.split(counts):
-        parts += [chunk, chunk.new_zeros(size - chunk.shape[0], x.shape[1])]
-    return torch.cat(parts)
+def padded_places(counts, rows, size):
+    """--moe-pad-expert-input-to-capacity: [rows] int64, where each row of an input in groups (counts:
+    token_counts.TokenCounts, `rows` in all) goes when each group is followed by zero rows up to `size`
+    (its capacity from every EP rank), so that the experts see fixed shapes. Computed on the device."""
+    group = counts.groups(rows)
+    starts = counts.ends - counts.counts()
+    return group * size + torch.arange(rows, device=group.device) - starts[group]
 
 
-def unpad(y, counts, size):
+def pad_to_capacity(x, places, groups, size):
+    """x [N, h] -> [groups x size, h]: row i at places[i] (padded_places), zeros elsewhere. The zero
+    rows' outputs are cut off again by unpad; they change no value or gradient."""
+    return x.new_zeros(groups * size, x.shape[1]).index_copy(0, places, x)
+
+
+def unpad(y, places):
     """The inverse of pad_to_capacity: [G x size, h] -> [N, h]."""
-    return torch.cat([chunk[:n] for chunk, n in zip(y.split(size), counts)]) if counts else y
+    return y[places]

@@ -17,6 +17,7 @@ from torch import nn
 
 from ...fp8.linear import fp8_linear
 from ...fp8.recipes import build_recipe
+from ...tensor_parallel import wgrad_fusion
 from ...tensor_parallel.param_meta import set_expert_parallel, set_init, set_tensor_parallel
 from .grouped_gemm import grouped_experts, per_row
 
@@ -71,7 +72,8 @@ class ExpertMLP(nn.Module):
 
 
 def _linear(x, weight, bias, fp8):
-    return F.linear(x, weight, bias) if fp8 is None else fp8_linear(x, weight, bias, fp8)
+    # gradient-accumulation fusion: the weight gradient added into DDP's buffer (FP8: fp8/linear.py deposits it)
+    return wgrad_fusion.linear_or_fused(x, weight, bias) if fp8 is None else fp8_linear(x, weight, bias, fp8)
 
 
 class LocalExperts(nn.Module):
@@ -93,17 +95,18 @@ class LocalExperts(nn.Module):
             {str(first + i): ExpertMLP(config, tp_size, device, fp8) for i in range(count)})
 
     def forward(self, x, counts):
-        """x [N, h]: tokens sorted by local expert, counts[i] of them for local expert i (a list of
-        ints summing to N) -> [N, h], each row through its expert (TP-partial). No communication."""
+        """x [N, h]: tokens sorted by local expert, counts (token_counts.TokenCounts) of them for each
+        -> [N, h], each row through its expert (TP-partial). No communication. The grouped path reads
+        nothing on the host; the loop needs the sizes there (read once, if the dispatcher had not)."""
         experts = list(self.local_experts.values())
         if self.grouped:
             out = grouped_experts(experts, x, counts, fc2_bias=not self.split_fc2_bias)
         else:
-            outs = [expert(chunk) for expert, chunk in zip(experts, x.split(counts))]
+            outs = [expert(chunk) for expert, chunk in zip(experts, x.split(counts.sizes()))]
             out = torch.cat(outs) if outs else x[:0]
         if self.split_fc2_bias and experts:
-            out = _AddOnFirstRank.apply(out, per_row(torch.stack([e.fc2_bias for e in experts]), counts),
-                                        self.first_tp_rank)
+            biases = per_row(torch.stack([e.fc2_bias for e in experts]), counts, x.shape[0])
+            out = _AddOnFirstRank.apply(out, biases, self.first_tp_rank)
         return out
 
 

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from ... import comm
 from ...tensor_parallel import mappings
+from .token_counts import TokenCounts
 
 
 def own_tokens(hidden, tp_group, sequence_parallel):
@@ -42,23 +43,24 @@ class ExpertTPGather:
         self.group, self.size = group, comm.world(group)
 
     def gather(self, x, counts):
-        """x [N, h] (counts[e] rows for local expert e) -> ([sum over ranks of N, h] sorted by local
-        expert then rank, counts summed over the ranks: a list of ints)."""
-        mine = torch.tensor(counts, dtype=torch.int64, device=x.device)
-        table = comm.all_gather_dim0(mine.unsqueeze(0), self.group)  # [ETP, local experts]
-        rows = table.sum(1)
-        self.width, self.rows = max(1, int(rows.max())), int(rows[comm.rank(self.group)])  # no empty collective
+        """x [N, h] (counts: TokenCounts, rows per local expert) -> ([sum over ranks of N, h] sorted by
+        local expert then rank, TokenCounts summed over the ranks). One host read: the ranks' counts."""
+        table = comm.all_gather_dim0(counts.counts().unsqueeze(0), self.group)  # [ETP, local experts]
+        host = table.tolist()
+        rows = [sum(r) for r in host]
+        self.width, self.rows = max(1, max(rows)), rows[comm.rank(self.group)]  # no empty collective
         padded = F.pad(x, (0, 0, 0, self.width - x.shape[0]))
         gathered = mappings.gather_from_sequence_parallel_region(padded, self.group)  # [ETP x width, h]
         # segment (rank r, expert e) starts at row r x width + (rows of r's experts before e); take the
         # segments in (expert, rank) order, each a run of consecutive rows
         begin = (torch.cumsum(table, 1) - table + self.width * torch.arange(self.size, device=x.device)[:, None]).T
         length = table.T.reshape(-1)
-        total = int(length.sum())
+        total = sum(rows)
         offset = torch.repeat_interleave(begin.reshape(-1) - (torch.cumsum(length, 0) - length), length,
                                          output_size=total)
         self.index = offset + torch.arange(total, device=x.device)
-        return gathered[self.index], table.sum(0).tolist()
+        sizes = [sum(column) for column in zip(*host)]
+        return gathered[self.index], TokenCounts(torch.cumsum(table.sum(0), 0), sizes)
 
     def scatter(self, y):
         """y [sum over ranks of N, h] (gather's order), partial over the expert-TP shards -> [N, h]:

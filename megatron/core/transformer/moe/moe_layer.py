@@ -9,11 +9,12 @@ from ...tensor_parallel import mappings
 from ...tensor_parallel.param_meta import set_sequence_parallel
 from ..mlp import MLP
 from . import aux_losses
-from .capacity import pad_to_capacity, unpad
+from .capacity import pad_to_capacity, padded_places, unpad
 from .experts import LocalExperts
 from .folding import ExpertTPGather, all_tokens, own_tokens
 from .router import TopKRouter
 from .shared_experts import SharedExpertMLP
+from .token_counts import TokenCounts
 from .token_dispatcher import build_dispatcher
 from .token_share import TokenShare, token_share
 
@@ -48,6 +49,7 @@ class MoELayer(nn.Module):
         ep = comm.world(ep_group) if ep_group is not None else 1
         count = config.num_experts // ep
         self.ep, self.share = ep, share or TokenShare(sources=ep)
+        self.dropless = config.moe_expert_capacity_factor is None
         self.router = TopKRouter(config, layer_number, device, cp_group)
         expert_tp_size = comm.world(etp_group) if self.folded else self.tp_size if self.expert_tp else 1
         expert_tp_group = etp_group if self.folded else self.expert_tp
@@ -75,7 +77,7 @@ class MoELayer(nn.Module):
         probs, indices, aux = self._route(tokens, s, b)
         etp = self.expert_tp
         expert_in = mappings.copy_to_tensor_model_parallel_region(tokens, etp) if etp is not None else tokens
-        routed, counts = self.dispatcher.dispatch(expert_in, probs, indices)
+        routed, counts = self.dispatcher.dispatch(expert_in, probs, indices, self.dropless)
         expert_out = self._experts(routed, counts, s * b)
         if etp is not None:  # summed over TP before the probs weigh them: the router's gradient needs whole outputs
             expert_out = mappings.reduce_from_tensor_model_parallel_region(expert_out, etp)
@@ -92,12 +94,15 @@ class MoELayer(nn.Module):
         return self.router(tokens, s, rows)
 
     def _experts(self, routed, counts, local_tokens):
-        """The local experts on their rows, padded to capacity with --moe-pad-expert-input-to-capacity."""
+        """The local experts on their rows (counts: TokenCounts), padded to capacity with
+        --moe-pad-expert-input-to-capacity."""
         c = self.config
         if not c.moe_pad_expert_input_to_capacity:
             return self.experts(routed, counts)
         size = self.share.padded_rows(local_tokens, c.moe_router_topk, c.num_experts, c.moe_expert_capacity_factor)
-        return unpad(self.experts(pad_to_capacity(routed, counts, size), [size] * len(counts)), counts, size)
+        places = padded_places(counts, routed.shape[0], size)
+        padded = pad_to_capacity(routed, places, len(counts), size)
+        return unpad(self.experts(padded, TokenCounts.equal(size, len(counts), routed.device)), places)
 
     def _finish(self, out, hidden, aux):
         if self.shared_experts is not None:
@@ -109,7 +114,7 @@ class MoELayer(nn.Module):
         s, b, h = x.shape
         tokens = x.reshape(s * b, h)
         probs, indices, aux = self._route(tokens, s, b)
-        routed, counts = self.dispatcher.dispatch(tokens, probs, indices)
+        routed, counts = self.dispatcher.dispatch(tokens, probs, indices, self.dropless)
         if self.etp is not None:
             routed, counts = self.etp.gather(routed, counts)
         expert_out = self._experts(routed, counts, s * b)

@@ -1,13 +1,17 @@
 """Top-k router: scores every token against every expert and picks k experts per token."""
+import functools
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from ... import comm
+from ...tensor_parallel import wgrad_fusion
 from ...tensor_parallel.param_meta import param_meta, set_init
 from . import aux_losses
 from .capacity import drop_over_capacity
+from .token_counts import tokens_per_expert
 
 ROUTER_DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
 
@@ -71,12 +75,14 @@ class TopKRouter(nn.Module):
         tokens' rows in the micro-batch, whose routing is all-gathered over cp_group for the drops."""
         c = self.config
         dtype = ROUTER_DTYPES.get(c.moe_router_dtype)  # --moe-router-dtype: the whole routing in that dtype
-        x, weight = (x, self.weight) if dtype is None else (x.to(dtype), self.weight.to(dtype))
-        logits = F.linear(x, weight)
+        if dtype is None or dtype == self.weight.dtype:
+            logits = wgrad_fusion.linear_or_fused(x if dtype is None else x.to(dtype), self.weight)
+        else:  # the cast weight's gradient reaches .grad through autograd, which DDP takes as any other
+            logits = F.linear(x.to(dtype), self.weight.to(dtype))
         probs, indices, scores = topk_routing(logits, c.moe_router_topk, c.moe_router_score_function,
                                               c.moe_router_pre_softmax, self.expert_bias)
         chosen = indices  # the balance losses and counts see the choice before any drop
-        counts = torch.bincount(chosen.reshape(-1), minlength=c.num_experts)
+        counts = tokens_per_expert(chosen, c.num_experts).float()  # exact below 2^24 pairs
         if c.moe_expert_capacity_factor is not None:
             probs, indices = drop_over_capacity(probs, indices, c.num_experts, c.moe_expert_capacity_factor,
                                                 c.moe_token_drop_policy, self.cp_group if rows is not None else None,
@@ -86,7 +92,7 @@ class TopKRouter(nn.Module):
             if self.losses is not None:
                 self.losses.record_tokens(self.layer_number, counts)
             if self.expert_bias is not None:
-                self.bias_tokens += counts.float()
+                self.bias_tokens += counts
             for kind, coeff, name in c.balance_losses():  # several types add up, each with its coefficient
                 if kind == "aux_loss":
                     whole = counts.to(scores.dtype)
@@ -103,7 +109,7 @@ class TopKRouter(nn.Module):
                 loss = aux_losses.z_loss(logits, c.moe_z_loss_coeff, self.cp_size)
                 self._record("z_loss", loss)
                 losses.append(loss)
-        return probs, indices, (sum(losses) if losses else None)
+        return probs, indices, (functools.reduce(torch.add, losses) if losses else None)
 
     def _record(self, name, loss):
         if self.losses is not None:

@@ -1,9 +1,9 @@
 """Shared experts: the dense MLP every token goes through beside its routed experts, with
 Megatron-Core's optional sigmoid gate (--moe-shared-expert-gate, Qwen2-MoE's shared_expert_gate)."""
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ...tensor_parallel import wgrad_fusion
 from ...tensor_parallel.param_meta import set_init, set_sequence_parallel
 from ..mlp import MLP
 
@@ -26,4 +26,5 @@ class SharedExpertMLP(MLP):
 
     def forward(self, x):
         out = super().forward(x)
-        return out if self.gate_weight is None else torch.sigmoid(F.linear(x, self.gate_weight)) * out
+        gate = self.gate_weight
+        return out if gate is None else torch.sigmoid(wgrad_fusion.linear_or_fused(x, gate)) * out

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from ... import comm
 from ...tensor_parallel.mappings import gather_from_sequence_parallel_region, reduce_scatter_to_sequence_parallel_region
 from ...watchdog import waiting
+from .token_counts import TokenCounts
 
 
 class _AllToAll(torch.autograd.Function):
@@ -30,6 +31,15 @@ class _AllToAll(torch.autograd.Function):
         return _AllToAll.apply(g, ctx.group, ctx.in_splits, ctx.out_splits), None, None, None
 
 
+def _sort_pairs(indices, first, count):
+    """indices [T, k] -> (order: the pair indices (t k + j) sorted by expert, stably; ends [count + 1]:
+    where the runs of experts first - 1 (before the local ones), first, ..., first + count - 1 end in
+    `order`). Dropped pairs (index E) sort last."""
+    expert, order = torch.sort(indices.reshape(-1), stable=True)
+    bounds = torch.arange(first, first + count + 1, device=indices.device)
+    return order, torch.searchsorted(expert, bounds)
+
+
 class AllGatherDispatcher:
     """Every EP rank gathers all tokens and routing of its EP group, runs the pairs that chose its
     experts, and reduce-scatters the weighted outputs back (groups.ep)."""
@@ -37,19 +47,23 @@ class AllGatherDispatcher:
     def __init__(self, num_experts, first, count, ep_group):
         self.num_experts, self.first, self.count, self.group = num_experts, first, count, ep_group
 
-    def dispatch(self, x, probs, indices):
-        """x [T, h], probs / indices [T, k] -> (tokens [N, h] sorted by local expert, counts: N per expert)."""
+    def dispatch(self, x, probs, indices, dropless=False):
+        """x [T, h], probs / indices [T, k] -> (tokens [N, h] sorted by local expert, TokenCounts).
+        dropless (no capacity factor): every pair is kept, so with all experts here nothing is read
+        on the host; else the local run's bounds are (one .tolist())."""
         k = indices.shape[1]
         if self.group is not None:
             x = gather_from_sequence_parallel_region(x, self.group)
             probs = gather_from_sequence_parallel_region(probs, self.group)
             indices = comm.all_gather_dim0(indices, self.group)
-        expert = indices.reshape(-1)
-        pairs = torch.nonzero((expert >= self.first) & (expert < self.first + self.count)).squeeze(1)
-        order = torch.argsort(expert[pairs], stable=True)
-        pairs = pairs[order]
-        self.rows, self.weights, self.total = pairs // k, probs.reshape(-1)[pairs], x.shape[0]
-        counts = torch.bincount(expert[pairs] - self.first, minlength=self.count).tolist()
+        order, ends = _sort_pairs(indices, self.first, self.count)
+        if dropless and self.count == self.num_experts:
+            counts = TokenCounts(ends[1:])
+        else:
+            host = ends.tolist()
+            order = order[host[0]:host[-1]]
+            counts = TokenCounts(ends[1:] - ends[0], [b - a for a, b in zip(host[:-1], host[1:])])
+        self.rows, self.weights, self.total = order // k, probs.reshape(-1)[order], x.shape[0]
         return x[self.rows], counts
 
     def combine(self, y):
@@ -60,36 +74,48 @@ class AllGatherDispatcher:
 
 class AllToAllDispatcher:
     """Each rank sorts its pairs by expert, exchanges the per-expert counts over groups.ep, then
-    the tokens themselves (all-to-all with those counts); combine() sends the outputs back."""
+    the tokens themselves (all-to-all with those counts); combine() sends the outputs back.
+    Host reads: none without EP when dropless; else one .tolist() per dispatch (the kept pairs, the
+    all-to-all's splits); nothing in combine or in backward."""
 
     def __init__(self, num_experts, first, count, ep_group):
         self.num_experts, self.first, self.count, self.group = num_experts, first, count, ep_group
         self.ep = comm.world(ep_group) if ep_group is not None else 1
 
-    def dispatch(self, x, probs, indices):
+    def dispatch(self, x, probs, indices, dropless=False):
         k = indices.shape[1]
-        expert = indices.reshape(-1)
-        per_expert = torch.bincount(expert, minlength=self.num_experts + 1)[:self.num_experts]
-        # dropped pairs (index E, capacity.py) sort last and are cut off
-        order = torch.argsort(expert, stable=True)[:int(per_expert.sum())]
-        self.rows, self.weights, self.total = order // k, probs.reshape(-1)[order], x.shape[0]
-        tokens = x[self.rows]
+        expert, order = torch.sort(indices.reshape(-1), stable=True)
+        # where each expert's run ends in `order` (dropped pairs, index E, sort after the last)
+        ends = torch.searchsorted(expert, torch.arange(1, self.num_experts + 1, device=x.device), out_int32=True)
         if self.group is None:
-            return tokens, per_expert.tolist()
+            host = None if dropless else ends.tolist()
+            if host is not None:  # dropped pairs are cut off
+                order = order[:host[-1]]
+            self._keep(order, probs, x, k)
+            sizes = None if host is None else [b - a for a, b in zip([0] + host[:-1], host)]
+            return x[self.rows], TokenCounts(ends, sizes)
+        per_expert = torch.diff(ends, prepend=ends.new_zeros(1))  # [E]: the pairs this rank sends each expert
         # [source rank, local expert]: how many pairs each EP rank sends to each of my experts
         recv = torch.empty_like(per_expert)
         with waiting("all-to-all (token counts)", self.group):
             dist.all_to_all_single(recv, per_expert, group=self.group)
-        recv = recv.view(self.ep, self.count)
-        self.send_splits = per_expert.view(self.ep, self.count).sum(1).tolist()
-        self.recv_splits = recv.sum(1).tolist()
-        received = _AllToAll.apply(tokens, self.group, self.recv_splits, self.send_splits)
-        # received is ordered (source rank, expert): regroup as (expert, source rank)
-        starts = torch.cumsum(recv.reshape(-1), 0) - recv.reshape(-1)
-        segments = [torch.arange(int(starts[r * self.count + e]), int(starts[r * self.count + e] + recv[r, e]))
-                    for e in range(self.count) for r in range(self.ep)]
-        self.regroup = torch.cat(segments).to(x.device) if segments else starts.new_zeros(0)
-        return received[self.regroup], recv.sum(0).tolist()
+        host = torch.cat([per_expert, recv]).tolist()  # the dispatch's one host read
+        mine, theirs = host[:self.num_experts], host[self.num_experts:]
+        C = self.count
+        self.send_splits = [sum(mine[r * C:(r + 1) * C]) for r in range(self.ep)]
+        self.recv_splits = [sum(theirs[r * C:(r + 1) * C]) for r in range(self.ep)]
+        self._keep(order[:sum(mine)], probs, x, k)
+        received = _AllToAll.apply(x[self.rows], self.group, self.recv_splits, self.send_splits)
+        # received is ordered (source rank, expert): a stable sort by expert regroups it as (expert, source rank)
+        total = sum(self.recv_splits)
+        expert_of_row = torch.repeat_interleave(torch.arange(self.ep * C, device=x.device) % C, recv,
+                                                output_size=total)
+        self.regroup = torch.sort(expert_of_row, stable=True).indices
+        sizes = [sum(theirs[r * C + e] for r in range(self.ep)) for e in range(C)]
+        return received[self.regroup], TokenCounts(torch.cumsum(recv.view(self.ep, C).sum(0), 0), sizes)
+
+    def _keep(self, order, probs, x, k):
+        self.rows, self.weights, self.total = order // k, probs.reshape(-1)[order], x.shape[0]
 
     def combine(self, y):
         if self.group is not None:
