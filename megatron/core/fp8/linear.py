@@ -8,7 +8,6 @@ weight's grad sink (DDP's buffer), as the other linears' do, and autograd gets N
 import torch
 
 from ..backward_needs import needs_grad
-from ..tensor_parallel import wgrad_fusion
 
 
 class _Fp8Linear(torch.autograd.Function):
@@ -33,7 +32,9 @@ class _Fp8Linear(torch.autograd.Function):
             if want_x:
                 grad_x = ctx.recipe.dgrad(gc, saved).to(ctx.dtypes[0]).view(ctx.x_shape)
             if want_w:
-                grad_w = wgrad_fusion.deposit(weight, ctx.recipe.wgrad(gc, saved))
+                # here, not at the top: tensor_parallel's layers import this module
+                from ..tensor_parallel.wgrad_fusion import deposit
+                grad_w = deposit(weight, ctx.recipe.wgrad(gc, saved))
                 grad_w = None if grad_w is None else grad_w.to(ctx.dtypes[1])
         if ctx.has_bias and needs_grad(ctx, 2):
             grad_b = g.sum(0)
