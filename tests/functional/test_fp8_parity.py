@@ -31,6 +31,8 @@ TP2_SP = ["--tensor-model-parallel-size", "2", "--sequence-parallel"]
 LAYOUTS = {  # name: (processes, flags)
     "tp2-sp": (2, TP2_SP),
     "pp2": (2, ["--pipeline-model-parallel-size", "2"]),
+    # zero-bubble: the FP8 weight gradients in W, into DDP's buffer (gradient-accumulation fusion, on by default)
+    "pp2-zb-h1": (2, ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zb-h1"]),
     "distopt-dp2": (2, ["--use-distributed-optimizer"]),
     "zero3-dp2": (2, ["--data-parallel-sharding-strategy", "optim_grads_params"]),
     "cp2": (2, ["--context-parallel-size", "2"]),
