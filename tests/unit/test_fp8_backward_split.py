@@ -49,3 +49,43 @@ def test_fp8_linears_split_exactly(recipe):
     if recipe == "delayed":  # and again with scales from the history
         after_step(m, ())
         check_split(m, _steps())
+
+
+class _Sink:
+    """DDP's grad-sink contract (wgrad_fusion.py): a zeroed fp32 buffer per parameter, gradients counted."""
+
+    def __init__(self, params):
+        self.main = {id(p): torch.zeros(p.shape) for p in params}
+        self.added = {id(p): 0 for p in params}
+
+    def grad_target(self, p):
+        return self.main[id(p)]
+
+    def grad_is_first(self, p):
+        return False
+
+    def grad_added(self, p):
+        self.added[id(p)] += 1
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "blockwise"])
+def test_fp8_weight_gradient_goes_to_the_grad_sink(recipe):
+    """Gradient-accumulation fusion: the FP8 weight gradient is added into the sink in fp32, bit for bit the
+    one autograd returns without a sink, and no .grad is made."""
+    from megatron.core.tensor_parallel.param_meta import set_grad_sink
+    m = Fp8Block(recipe)
+    step = _steps(1)[0]
+    out, gy, _ = step(m)
+    out.backward(gy)
+    want = {n: p.grad.clone() for n, p in m.named_parameters()}
+    m.zero_grad(set_to_none=True)
+    weights = [m.fc1.weight, m.fc2.weight]
+    sink = _Sink(weights)
+    for w in weights:
+        set_grad_sink(w, sink)
+    out, gy, _ = step(m)
+    out.backward(gy)
+    for name, w in (("fc1.weight", m.fc1.weight), ("fc2.weight", m.fc2.weight)):
+        assert w.grad is None and sink.added[id(w)] == 1
+        assert torch.equal(sink.main[id(w)], want[name])
+    assert torch.equal(m.fc1.bias.grad, want["fc1.bias"])
