@@ -134,6 +134,7 @@ def main(argv=None):
     p.add_argument("--out", default=os.environ.get("OUT") or "bench/results/gpu_suite")
     p.add_argument("--budget", type=float, default=470.0, help="seconds for all steps together")
     p.add_argument("--only", default=None, help="comma-separated step names (substring match)")
+    p.add_argument("--skip", default=None, help="comma-separated step names (exact) to leave out")
     p.add_argument("--label", default=None, help="what was measured (e.g. the commit), for the report")
     p.add_argument("--dry-run", action="store_true", help="print each step's command (no GPU needed) and exit")
     a = p.parse_args(argv)
@@ -148,6 +149,8 @@ def main(argv=None):
     with open(os.path.join(a.out, "suite.log"), "w") as log:
         for name, cap, cmd in steps(a.out, help_text):
             if a.only and not any(k in name for k in a.only.split(",")):
+                continue
+            if a.skip and name in a.skip.split(","):
                 continue
             left = a.budget - (time.time() - start)
             if isinstance(cmd, tuple):

@@ -25,24 +25,26 @@
 #endif
 
 #include "bindings.h"
+#include "checks.h"
 
 namespace megatron_fused {
 
 namespace {
 
 const char* kName = "megatron_fused_kernels.wgrad_gemm_accumulate";
+const char* kOp = "wgrad_gemm_accumulate";  // MF_CHECK prefixes the module
 
 int checked_int(int64_t v, const char* what) {
-  TORCH_CHECK_VALUE(v >= 0 && v <= INT_MAX, kName, ": ", what, " (", v, ") does not fit cuBLAS's int");
+  MF_CHECK(v >= 0 && v <= INT_MAX, kOp, what, " (", v, ") does not fit cuBLAS's int");
   return static_cast<int>(v);
 }
 
 void check_matrix(const at::Tensor& t, const char* name) {
-  TORCH_CHECK_VALUE(t.defined(), kName, ": ", name, " is undefined");
-  TORCH_CHECK_VALUE(t.is_cuda(), kName, ": ", name, " must be a CUDA tensor, got ", t.device());
-  TORCH_CHECK_VALUE(t.dim() == 2, kName, ": ", name, " must be 2-D, got ", t.dim(), "-D ", t.sizes());
-  TORCH_CHECK_VALUE(t.is_contiguous(), kName, ": ", name, " must be contiguous (row-major), got strides ", t.strides());
-  TORCH_CHECK_VALUE(t.layout() == at::kStrided, kName, ": ", name, " must be a dense tensor");
+  MF_CHECK(t.defined(), kOp, name, " is undefined");
+  MF_CHECK(t.is_cuda(), kOp, name, " must be a CUDA tensor, got ", t.device());
+  MF_CHECK(t.dim() == 2, kOp, name, " must be 2-D, got ", t.dim(), "-D ", t.sizes());
+  MF_CHECK(t.is_contiguous(), kOp, name, " must be contiguous (row-major), got strides ", t.strides());
+  MF_CHECK(t.layout() == at::kStrided, kOp, name, " must be a dense tensor");
 }
 
 }  // namespace
@@ -51,15 +53,14 @@ bool wgrad_gemm_accumulate(const at::Tensor& x, const at::Tensor& g, const at::T
   check_matrix(x, "x");
   check_matrix(g, "g");
   check_matrix(main, "main");
-  TORCH_CHECK_VALUE(x.device() == g.device() && x.device() == main.device(), kName, ": x, g and main must be on one device");
-  TORCH_CHECK_VALUE(x.scalar_type() == g.scalar_type(), kName, ": x and g must have one dtype, got ", x.scalar_type(),
+  MF_CHECK(x.device() == g.device() && x.device() == main.device(), kOp, "x, g and main must be on one device");
+  MF_CHECK(x.scalar_type() == g.scalar_type(), kOp, "x and g must have one dtype, got ", x.scalar_type(),
               " and ", g.scalar_type());
   const auto dtype = x.scalar_type();
-  TORCH_CHECK_VALUE(dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kFloat, kName,
-              ": x and g must be bfloat16, float16 or float32, got ", dtype);
-  TORCH_CHECK_VALUE(main.scalar_type() == at::kFloat, kName, ": main must be float32, got ", main.scalar_type());
-  TORCH_CHECK_VALUE(x.size(0) == g.size(0), kName, ": x ", x.sizes(), " and g ", g.sizes(), " need the same rows");
-  TORCH_CHECK_VALUE(main.size(0) == g.size(1) && main.size(1) == x.size(1), kName, ": main must be [", g.size(1), ", ",
+  MF_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kFloat, kOp, "x and g must be bfloat16, float16 or float32, got ", dtype);
+  MF_CHECK(main.scalar_type() == at::kFloat, kOp, "main must be float32, got ", main.scalar_type());
+  MF_CHECK(x.size(0) == g.size(0), kOp, "x ", x.sizes(), " and g ", g.sizes(), " need the same rows");
+  MF_CHECK(main.size(0) == g.size(1) && main.size(1) == x.size(1), kOp, "main must be [", g.size(1), ", ",
               x.size(1), "] for g ", g.sizes(), " and x ", x.sizes(), ", got ", main.sizes());
   at::assert_no_internal_overlap(main);
   at::assert_no_overlap(main, x);

@@ -6,6 +6,10 @@
 
 namespace megatron_fused_bind {
 
+void fail_value(const char* function, const char* file, uint32_t line, const std::string& message) {
+  throw c10::ValueError(c10::SourceLocation{function, file, line}, message);
+}
+
 int check_float_tensor(const at::Tensor& t, const char* op, const char* name, int64_t min_dims) {
   MF_CHECK(t.defined(), op, name, " is missing (an undefined tensor)");
   MF_CHECK(t.device().type() == kernel_device_type(), op, name, " must be a ",

@@ -11,14 +11,66 @@
 #include <c10/util/Exception.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <functional>
+#include <string>
+#include <type_traits>
 
 #include "fused_kernels.h"
 
 namespace megatron_fused_bind {
 
+// The text of a failed check, built without std::ostream. On the H200 machine (torch 2.11, GCC 13.3,
+// 2026-11-26) the first number streamed into an error message crashed the process (SIGSEGV in this
+// module's own instantiation of std::ostream::_M_insert<long>, called by TORCH_CHECK's c10::str;
+// tests/gpu/bindings_crash_probe.py: messages of strings, devices and dtypes raised, any integer or
+// double died). snprintf (libc) and libc10's own formatting (Device::str, toString(ScalarType)) are
+// what formats here.
+namespace text_parts {
+inline void put(std::string& s, const char* v) { s += v; }
+inline void put(std::string& s, const std::string& v) { s += v; }
+template <typename T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
+inline void put(std::string& s, T v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%lld", static_cast<long long>(v));
+  s += b;
+}
+inline void put(std::string& s, double v) {
+  char b[40];
+  std::snprintf(b, sizeof b, "%g", v);
+  s += b;
+}
+inline void put(std::string& s, c10::IntArrayRef v) {
+  s += "[";
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ", ";
+    put(s, v[i]);
+  }
+  s += "]";
+}
+inline void put(std::string& s, c10::ScalarType v) { s += c10::toString(v); }
+inline void put(std::string& s, const c10::Device& v) { s += v.str(); }
+}  // namespace text_parts
+
+template <typename... Parts>
+std::string text(const Parts&... parts) {
+  std::string s;
+  (text_parts::put(s, parts), ...);
+  return s;
+}
+
+// throws c10::ValueError (Python ValueError) with `message` (checks.cpp: no formatting there either)
+[[noreturn]] void fail_value(const char* function, const char* file, uint32_t line, const std::string& message);
+
 // ValueError "megatron_fused_kernels.<op>: <message...>" unless cond
-#define MF_CHECK(cond, op, ...) TORCH_CHECK_VALUE(cond, "megatron_fused_kernels.", op, ": ", __VA_ARGS__)
+#define MF_CHECK(cond, op, ...)                                                                         \
+  do {                                                                                                 \
+    if (C10_UNLIKELY(!(cond))) {                                                                       \
+      ::megatron_fused_bind::fail_value(__func__, __FILE__, static_cast<uint32_t>(__LINE__),           \
+                                        ::megatron_fused_bind::text("megatron_fused_kernels.", op, ": ", \
+                                                                    __VA_ARGS__));                     \
+    }                                                                                                  \
+  } while (0)
 
 // The device the kernels run on: CUDA (meta in the CPU test build, whose tensors have shapes
 // and no memory).
