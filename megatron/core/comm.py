@@ -66,6 +66,14 @@ def all_reduce_(x: torch.Tensor, group) -> torch.Tensor:
     return x
 
 
+def all_reduce_max_(x: torch.Tensor, group) -> torch.Tensor:
+    """Elementwise MAX in place over the group (FP8 amaxes); returns x."""
+    if world(group) > 1:
+        with waiting("all-reduce", group):
+            dist.all_reduce(x, op=dist.ReduceOp.MAX, group=group)
+    return x
+
+
 # Bytes each rank sends, per tag, under the ring algorithm: all-reduce 2(n-1)/n of the
 # buffer, reduce-scatter and all-gather (n-1)/n of the full buffer. Counted at every call
 # made through the functions below, so tests can check the traffic against theory

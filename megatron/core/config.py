@@ -15,6 +15,7 @@ from . import config_checks
 from .config_fields import flag_of as flag_of  # re-exported (as ConfigError): importers name this module
 from .config_fields import opt
 from .errors import ConfigError as ConfigError
+from .fp8.config import Fp8Config, check_fp8
 from .transformer.mla_config import MLAConfig
 from .transformer.model_options import ModelOptions, check_options, resolve_options
 from .transformer.moe.moe_config import MoEConfig
@@ -45,7 +46,7 @@ class ModelParallelConfig:
 
 
 @dataclass
-class TransformerConfig(ModelParallelConfig, MoEConfig, MLAConfig, MTPConfig, ModelOptions):
+class TransformerConfig(ModelParallelConfig, MoEConfig, MLAConfig, MTPConfig, ModelOptions, Fp8Config):
     num_layers: int = opt(4, "Number of transformer layers.")
     decoder_first_pipeline_num_layers: Optional[int] = opt(
         None, "Layers on the first pipeline stage (uneven split; the other stages share the rest evenly).")
@@ -199,3 +200,4 @@ class TransformerConfig(ModelParallelConfig, MoEConfig, MLAConfig, MTPConfig, Mo
         """Check the (resolved) configuration; assigns nothing. Raises ConfigError (config_checks.py)."""
         config_checks.validate(self)
         check_options(self)
+        check_fp8(self)

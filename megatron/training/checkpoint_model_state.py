@@ -1,5 +1,6 @@
-"""The model's non-trained state in a checkpoint (transformer/model_state.py: today the MoE routers'
-expert bias): saved beside the parameters as state "buffer" of each tensor's layout-free key.
+"""The model's non-trained state in a checkpoint (transformer/model_state.py: the MoE routers' expert
+bias, FP8 delayed scaling's amax histories and scales): saved beside the parameters as state "buffer"
+of each tensor's layout-free key.
 
 Each tensor is replicated over the ranks holding its layer, so it is written once, like a
 TP-replicated parameter: by TP rank 0 (param_meta.counted_once) and data-parallel replica 0 of
@@ -36,7 +37,8 @@ def missing_model_state(reader, every_rank_keys):
     extra = set(reader.keys(BUFFER)) - wanted
     if extra:
         raise CheckpointError(f"checkpoint {reader.path} holds {sorted(extra)[0]!r} ({len(extra)} such) that this "
-                              "model lacks: it was saved with --moe-router-enable-expert-bias; add that flag")
+                              "model lacks: it was saved with --moe-router-enable-expert-bias or FP8 delayed scaling "
+                              "(--fp8-format, --fp8-recipe delayed); add the flags it was saved with")
     return sorted(wanted - set(reader.keys(BUFFER)))
 
 

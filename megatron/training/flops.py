@@ -45,25 +45,25 @@ def num_floating_point_operations(config, batch_size):
 
 
 # Dense (no 2:4 sparsity) peak TFLOP/s per GPU from the vendors' datasheets, by the math
-# the matmuls run in: "bf16" (= fp16) and "tf32" on tensor cores, "fp32" without them. A
+# the matmuls run in: "fp8", "bf16" (= fp16) and "tf32" on tensor cores, "fp32" without them. A
 # missing entry means unknown. Matched against torch.cuda.get_device_name(), first match
 # wins (so the more specific names come first). Datasheet peaks are not reachable: large
 # bf16 GEMMs measure about 70-80% of them (H100 SXM ~700-790 of 989), so MFU >= 50% is
 # very good; we still divide by the datasheet number, as Megatron-LM, PaLM and most papers
 # do, so MFUs are comparable across papers.
 PEAK_TFLOPS = [
-    (r"\bGH200\b", "GH200", {"bf16": 989, "tf32": 495, "fp32": 67}),
-    (r"\bH100\b.*\bPCIe\b", "H100 PCIe", {"bf16": 756, "tf32": 378, "fp32": 51}),
-    (r"\bH100\b.*\bNVL\b", "H100 NVL", {"bf16": 835}),
-    (r"\bH100\b", "H100 SXM", {"bf16": 989, "tf32": 495, "fp32": 67}),
-    (r"\bH800\b", "H800", {"bf16": 989, "tf32": 495, "fp32": 67}),
-    (r"\bH200\b", "H200", {"bf16": 989, "tf32": 495, "fp32": 67}),
-    (r"\bB200\b", "B200", {"bf16": 2250}),
+    (r"\bGH200\b", "GH200", {"fp8": 1979, "bf16": 989, "tf32": 495, "fp32": 67}),
+    (r"\bH100\b.*\bPCIe\b", "H100 PCIe", {"fp8": 1513, "bf16": 756, "tf32": 378, "fp32": 51}),
+    (r"\bH100\b.*\bNVL\b", "H100 NVL", {"fp8": 1671, "bf16": 835}),
+    (r"\bH100\b", "H100 SXM", {"fp8": 1979, "bf16": 989, "tf32": 495, "fp32": 67}),
+    (r"\bH800\b", "H800", {"fp8": 1979, "bf16": 989, "tf32": 495, "fp32": 67}),
+    (r"\bH200\b", "H200", {"fp8": 1979, "bf16": 989, "tf32": 495, "fp32": 67}),
+    (r"\bB200\b", "B200", {"fp8": 4500, "bf16": 2250}),
     (r"\bA100\b", "A100", {"bf16": 312, "tf32": 156, "fp32": 19.5}),
     (r"\bA800\b", "A800", {"bf16": 312, "tf32": 156, "fp32": 19.5}),
-    (r"\bL40S\b", "L40S", {"bf16": 362, "tf32": 183, "fp32": 91.6}),
-    (r"\bL4\b", "L4", {"bf16": 121, "tf32": 60, "fp32": 30.3}),
-    (r"\bMI300X\b", "MI300X", {"bf16": 1307, "tf32": 654, "fp32": 163}),
+    (r"\bL40S\b", "L40S", {"fp8": 733, "bf16": 362, "tf32": 183, "fp32": 91.6}),
+    (r"\bL4\b", "L4", {"fp8": 242.5, "bf16": 121, "tf32": 60, "fp32": 30.3}),
+    (r"\bMI300X\b", "MI300X", {"fp8": 2615, "bf16": 1307, "tf32": 654, "fp32": 163}),
 ]
 
 
@@ -82,14 +82,17 @@ def lookup_peak(device_name, precision):
     return None
 
 
-def peak_tflops_per_gpu(device, params_dtype):
-    """(description, peak TFLOP/s) of this rank's GPU for MFU, or None (CPU, unknown GPU)."""
+def peak_tflops_per_gpu(device, params_dtype, fp8=False):
+    """(description, peak TFLOP/s) of this rank's GPU for MFU, or None (CPU, unknown GPU). fp8: the
+    linear layers' GEMMs run in FP8 (--fp8-format): the FP8 peak, as Megatron-LM and NeMo report FP8 MFU,
+    though attention's and the output layer's GEMMs stay in params_dtype (the description says so)."""
     device = torch.device(device)
     if device.type != "cuda":
         return None
-    precision = matmul_precision(params_dtype)
+    precision = "fp8" if fp8 else matmul_precision(params_dtype)
     found = lookup_peak(torch.cuda.get_device_name(device), precision)
     if found is None:
         return None
     name, peak = found
-    return f"{name} {precision} dense peak {peak:g} TFLOP/s (datasheet)", float(peak)
+    rest = f"; attention and output layer in {matmul_precision(params_dtype)}" if fp8 else ""
+    return f"{name} {precision} dense peak {peak:g} TFLOP/s (datasheet{rest})", float(peak)

@@ -200,7 +200,7 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
     dist.all_gather_object(counts, (groups.tp_rank, groups.dp_rank, groups.pp_rank, count, memory))
     if dist.get_rank() != 0:
         return
-    peak = peak_tflops_per_gpu(device, model_cfg.params_dtype)
+    peak = peak_tflops_per_gpu(device, model_cfg.params_dtype, model_cfg.fp8_format is not None)
     lines = [
         "> parallel layout: " + groups.describe(),
         f"> sequence parallel: {model_cfg.sequence_parallel} | device: {device} | backend: {dist.get_backend()}",

@@ -1,7 +1,7 @@
 """Megatron-LM flags (and flag values) whose feature is not built here. Each parses, so a recipe that
 gives one stops before anything starts with one line that names every such feature and its flags:
 
-    error: not built here: FP8 training (--fp8-format, --fp8-param-gather; issue 28); the flex token
+    error: not built here: FP8 parameter all-gather (--fp8-param-gather; issue 28); the flex token
     dispatcher (DeepEP / HybridEP) (--moe-token-dispatcher-type flex; not planned); drop those flags
 
 A flag only here has no config field; build_parser adds it unless a config dataclass defines the same
@@ -11,10 +11,16 @@ its rows then). Value rules read the parsed configs (e.g. --moe-token-dispatcher
 from typing import NamedTuple
 
 from ..core.errors import ConfigError
+from ..core.parallel_layout import experts_folded
 from ..core.transformer.model_options import RECOMPUTE_NOT_BUILT
 
 FEATURES = {  # key -> (what a user reads, who builds it)
-    "fp8": ("FP8 training", "issue 28"),
+    "fp8": ("FP8 parameter all-gather", "issue 28"),
+    "fp8_te": ("FP8 through Transformer Engine (fp8_autocast; our FP8 runs with --transformer-impl local)",
+               "issue 28"),
+    "mxfp8": ("MXFP8 scaling (Blackwell's MX formats)", "issue 28"),
+    "fp8_moe": ("FP8 experts under expert parallelism or folding (an expert's GEMM mixes micro-batches)",
+                "issue 28"),
     "qk_norm": ("per-head query/key layer norms without --multi-latent-attention", "not built"),
     "yarn": ("YaRN RoPE without --multi-latent-attention", "not built"),
     "flex": ("the flex token dispatcher (DeepEP / HybridEP)", "not planned"),
@@ -36,12 +42,7 @@ _SWITCH = {"action": "store_true"}
 _INT, _FLOAT, _TEXT = {"type": int}, {"type": float}, {"type": str}
 
 FLAGS = {
-    "--fp8-format": Flag("fp8", {"choices": ["e4m3", "hybrid"]}),
-    "--fp8-recipe": Flag("fp8", {"choices": ["tensorwise", "delayed", "mxfp8", "blockwise"]}),
-    "--fp8-margin": Flag("fp8", _INT), "--fp8-amax-history-len": Flag("fp8", _INT),
-    "--fp8-amax-compute-algo": Flag("fp8", {"choices": ["most_recent", "max"]}),
-    "--fp8-param-gather": Flag("fp8", _SWITCH), "--first-last-layers-bf16": Flag("fp8", _SWITCH),
-    "--num-layers-at-start-in-bf16": Flag("fp8", _INT), "--num-layers-at-end-in-bf16": Flag("fp8", _INT),
+    "--fp8-param-gather": Flag("fp8", _SWITCH),
     "--moe-flex-dispatcher-backend": Flag("flex", _TEXT),
     "--moe-router-force-load-balancing": Flag("force_balance", _SWITCH),
     "--window-size": Flag("window", _TEXT), "--window-attn-skip-freq": Flag("window", _TEXT),
@@ -71,6 +72,14 @@ def add_flags(parser):
 def _value_rules(model_cfg):
     """(feature, flag text) of config values whose feature is not built."""
     c = model_cfg
+    if c.fp8_format is not None:
+        if c.transformer_impl == "transformer_engine":
+            yield "fp8_te", "--fp8-format with --transformer-impl transformer_engine"
+        if c.fp8_recipe == "mxfp8":
+            yield "mxfp8", "--fp8-recipe mxfp8"
+        folded = experts_folded(c.tensor_model_parallel_size, c.expert_tensor_parallel_size)
+        if c.num_experts is not None and (c.expert_model_parallel_size > 1 or folded):
+            yield "fp8_moe", "--fp8-format with --expert-model-parallel-size > 1 or --expert-tensor-parallel-size"
     if c.moe_token_dispatcher_type == "flex":
         yield "flex", "--moe-token-dispatcher-type flex"
     if c.rope_type == "yarn" and not c.multi_latent_attention:

@@ -16,7 +16,7 @@ def open_observability(model_cfg, train_cfg, groups, device, loaded_iteration):
     configure_logging(t.logging_level)
     timers = Timers(t.timing_log_level, t.timing_log_option, device, t.barrier_with_l1_time)
     writers = open_writers(t, model_cfg, is_logging_rank(), groups.world_size)
-    peak = peak_tflops_per_gpu(device, model_cfg.params_dtype)
+    peak = peak_tflops_per_gpu(device, model_cfg.params_dtype, model_cfg.fp8_format is not None)
     logger = TrainingLogger(t.train_iters, writers, peak[1] if peak else None, t, timers)
     print_rank_0(startup_line(t))
     return logger, timers, StepProfiler(t, groups.rank, loaded_iteration, device)

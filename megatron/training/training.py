@@ -9,6 +9,7 @@ from torch import nn
 
 from ..core.debug import fault_point
 from ..core.distributed import DistributedDataParallel, finalize_model_grads
+from ..core.fp8 import step as fp8_step
 from ..core.optimizer import get_megatron_optimizer
 from ..core.pipeline_parallel import TOKEN_LOSS, default_schedule, get_forward_backward_func
 from ..core.pipeline_parallel.split import chunk_roles
@@ -94,6 +95,7 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
         updated, grad_norm = optimizer.step(timers)
     if updated:
         scheduler.step(lr_increment)
+    fp8_step.after_step(model, (groups.dp_cp,))  # delayed scaling's histories (a no-op without them)
     if empty_cache_level:
         empty_unused_memory(empty_cache_level, 2, optimizer.device)
     losses = moe_hooks.finish_step(model, groups, len(batches), losses, updated, model_cfg, router_losses)

@@ -78,9 +78,20 @@ def test_multi_latent_attention_and_mtp_counted_term_by_term():
     ("NVIDIA A10", "bf16", None),        # not an A100
     ("Tesla V100-SXM2-32GB", "bf16", None),
     ("NVIDIA H100 NVL", "fp32", None),   # a precision without a datasheet entry here
+    ("NVIDIA H100 80GB HBM3", "fp8", ("H100 SXM", 1979)),  # twice bf16 (issue 28)
+    ("NVIDIA H200", "fp8", ("H200", 1979)),
+    ("NVIDIA A100-SXM4-80GB", "fp8", None),  # no FP8 tensor cores
 ])
 def test_peak_table(name, precision, expected):
     assert flops.lookup_peak(name, precision) == expected
+
+
+def test_fp8_peak_is_named_with_what_stays_in_bf16(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    desc, peak = flops.peak_tflops_per_gpu(torch.device("cuda", 0), torch.bfloat16, fp8=True)
+    assert peak == 1979.0 and desc == ("H100 SXM fp8 dense peak 1979 TFLOP/s (datasheet; attention and output "
+                                       "layer in bf16)")
+    assert flops.peak_tflops_per_gpu(torch.device("cuda", 0), torch.bfloat16)[1] == 989.0
 
 
 def test_no_mfu_on_cpu():

@@ -34,7 +34,7 @@ def test_not_built_flags_are_one_line_naming_every_feature():
     line = str(e.value)
     assert "\n" not in line and line.startswith("not built here: ")
     assert [k for k, _ in e.value.features] == ["fp8", "qk_norm", "flex", "sinks"]
-    for fragment in ("FP8 training (--fp8-format, --fp8-param-gather; issue 28)", "without --multi-latent-attention",
+    for fragment in ("FP8 parameter all-gather (--fp8-param-gather; issue 28)", "without --multi-latent-attention",
                      "--moe-token-dispatcher-type flex", "--softmax-type"):
         assert fragment in line
     # their defaults change nothing: accepted

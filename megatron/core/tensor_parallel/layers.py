@@ -10,15 +10,25 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import comm
+from ..fp8.linear import fp8_linear
+from ..fp8.recipes import build_recipe
 from . import wgrad_fusion
 from .mappings import (
     copy_to_tensor_model_parallel_region,
+    gather_from_sequence_parallel_region,
     gather_from_tensor_model_parallel_region,
     reduce_from_tensor_model_parallel_region,
     reduce_scatter_to_sequence_parallel_region,
     scatter_to_tensor_model_parallel_region,
 )
 from .param_meta import set_init, set_sequence_parallel, set_tensor_parallel
+
+
+def _fp8_recipe(fp8, group, cp_group):
+    """The FP8 recipe module of a TP linear (None without FP8). An activation or output gradient is split
+    over TP (shards of features, or of the sequence with SP) and CP (chunks of the sequence): its amax is
+    the MAX over both groups; a weight is split over TP only. A replicated piece reduces to itself."""
+    return None if fp8 is None else build_recipe(fp8, (group, cp_group), (group,))
 
 
 def _divide(n, d, what):
@@ -33,12 +43,15 @@ class ColumnParallelLinear(nn.Module):
     Input [s, b, in] (or [s/TP, b, in] with sequence_parallel); output [s, b, out/TP],
     or [s, b, out] with gather_output. Talks to the TP group `group`.
     stride: A is `stride` blocks along out, each split separately (SwiGLU's [gate; up]).
+    fp8: the FP8 settings (core/fp8/config.py) to run the GEMMs in FP8, or None; cp_group: the CP group
+    (None at CP 1), over which FP8 amaxes of the sequence's chunks are reduced.
     """
 
     def __init__(self, input_size, output_size, *, group, bias=True, gather_output=False,
                  init_std=0.02, stride=1, sequence_parallel=False, skip_bias_add=False,
-                 params_dtype=torch.float32, device=None):
+                 params_dtype=torch.float32, device=None, fp8=None, cp_group=None):
         super().__init__()
+        self.fp8 = _fp8_recipe(fp8, group, cp_group)
         self.group, self.tp = group, comm.world(group)
         self.gather_output, self.sequence_parallel = gather_output, sequence_parallel
         self.skip_bias_add = skip_bias_add
@@ -58,7 +71,11 @@ class ColumnParallelLinear(nn.Module):
     def forward(self, x):
         bias = None if self.skip_bias_add else self.bias
         sp = self.sequence_parallel and self.tp > 1
-        if sp or wgrad_fusion.fusable(self.weight):
+        if self.fp8 is not None:  # the gathered input is kept in FP8 for the backward
+            x = gather_from_sequence_parallel_region(x, self.group) if sp \
+                else copy_to_tensor_model_parallel_region(x, self.group)
+            y = fp8_linear(x, self.weight, bias, self.fp8)
+        elif sp or wgrad_fusion.fusable(self.weight):
             # sequence parallelism: as Megatron-LM, the shard [s/TP, b, in] is kept for the weight gradient
             # and gathered again in the backward (one more all-gather per layer for 1/TP of the input's
             # memory); gradient-accumulation fusion: the weight gradient added into DDP's buffer
@@ -80,12 +97,14 @@ class RowParallelLinear(nn.Module):
     thus adds it once: no pass of its own over the output. Every rank's copy still gets its gradient:
     the sum over all tokens of the output's gradient on each rank, or with sequence_parallel on rank 0
     alone (zero elsewhere; finalize_model_grads sums it over TP, as for any sequence-parallel bias).
+    fp8, cp_group: as ColumnParallelLinear's.
     """
 
     def __init__(self, input_size, output_size, *, group, bias=True, input_is_parallel=True,
                  init_std=0.02, sequence_parallel=False, skip_bias_add=False,
-                 params_dtype=torch.float32, device=None):
+                 params_dtype=torch.float32, device=None, fp8=None, cp_group=None):
         super().__init__()
+        self.fp8 = _fp8_recipe(fp8, group, cp_group)
         self.group, self.tp = group, comm.world(group)
         self.input_is_parallel, self.sequence_parallel = input_is_parallel, sequence_parallel
         self.skip_bias_add = skip_bias_add
@@ -109,7 +128,10 @@ class RowParallelLinear(nn.Module):
             x = scatter_to_tensor_model_parallel_region(x, self.group)
         inside = self.bias is not None and not self.skip_bias_add
         bias = self.bias if inside and self.adds_bias else None
-        y = (wgrad_fusion.linear if wgrad_fusion.fusable(self.weight) else F.linear)(x, self.weight, bias)
+        if self.fp8 is not None:
+            y = fp8_linear(x, self.weight, bias, self.fp8)
+        else:
+            y = (wgrad_fusion.linear if wgrad_fusion.fusable(self.weight) else F.linear)(x, self.weight, bias)
         if inside and not self.adds_bias:
             y = wgrad_fusion.bias_grad_only(y, self.bias, counted=not self.sequence_parallel)
         if self.sequence_parallel:

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from .. import comm
+from ..fp8.config import fp8_layer
 from ..fusions import rope as rope_front
 from ..tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from ..tensor_parallel.random import checkpoint
@@ -36,15 +37,16 @@ class SelfAttention(nn.Module):
                                            force=config.fused_kernels)
         qkv_size = (config.num_attention_heads + 2 * config.num_query_groups) * config.kv_channels
         out_std = config.init_method_std / math.sqrt(2.0 * config.num_layers)
+        fp8 = {"fp8": fp8_layer(config, layer_number), "cp_group": cp_group}
         self.linear_qkv = ColumnParallelLinear(
             config.hidden_size, qkv_size, group=tp_group, bias=config.add_bias_linear or config.add_qkv_bias,
             init_std=config.init_method_std, sequence_parallel=config.sequence_parallel,
-            params_dtype=config.params_dtype, device=device)
+            params_dtype=config.params_dtype, device=device, **fp8)
         self.core_attention = CoreAttention(config, tp_group, layer_number, device, cp_group)
         self.linear_proj = RowParallelLinear(
             config.num_attention_heads * config.kv_channels, config.hidden_size, group=tp_group,
             bias=config.add_bias_linear, init_std=out_std, sequence_parallel=config.sequence_parallel,
-            params_dtype=config.params_dtype, device=device)
+            params_dtype=config.params_dtype, device=device, **fp8)
 
     def forward(self, x, rope=None, attn_mask=None, kv_cache=None):
         """x [s(/TP), b, h]; rope: (cos, sin) [s, 1, 1, d] for x's positions, or None;

@@ -4,6 +4,7 @@ import torch
 
 from ...core.transformer import context_parallel
 from ...core.transformer.moe.activation_memory import moe_extra_bytes_per_layer
+from .fp8_memory import fp8_delta_bytes
 
 
 def activation_bytes_per_layer(c, micro_batch, tp, sp):
@@ -11,7 +12,12 @@ def activation_bytes_per_layer(c, micro_batch, tp, sp):
     s b h (10 + 24/t + 5 a s/(h t)) with TP, s b h/t (34 + 5 a s/h) with TP and SP.
     fp32 activations (no --bf16/--fp16) double it. With --context-parallel-size C: the same on s / C
     tokens, with the CP attention's log-sum-exp instead of the s x s terms (context_parallel.py).
-    MoE layers replace the MLP's share by theirs (moe/activation_memory.py), averaged over the layers."""
+    MoE layers replace the MLP's share by theirs (moe/activation_memory.py), averaged over the layers;
+    FP8 linears keep FP8 inputs (fp8_memory.py)."""
+    return _plain_bytes_per_layer(c, micro_batch, tp, sp) + fp8_delta_bytes(c, micro_batch, tp, sp)
+
+
+def _plain_bytes_per_layer(c, micro_batch, tp, sp):
     s, b, h, a = c.seq_length, micro_batch, c.hidden_size, c.num_attention_heads
     if c.context_parallel_size > 1:
         return context_parallel.activation_bytes_per_layer(s, b, h, a, tp, sp, c.context_parallel_size,

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...fp8.linear import fp8_linear
+from ...fp8.recipes import build_recipe
 from ...tensor_parallel import wgrad_fusion
 from ...tensor_parallel.param_meta import set_expert_parallel, set_init, set_tensor_parallel
 from .grouped_gemm import grouped_experts, per_row
@@ -26,10 +28,14 @@ class ExpertMLP(nn.Module):
     linear_fc1 [ffn(x2 with SwiGLU)/TP, h] ([gate; up] blocks split separately, as the dense MLP),
     linear_fc2 [h, ffn/TP]; tp_size 1 (no TP, or expert TP 1): whole, replicated over TP. fc2's bias
     is added here only when whole (else LocalExperts adds it once over TP, see the module docstring).
+    fp8: (settings, activation groups, weight groups) to run both GEMMs in FP8 (core/fp8), or None.
     """
 
-    def __init__(self, config, tp_size, device=None):
+    def __init__(self, config, tp_size, device=None, fp8=None):
         super().__init__()
+        self.fc1_fp8 = self.fc2_fp8 = None
+        if fp8 is not None:
+            self.fc1_fp8, self.fc2_fp8 = build_recipe(*fp8), build_recipe(*fp8)
         ffn, h = config.expert_ffn_hidden_size, config.hidden_size
         self.swiglu = config.swiglu
         self.approximate = "tanh" if config.openai_gelu else "none"
@@ -61,9 +67,13 @@ class ExpertMLP(nn.Module):
         return F.gelu(h, approximate=self.approximate)
 
     def forward(self, x):
-        linear = wgrad_fusion.linear_or_fused  # gradient-accumulation fusion: added into DDP's buffer
-        h = self.activation(linear(x, self.fc1_weight, self.fc1_bias))
-        return linear(h, self.fc2_weight, self.fc2_bias if self.whole else None)
+        h = self.activation(_linear(x, self.fc1_weight, self.fc1_bias, self.fc1_fp8))
+        return _linear(h, self.fc2_weight, self.fc2_bias if self.whole else None, self.fc2_fp8)
+
+
+def _linear(x, weight, bias, fp8):
+    # gradient-accumulation fusion: the weight gradient added into DDP's buffer (FP8: fp8/linear.py deposits it)
+    return wgrad_fusion.linear_or_fused(x, weight, bias) if fp8 is None else fp8_linear(x, weight, bias, fp8)
 
 
 class LocalExperts(nn.Module):
@@ -71,17 +81,18 @@ class LocalExperts(nn.Module):
 
     Held in a ModuleDict keyed by the GLOBAL expert index, so parameter names (init keys,
     checkpoints) do not depend on the expert-parallel size. first_tp_rank: whether this rank is the
-    first of the expert-TP group (split over tp_size > 1 ranks, it adds the fc2 biases).
+    first of the expert-TP group (split over tp_size > 1 ranks, it adds the fc2 biases). fp8: as
+    ExpertMLP's; FP8 experts run one at a time (each with its own scales), not as a grouped matmul.
     """
 
-    def __init__(self, config, first, count, tp_size, device=None, first_tp_rank=True):
+    def __init__(self, config, first, count, tp_size, device=None, first_tp_rank=True, fp8=None):
         super().__init__()
         self.first, self.count = first, count
-        self.grouped = config.moe_grouped_gemm
+        self.grouped = config.moe_grouped_gemm and fp8 is None
         self.split_fc2_bias = tp_size > 1 and config.add_bias_linear
         self.first_tp_rank = first_tp_rank
         self.local_experts = nn.ModuleDict(
-            {str(first + i): ExpertMLP(config, tp_size, device) for i in range(count)})
+            {str(first + i): ExpertMLP(config, tp_size, device, fp8) for i in range(count)})
 
     def forward(self, x, counts):
         """x [N, h]: tokens sorted by local expert, counts (token_counts.TokenCounts) of them for each

@@ -4,6 +4,7 @@ import dataclasses
 from torch import nn
 
 from ... import comm
+from ...fp8.config import fp8_layer
 from ...tensor_parallel import mappings
 from ...tensor_parallel.param_meta import set_sequence_parallel
 from ..mlp import MLP
@@ -31,10 +32,13 @@ class MoELayer(nn.Module):
     over `etp_group` and the groups are the folded expert grid's.
     share: this rank's part of the micro-batch (token_share.py; default: all of it, EP micro-batches
     reaching the experts), for the capacity rule and the padded expert input.
+    fp8: FP8 settings (core/fp8/config.py) or None. Each expert's input holds this micro-batch's tokens
+    routed to it (EP 1, not folded: refused otherwise), replicated over TP and split over CP: its amaxes
+    are reduced over both, the TP-split weights' and hidden activations' over TP.
     """
 
     def __init__(self, config, tp_group, layer_number, ep_group=None, ep_rank=0, device=None, cp_group=None,
-                 etp_group=None, share=None):
+                 etp_group=None, share=None, fp8=None):
         super().__init__()
         self.config, self.tp_group = config, tp_group
         self.tp_size = comm.world(tp_group)
@@ -49,8 +53,10 @@ class MoELayer(nn.Module):
         self.router = TopKRouter(config, layer_number, device, cp_group)
         expert_tp_size = comm.world(etp_group) if self.folded else self.tp_size if self.expert_tp else 1
         expert_tp_group = etp_group if self.folded else self.expert_tp
+        expert_fp8 = None if fp8 is None else (fp8, (self.expert_tp, cp_group), (self.expert_tp,))
         self.experts = LocalExperts(config, ep_rank * count, count, expert_tp_size, device,
-                                    first_tp_rank=expert_tp_size == 1 or comm.rank(expert_tp_group) == 0)
+                                    first_tp_rank=expert_tp_size == 1 or comm.rank(expert_tp_group) == 0,
+                                    fp8=expert_fp8)
         if self.folded:  # each TP rank routes other tokens: the router's gradient is summed over TP
             set_sequence_parallel(self.router.weight)
         self.dispatcher = build_dispatcher(config.moe_token_dispatcher_type, config.num_experts, ep_rank * count,
@@ -58,7 +64,7 @@ class MoELayer(nn.Module):
         self.shared_experts = None
         if config.moe_shared_expert_intermediate_size:
             shared = dataclasses.replace(config, ffn_hidden_size=config.moe_shared_expert_intermediate_size)
-            self.shared_experts = SharedExpertMLP(shared, tp_group, device)
+            self.shared_experts = SharedExpertMLP(shared, tp_group, device, fp8, cp_group)
 
     def forward(self, hidden):
         sp = self.config.sequence_parallel and self.tp_size > 1
@@ -124,11 +130,11 @@ def build_mlp(config, groups, layer_number, device=None):
     a shard on the meta device): EP when EP > 1, CP when CP > 1; folded, the expert-TP group and the
     TP x CP group in place of the CP one."""
     if not config.is_moe_layer(layer_number):
-        return MLP(config, groups.tp, device)
+        return MLP(config, groups.tp, device, fp8_layer(config, layer_number), groups.cp)
     folded = groups.expert_folded
     cp_group = groups.tp_cp if folded else groups.cp
     ep_group = groups.ep if groups.ep_size > 1 else None
     # another rank routes part of the tokens
     share = token_share(groups, folded) if ep_group is not None or cp_group is not None else None
     return MoELayer(config, groups.tp, layer_number, ep_group, groups.ep_rank, device, cp_group,
-                    groups.etp if folded else None, share)
+                    groups.etp if folded else None, share, fp8_layer(config, layer_number))

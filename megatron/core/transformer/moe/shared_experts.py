@@ -15,8 +15,8 @@ class SharedExpertMLP(MLP):
     tokens, so its gradient is summed over TP like a norm's (param_meta.sequence_parallel).
     """
 
-    def __init__(self, config, tp_group, device=None):
-        super().__init__(config, tp_group, device)
+    def __init__(self, config, tp_group, device=None, fp8=None, cp_group=None):
+        super().__init__(config, tp_group, device, fp8, cp_group)
         self.gate_weight = None
         if config.moe_shared_expert_gate:
             self.gate_weight = nn.Parameter(torch.empty(1, config.hidden_size, dtype=config.params_dtype,

@@ -1,0 +1,79 @@
+"""FP8 flags: Megatron-LM's names, defaults and meanings (its Transformer-Engine argument group). A base of
+TransformerConfig (config.py), so the CLI is generated from these fields; check_fp8() refuses values that do
+not fit, in one line. What is not built (--fp8-param-gather, mxfp8, FP8 through Transformer Engine, FP8
+experts) training/not_built.py refuses with the other features that are not built."""
+from dataclasses import dataclass
+from typing import Optional
+
+from ..config_fields import flag_namer, opt
+from ..errors import ConfigError
+from .blockwise import TILE
+
+
+@dataclass
+class Fp8Config:
+    fp8_format: Optional[str] = opt(
+        None, "Run the linear layers' GEMMs (QKV, projection, fc1, fc2; forward, input and weight gradients) in "
+        "FP8 through torch._scaled_mm: e4m3 everywhere, or hybrid (e4m3 forward, e5m2 gradients). Master "
+        "weights, optimizer, norms, softmax, embedding, output layer and loss keep their precision. Default off.",
+        choices=["e4m3", "hybrid"])
+    fp8_recipe: str = opt(
+        "delayed", "FP8 scaling: delayed (amax history, scale updated after each step), tensorwise (amax of the "
+        "tensor being cast), blockwise (1x128 activation tiles, 128x128 weight blocks), mxfp8 (not built).",
+        choices=["tensorwise", "delayed", "mxfp8", "blockwise"])
+    fp8_margin: int = opt(0, "Scaling margin: scales are 2^margin below the one that maps the amax to the format's "
+                          "largest value.")
+    fp8_amax_history_len: int = opt(1, "Steps of amax history per tensor (delayed scaling).")
+    fp8_amax_compute_algo: str = opt("most_recent", "The amax a delayed scale uses: the history's max or its most "
+                                     "recent entry.", choices=["most_recent", "max"])
+    first_last_layers_bf16: bool = opt(False, "Run the first and last transformer layers' GEMMs in the model's "
+                                       "precision instead of FP8.")
+    num_layers_at_start_in_bf16: int = opt(1, "With --first-last-layers-bf16: layers at the start kept out of FP8.")
+    num_layers_at_end_in_bf16: int = opt(1, "With --first-last-layers-bf16: layers at the end kept out of FP8.")
+
+
+def fp8_layer(cfg, layer_number) -> Optional[Fp8Config]:
+    """The FP8 settings for transformer layer `layer_number` (from 1), or None where it runs without FP8."""
+    if cfg.fp8_format is None:
+        return None
+    if cfg.first_last_layers_bf16 and (layer_number <= cfg.num_layers_at_start_in_bf16
+                                       or layer_number > cfg.num_layers - cfg.num_layers_at_end_in_bf16):
+        return None
+    return cfg
+
+
+def _sharded_dims(cfg):
+    """(what, size per TP rank) of every dimension TP splits in an FP8 GEMM."""
+    tp = cfg.tensor_model_parallel_size
+    qkv = (cfg.num_attention_heads + 2 * cfg.num_query_groups) * cfg.kv_channels
+    return [("the QKV output", qkv // tp), ("the attention projection's input",
+                                              cfg.num_attention_heads * cfg.kv_channels // tp),
+            ("--ffn-hidden-size", cfg.ffn_hidden_size // tp)]
+
+
+def check_fp8(cfg) -> None:
+    """ConfigError for FP8 settings that are not built or do not fit (reads cfg only)."""
+    f = flag_namer(cfg)
+    if cfg.fp8_format is None:
+        return
+    for name in ("fp8_margin", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"{f(name)} must be >= 0, got {getattr(cfg, name)}")
+    if cfg.fp8_amax_history_len < 1:
+        raise ConfigError(f"{f('fp8_amax_history_len')} must be >= 1, got {cfg.fp8_amax_history_len}")
+    if cfg.fp8_recipe == "blockwise":
+        _check_blockwise(cfg, f)
+
+
+def _check_blockwise(cfg, f):
+    """Blockwise tiles must be the one-process tensor's tiles on every rank: no tile across a TP shard
+    boundary, and no context-parallel chunks (the weight gradient's tiles run along the tokens)."""
+    if cfg.context_parallel_size > 1:
+        raise ConfigError(f"{f('fp8_recipe')} blockwise with {f('context_parallel_size')} > 1 is not built here "
+                          "(weight-gradient tiles would span context-parallel chunks); use tensorwise or delayed")
+    if cfg.tensor_model_parallel_size > 1:
+        for what, size in _sharded_dims(cfg):
+            if size % TILE:
+                raise ConfigError(f"{f('fp8_recipe')} blockwise at {f('tensor_model_parallel_size')} "
+                                  f"{cfg.tensor_model_parallel_size} needs {what} per TP rank ({size}) to be a "
+                                  f"multiple of {TILE}; change the sizes or use tensorwise")

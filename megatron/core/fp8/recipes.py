@@ -1,0 +1,107 @@
+"""The three GEMMs of a linear y = x W^T in FP8, per recipe: forward (x, W), input gradient dx = g W
+(g, W^T) and weight gradient dW = g^T x (g^T, x^T), each as a b^T with K the contraction dimension.
+
+x and W are cast to the forward format, g to the gradient format (e5m2 with --fp8-format hybrid).
+Per-tensor recipes (tensorwise, delayed) cast x and g once and transpose the FP8 copy for the backward
+GEMMs (a transpose keeps a tensorwise scale). W is kept as the parameter itself (no FP8 copy per
+microbatch in flight: that would cost the layer's weights in bytes per microbatch) and cast again in the
+backward with the scale the forward used: the same FP8 values, one more elementwise cast. Blockwise tiles
+run along K, which is another dimension in each GEMM: x and g are cast again in the backward (x is kept
+in its own precision for it, as DeepSeek-V3's recipe keeps both orientations); W's 128x128 blocks
+transpose with their scales.
+"""
+from torch import nn
+
+from . import blockwise as bw
+from .formats import formats, quantize
+from .gemm import blockwise_mm, tensorwise_mm
+from .scalers import CurrentScaler, DelayedScaler
+
+
+class PerTensorRecipe(nn.Module):
+    """Tensorwise current scaling or delayed scaling: one scale per tensor (input, weight, gradient),
+    from the scalers (scalers.py). A module, so a delayed scaler's history is in the state dict."""
+
+    def __init__(self, settings, act_groups, weight_groups):
+        super().__init__()
+        fwd, bwd = formats(settings.fp8_format)
+        self.fwd, self.bwd = fwd, bwd
+        if settings.fp8_recipe == "delayed":
+            def make(dtype, groups):
+                return DelayedScaler(dtype, settings.fp8_margin, groups, settings.fp8_amax_history_len,
+                                     settings.fp8_amax_compute_algo)
+            self.input, self.weight, self.grad = (make(fwd, act_groups), make(fwd, weight_groups),
+                                                  make(bwd, act_groups))
+        else:
+            m = settings.fp8_margin
+            self._current = (CurrentScaler(fwd, m, act_groups), CurrentScaler(fwd, m, weight_groups),
+                             CurrentScaler(bwd, m, act_groups))
+
+    def _scalers(self):
+        return self._current if hasattr(self, "_current") else (self.input, self.weight, self.grad)
+
+    def delayed_scalers(self):
+        return [] if hasattr(self, "_current") else [self.input, self.weight, self.grad]
+
+    def forward_gemm(self, x, w):
+        """x [M, K], w [N, K] -> (fp32 y [M, N], what the backward GEMMs need)."""
+        sin, sw, _ = self._scalers()
+        s_x, s_w = sin.scale(x), sw.scale(w)
+        xq, wq = quantize(x, s_x, self.fwd), quantize(w, s_w, self.fwd)
+        return tensorwise_mm(xq, 1 / s_x, wq, 1 / s_w), (xq, 1 / s_x, w, s_w)
+
+    def cast_grad(self, g):
+        s_g = self._scalers()[2].scale(g)
+        return quantize(g, s_g, self.bwd), 1 / s_g
+
+    def dgrad(self, gc, saved):
+        gq, g_inv = gc
+        _, _, w, s_w = saved
+        return tensorwise_mm(gq, g_inv, quantize(w, s_w, self.fwd).t(), 1 / s_w)
+
+    def wgrad(self, gc, saved):
+        gq, g_inv = gc
+        xq, x_inv, _, _ = saved
+        return tensorwise_mm(gq.t(), g_inv, xq.t(), x_inv)
+
+
+class BlockwiseRecipe(nn.Module):
+    """1x128 tiles for x and g along each GEMM's K, 128x128 blocks for W. No amax reduction (blockwise.py)."""
+
+    def __init__(self, settings, act_groups=(), weight_groups=()):
+        super().__init__()
+        self.fwd, self.bwd = formats(settings.fp8_format)
+        self.margin = settings.fp8_margin
+
+    def delayed_scalers(self):
+        return []
+
+    def forward_gemm(self, x, w):
+        xq, s_x = bw.quantize_tiles(x, self.fwd, self.margin)
+        wq, s_w = bw.quantize_blocks(w, self.fwd, self.margin)
+        y = blockwise_mm(xq, 1 / s_x, wq, bw.block_rows(1 / s_w, w.shape[0]))
+        return y, (x, w, s_w)
+
+    def cast_grad(self, g):
+        return g
+
+    def dgrad(self, g, saved):
+        _, w, s_w = saved
+        wq = quantize(w, bw.expand(s_w, *w.shape, bw.TILE), self.fwd)
+        gq, s_g = bw.quantize_tiles(g, self.bwd, self.margin)
+        return blockwise_mm(gq, 1 / s_g, wq.t().contiguous(), bw.block_rows(1 / s_w.t(), wq.shape[1]))
+
+    def wgrad(self, g, saved):
+        x = saved[0]
+        gq, s_g = bw.quantize_tiles(g.t(), self.bwd, self.margin)
+        xq, s_x = bw.quantize_tiles(x.t(), self.fwd, self.margin)
+        return blockwise_mm(gq, 1 / s_g, xq, 1 / s_x)
+
+
+def build_recipe(settings, act_groups, weight_groups):
+    """The recipe module of one linear (settings: the FP8 fields of the config)."""
+    if settings.fp8_recipe == "blockwise":
+        return BlockwiseRecipe(settings)
+    if settings.fp8_recipe in ("tensorwise", "delayed"):
+        return PerTensorRecipe(settings, act_groups, weight_groups)
+    raise ValueError(f"--fp8-recipe {settings.fp8_recipe} is not built")

@@ -1,0 +1,16 @@
+"""After an optimizer step: delayed scaling's amax histories take the step's amaxes (scalers.py)."""
+from .scalers import DelayedScaler
+
+
+def delayed_scalers(model):
+    """The DelayedScalers of a model (an nn.Module, or a list of pipeline chunks), in module order: the
+    same order on every rank of a group, so their reductions pair up."""
+    chunks = model if isinstance(model, (list, tuple)) else [model]
+    return [m for chunk in chunks for m in chunk.modules() if isinstance(m, DelayedScaler)]
+
+
+def after_step(model, step_groups):
+    """Push each delayed scaler's step amax, reduced over its pieces' groups and step_groups (the
+    data-parallel ranks that ran the step's other microbatches: DP x CP), and recompute its scale."""
+    for scaler in delayed_scalers(model):
+        scaler.update(step_groups)

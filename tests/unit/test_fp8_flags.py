@@ -1,0 +1,95 @@
+"""FP8 flags (issue 28): Megatron-LM's names and defaults, what each layer runs, and one-line refusals of
+what is not built or does not fit (the CLI turns a ConfigError into `error: ...`, exit 2)."""
+import types
+
+import pytest
+
+from megatron.core.config import ConfigError
+from megatron.core.fp8.config import fp8_layer
+from megatron.core.fp8.scalers import DelayedScaler
+from megatron.core.transformer.block import TransformerBlock
+from megatron.training import not_built
+from megatron.training.arguments import parse_args
+from megatron.training.resolve import resolve, validate
+from tests.functional.cli import run_cli
+from tests.functional.test_bad_inputs import assert_one_error_line
+
+MOCK = ["--mock-data", "--vocab-size", "100", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
+        "--seq-length", "16", "--micro-batch-size", "2", "--train-iters", "2", "--lr", "1e-3"]
+
+
+def _cfgs(args, world=1):
+    model_cfg, train_cfg = parse_args(MOCK + args)
+    resolve(model_cfg, train_cfg, world, lambda c: types.SimpleNamespace(vocab_size=c.null_vocab_size + 1))
+    validate(model_cfg, train_cfg, world)
+    return model_cfg, train_cfg
+
+
+def test_megatron_defaults():
+    cfg, _ = _cfgs([])
+    assert (cfg.fp8_format, cfg.fp8_recipe, cfg.fp8_margin, cfg.fp8_amax_history_len, cfg.fp8_amax_compute_algo,
+            cfg.first_last_layers_bf16, cfg.num_layers_at_start_in_bf16, cfg.num_layers_at_end_in_bf16) == \
+        (None, "delayed", 0, 1, "most_recent", False, 1, 1)
+    assert [fp8_layer(cfg, n) for n in range(1, 5)] == [None] * 4
+
+
+def test_first_last_layers_bf16_and_the_layers_built():
+    cfg, _ = _cfgs(["--fp8-format", "hybrid", "--first-last-layers-bf16", "--num-layers-at-end-in-bf16", "2",
+                    "--fp8-amax-history-len", "3"])
+    assert [fp8_layer(cfg, n) is not None for n in range(1, 5)] == [False, True, False, False]
+    block = TransformerBlock(cfg, _plan_groups(cfg), device="meta")
+    linears = [m for m in block.modules() if hasattr(m, "fp8")]
+    assert [m.fp8 is not None for m in linears] == [False] * 4 + [True] * 4 + [False] * 8
+    scalers = [m for m in block.modules() if isinstance(m, DelayedScaler)]
+    assert len(scalers) == 12 and all(s.amax_history.shape == (3,) for s in scalers)
+
+
+def _plan_groups(cfg):
+    from megatron.training.resolve import parallel_layout
+    return parallel_layout(cfg, _cfgs([])[1], 1).plan_groups(0)
+
+
+@pytest.mark.parametrize("args,feature", [
+    (["--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"], "mxfp8"),
+    (["--fp8-format", "hybrid", "--fp8-param-gather"], "fp8"),
+    (["--fp8-format", "hybrid", "--transformer-impl", "transformer_engine"], "fp8_te"),
+    (["--fp8-format", "hybrid", "--num-experts", "4", "--expert-model-parallel-size", "2"], "fp8_moe"),
+])
+def test_not_built_is_refused_in_one_line(args, feature):
+    with pytest.raises(not_built.NotBuiltError) as e:
+        parse_args(MOCK + args)
+    assert [k for k, _ in e.value.features] == [feature] and "\n" not in str(e.value)
+
+
+def test_mxfp8_without_fp8_changes_nothing():  # as in Megatron-LM: the recipe is read only with a format
+    assert _cfgs(["--fp8-recipe", "mxfp8"])[0].fp8_format is None
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--fp8-margin", "-1"], "--fp8-margin must be >= 0"),
+    (["--fp8-amax-history-len", "0"], "--fp8-amax-history-len must be >= 1"),
+    (["--fp8-recipe", "blockwise", "--tensor-model-parallel-size", "2"], "multiple of 128"),
+    (["--fp8-recipe", "blockwise", "--context-parallel-size", "2", "--attention-dropout", "0"],
+     "--context-parallel-size > 1 is not built"),
+])
+def test_values_that_do_not_fit(args, match):
+    world = 2 if any(a in args for a in ("--tensor-model-parallel-size", "--context-parallel-size")) else 1
+    with pytest.raises(ConfigError, match=match):
+        _cfgs(["--fp8-format", "hybrid"] + args, world)
+
+
+def test_cli_refusal_is_one_error_line_exit_2():
+    proc = run_cli(MOCK + ["--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"], check=False, timeout=120)
+    assert_one_error_line(proc, "MXFP8 scaling")
+
+
+def test_moe_fp8_state_is_checkpoint_state_with_layout_free_keys():
+    from megatron.core.tensor_parallel.param_meta import set_init_key
+    from megatron.core.transformer.model_state import non_trained_state
+    cfg, _ = _cfgs(["--fp8-format", "hybrid", "--num-experts", "2", "--moe-router-topk", "1", "--num-layers", "2"])
+    block = TransformerBlock(cfg, _plan_groups(cfg), device="meta")
+    for name, p in block.named_parameters():  # as the language model names them (language_module.py)
+        set_init_key(p, "decoder." + name)
+    keys = [k for k, _ in non_trained_state(block)]
+    assert len(keys) == len(set(keys)) == 2 * (2 + 2 * 2) * 3 * 3  # layers x (QKV, proj, 2 experts x 2) x 3 x 3
+    assert "decoder.layers.0.mlp.experts.local_experts.1.fc2_fp8.grad.amax_history" in keys, keys[:3]
