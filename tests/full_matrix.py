@@ -1,0 +1,25 @@
+"""Cases the default run (the README's test command, and CI) leaves to the full matrix; with
+MEGATRON_TEST_FULL=1 they run too (tests/conftest.py skips them otherwise).
+
+Each is one more layout of a feature whose parity the default run proves in other layouts, named beside
+it, so every feature keeps a parity test in CI while CI on 2 cores stays well inside its time.
+tests/unit/test_full_matrix.py checks that every id here still names a collected test.
+"""
+FP8 = "tests/functional/test_fp8_parity.py::test_fp8_layout_matches_one_process_fp8"
+GPT = "tests/functional/test_parity.py::test_gpt_layout_matches_one_process"
+MOE_BIAS = "tests/functional/test_moe_bias_parity.py::test_expert_biases_split_over_tp_match_one_process"
+
+FULL_ONLY = {
+    # FP8: the default run keeps tensorwise TP2+SP and ZeRO-3, delayed PP2 zb-h1 and CP2, blockwise TP2+SP,
+    # MoE tensorwise TP2+SP (each recipe, each reduction group: TP, SP, CP, DP, the B/W split)
+    *(f"{FP8}[{case}]" for case in (
+        "tensorwise-pp2", "tensorwise-pp2-zb-h1", "tensorwise-distopt-dp2", "tensorwise-cp2",
+        "delayed-tp2-sp", "delayed-pp2", "delayed-distopt-dp2", "delayed-zero3-dp2", "blockwise-distopt-dp2",
+        "moe-tensorwise-cp2", "moe-tensorwise-distopt-dp2", "moe-delayed-tp2-sp", "moe-delayed-cp2",
+        "moe-delayed-distopt-dp2")),
+    # dense GPT: the default run keeps tp2, tp2-sp, dp2, pp2, pp2-vpp2, tp2-pp2, tp2-pp2-dp2-sp, dp2-overlap,
+    # distopt-dp2, distopt-pp2-dp2-overlap (wider groups of the same code: tp4, dp4, pp4)
+    *(f"{GPT}[{case}]" for case in ("tp4", "dp4", "dp4-overlap", "pp4", "tp2-dp2", "distopt-tp2-dp2-overlap")),
+    # expert biases over TP: the default run keeps tp2xep2 alltoall, both folded layouts and the checkpoint
+    *(f"{MOE_BIAS}[{case}]" for case in ("tp2xep2-allgather-sp", "tp1xdp2-etp2")),
+}
