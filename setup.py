@@ -87,7 +87,7 @@ setup(
     py_modules=["pretrain_gpt"],
     ext_modules=dataset_helpers() + cuda_exts,
     cmdclass={"build_ext": OptionalBuildExt},
-    python_requires=">=3.9",
+    python_requires=">=3.10",
     install_requires=["torch>=2.4", "numpy", "sentencepiece", "tensorboard", "regex"],
     # hf: HuggingFace tokenizers (--tokenizer-type HuggingFaceTokenizer) and checkpoint conversion
     # (tools/checkpoint/convert.py); tiktoken: --tokenizer-type TikTokenizer; wandb: --wandb-project (W&B); the tests

@@ -13,7 +13,6 @@ import datetime
 import math
 import os
 import socket
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -38,8 +37,8 @@ class Shape:
     layers: int = 4
     hidden: int = 256
     heads: int = 4
-    groups: Optional[int] = None      # key/value head groups (llama); None: one per head
-    ffn: Optional[int] = None         # default 4 x hidden
+    groups: int | None = None      # key/value head groups (llama); None: one per head
+    ffn: int | None = None         # default 4 x hidden
     seq: int = 256
     vocab: int = 4096
     micro_batch: int = 8

@@ -7,7 +7,6 @@ __post_init__); validate() only checks and raises ConfigError naming the flags a
 """
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -26,10 +25,10 @@ from .transformer.mtp_config import MTPConfig
 class ModelParallelConfig:
     tensor_model_parallel_size: int = opt(1, "Degree of tensor model parallelism.")
     pipeline_model_parallel_size: int = opt(1, "Degree of pipeline model parallelism.")
-    virtual_pipeline_model_parallel_size: Optional[int] = opt(
+    virtual_pipeline_model_parallel_size: int | None = opt(
         None, "Model chunks per pipeline rank, for the interleaved 1F1B schedule (or give "
         "--num-layers-per-virtual-pipeline-stage).", flag="--num-virtual-stages-per-pipeline-rank")
-    num_layers_per_virtual_pipeline_stage: Optional[int] = opt(
+    num_layers_per_virtual_pipeline_stage: int | None = opt(
         None, "Layers per model chunk: each pipeline rank holds num_layers / (P x this) chunks and "
         "runs the interleaved 1F1B schedule.")
     sequence_parallel: bool = opt(False, "Split activations outside TP regions along the sequence over the TP group.")
@@ -48,19 +47,19 @@ class ModelParallelConfig:
 @dataclass
 class TransformerConfig(ModelParallelConfig, MoEConfig, MLAConfig, MTPConfig, ModelOptions, Fp8Config):
     num_layers: int = opt(4, "Number of transformer layers.")
-    decoder_first_pipeline_num_layers: Optional[int] = opt(
+    decoder_first_pipeline_num_layers: int | None = opt(
         None, "Layers on the first pipeline stage (uneven split; the other stages share the rest evenly).")
-    decoder_last_pipeline_num_layers: Optional[int] = opt(
+    decoder_last_pipeline_num_layers: int | None = opt(
         None, "Layers on the last pipeline stage (uneven split; the other stages share the rest evenly).")
     hidden_size: int = opt(256, "Transformer hidden size.")
     num_attention_heads: int = opt(4, "Number of attention heads.")
-    ffn_hidden_size: Optional[int] = opt(
+    ffn_hidden_size: int | None = opt(
         None, "MLP hidden size (default 4 x hidden, or about 8/3 x hidden with --swiglu).")
-    kv_channels: Optional[int] = opt(None, "Per-head size (default hidden / heads).")
+    kv_channels: int | None = opt(None, "Per-head size (default hidden / heads).")
     group_query_attention: bool = opt(False, "Use grouped-query attention (with --num-query-groups).")
-    num_query_groups: Optional[int] = opt(None, "Key/value head groups for grouped-query attention.")
+    num_query_groups: int | None = opt(None, "Key/value head groups for grouped-query attention.")
     seq_length: int = opt(256, "Sequence length of a training sample.")
-    max_position_embeddings: Optional[int] = opt(None, "Largest position the model supports (default --seq-length).")
+    max_position_embeddings: int | None = opt(None, "Largest position the model supports (default --seq-length).")
     position_embedding_type: str = opt("learned_absolute", "Position embedding.", choices=["learned_absolute", "rope"])
     rotary_base: int = opt(10000, "Base of the rotary embedding frequencies.")
     rotary_percent: float = opt(1.0, "Fraction of each head's dimensions that rotary embeddings rotate (the first "
@@ -117,19 +116,19 @@ class TransformerConfig(ModelParallelConfig, MoEConfig, MLAConfig, MTPConfig, Mo
         "$MEGATRON_KERNEL_TABLE names), torch otherwise; csrc runs our kernels wherever they can run. The "
         "start-up log says which each op runs and why.", choices=["auto", "csrc"])
     # activation recompute (Korthikanti et al. 2022)
-    recompute_granularity: Optional[str] = opt(
+    recompute_granularity: str | None = opt(
         None, "Recompute activations in the backward pass instead of keeping them: full (whole layers, only "
         "their inputs are kept) or selective (the attention core only: its s x s scores).",
         choices=["full", "selective"])
-    recompute_method: Optional[str] = opt(
+    recompute_method: str | None = opt(
         None, "With full recompute: uniform (checkpoint chunks of --recompute-num-layers layers; default) or "
         "block (checkpoint the first --recompute-num-layers layers of each pipeline stage, the rest not).",
         choices=["uniform", "block"])
-    recompute_num_layers: Optional[int] = opt(
+    recompute_num_layers: int | None = opt(
         None, "Layers per recomputed chunk (uniform, default 1) or recomputed layers per stage (block).")
     # the tokenizer's vocabulary, unpadded (resolve(vocab_size=tokenizer.vocab_size)); not the CLI's
     # --vocab-size, which sizes the NullTokenizer (TrainingConfig.null_vocab_size)
-    vocab_size: Optional[int] = dataclasses.field(default=None, metadata={"cli": False})
+    vocab_size: int | None = dataclasses.field(default=None, metadata={"cli": False})
 
     # sizes that something divides by or allocates: checked positive before anything else
     SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "num_layers", "hidden_size",
@@ -166,7 +165,7 @@ class TransformerConfig(ModelParallelConfig, MoEConfig, MLAConfig, MTPConfig, Mo
         """ConfigError unless every size is a positive integer (None: not given, fine)."""
         config_checks.check_sizes(self)
 
-    def resolve(self, vocab_size: Optional[int] = None) -> "TransformerConfig":
+    def resolve(self, vocab_size: int | None = None) -> "TransformerConfig":
         """Fill the derived values, once: the vocabulary (the tokenizer's, when given), the model
         chunks per pipeline rank from --num-layers-per-virtual-pipeline-stage (one chunk is plain 1F1B:
         None), the full-recompute defaults, and attention through Transformer Engine with
@@ -189,7 +188,7 @@ class TransformerConfig(ModelParallelConfig, MoEConfig, MLAConfig, MTPConfig, Mo
             self.attention_backend = "te"  # what Transformer Engine layers would run; the rest stays ours
         return self
 
-    def _chunks_from_layers_per_stage(self) -> Optional[int]:
+    def _chunks_from_layers_per_stage(self) -> int | None:
         """V implied by --num-layers-per-virtual-pipeline-stage, where it divides (validate() says why not)."""
         k, pp = self.num_layers_per_virtual_pipeline_stage, self.pipeline_model_parallel_size
         if k is None or self.num_layers % pp or (self.num_layers // pp) % k:

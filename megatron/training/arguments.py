@@ -7,6 +7,7 @@ metadata names another flag (e.g. `add_bias_linear` is switched off by
 import argparse
 import dataclasses
 import re
+import types
 import typing
 
 from ..core.config import ConfigError, TransformerConfig
@@ -27,9 +28,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _base_type(tp):
-    if typing.get_origin(tp) is typing.Union:
+    # `X | None` (types.UnionType) and Optional[X] (typing.Union) alike
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
         tp = next(a for a in typing.get_args(tp) if a is not type(None))
-    if typing.get_origin(tp) in (list, list):
+    if typing.get_origin(tp) is list:
         tp = typing.get_args(tp)[0]
     return tp
 

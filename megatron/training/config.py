@@ -3,7 +3,6 @@
 resolve(dp) fills the derived values once; validate(dp) only checks (see megatron/training/resolve.py).
 """
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -21,29 +20,29 @@ from .tokenizer import TOKENIZER_TYPES
 @dataclass
 class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions):  # logging/timing/W&B/profiler flags: logging_options.py
     micro_batch_size: int = opt(8, "Samples per microbatch per data-parallel rank.")
-    global_batch_size: Optional[int] = opt(
+    global_batch_size: int | None = opt(
         None, "Samples per iteration over all data-parallel ranks (default micro batch x DP); "
         "gradients are accumulated over global / (micro x DP) microbatches.")
-    train_iters: Optional[int] = opt(None, "Number of training iterations (this or --train-samples is required).")
-    train_samples: Optional[int] = opt(
+    train_iters: int | None = opt(None, "Number of training iterations (this or --train-samples is required).")
+    train_samples: int | None = opt(
         None, "Train on this many samples instead: --train-iters becomes train-samples // global batch size, "
         "and the learning-rate flags count samples (--lr-decay-samples, --lr-warmup-samples, ...).")
-    lr: Optional[float] = opt(None, "Peak learning rate (required, as in Megatron-LM).")
+    lr: float | None = opt(None, "Peak learning rate (required, as in Megatron-LM).")
     min_lr: float = opt(0.0, "Learning rate at the end of decay.")
     lr_decay_style: str = opt("linear", "Learning-rate decay after warm-up.",
                               choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"])
-    lr_decay_iters: Optional[int] = opt(None, "Iterations over which to decay (default --train-iters).")
-    lr_decay_samples: Optional[int] = opt(None, "Samples over which to decay (default --train-samples).")
+    lr_decay_iters: int | None = opt(None, "Iterations over which to decay (default --train-iters).")
+    lr_decay_samples: int | None = opt(None, "Samples over which to decay (default --train-samples).")
     lr_warmup_iters: int = opt(0, "Linear warm-up iterations (iteration 1 runs at --lr-warmup-init).")
     lr_warmup_samples: int = opt(0, "Linear warm-up samples, with --train-samples.")
-    lr_warmup_fraction: Optional[float] = opt(
+    lr_warmup_fraction: float | None = opt(
         None, "Warm-up as a fraction of the decay (instead of --lr-warmup-iters / --lr-warmup-samples).")
     lr_warmup_init: float = opt(0.0, "Learning rate at the start of warm-up.")
     lr_wsd_decay_style: str = opt("exponential", "Shape of the final decay with --lr-decay-style WSD.",
                                   choices=["linear", "cosine", "exponential", "minus_sqrt"])
-    lr_wsd_decay_iters: Optional[int] = opt(
+    lr_wsd_decay_iters: int | None = opt(
         None, "Length of the final decay with WSD (default 10%% of the decay; Megatron-LM requires it).")
-    lr_wsd_decay_samples: Optional[int] = opt(None, "Length of the final WSD decay in samples, with --train-samples.")
+    lr_wsd_decay_samples: int | None = opt(None, "Length of the final WSD decay in samples, with --train-samples.")
     weight_decay: float = opt(0.01, "AdamW weight decay (not applied to biases and norms).")
     clip_grad: float = opt(1.0, "Clip gradients to this global L2 norm (0 disables).")
     adam_beta1: float = opt(0.9, "Adam beta1.")
@@ -51,34 +50,34 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions):  # logging/timing
     adam_eps: float = opt(1e-8, "Adam epsilon.")
     seed: int = opt(1234, "Random seed (initialisation, data order, dropout).")
     log_interval: int = opt(100, "Print and record metrics every this many iterations.")
-    eval_interval: Optional[int] = opt(
+    eval_interval: int | None = opt(
         None, "Evaluate on the validation set every this many iterations (default: only at the end).")
     eval_iters: int = opt(100, "Validation batches per evaluation (0 disables evaluation).")
     skip_train: bool = opt(False, "Run no training iteration: evaluate the validation and test sets once, "
                            "at the loaded checkpoint's iteration, and exit.")
-    tensorboard_dir: Optional[str] = opt(None, "Write TensorBoard logs here.")
-    exit_interval: Optional[int] = opt(None, "Stop after an iteration that is a multiple of this.")
-    exit_duration_in_mins: Optional[float] = opt(
+    tensorboard_dir: str | None = opt(None, "Write TensorBoard logs here.")
+    exit_interval: int | None = opt(None, "Stop after an iteration that is a multiple of this.")
+    exit_duration_in_mins: float | None = opt(
         None, "Save (with --save) and stop after the first iteration that ends this many minutes after start-up.")
-    pipeline_trace: Optional[str] = opt(
+    pipeline_trace: str | None = opt(
         None, "Write the start and end time of every schedule action of iteration 2 on each pipeline rank "
         "to this JSON file (draw it with tools/pipeline_timeline.py --trace; one machine's clock).")
-    pipeline_schedule: Optional[str] = opt(
+    pipeline_schedule: str | None = opt(
         None, "Pipeline schedule (default: 1f1b, or interleaved with model chunks): zb-h1 / zb-h2 are the "
         "zero-bubble schedules, whose backward computes weight gradients in separate W steps; zb-v also "
         "places two model chunks per rank in a V (num layers divisible by 2 x pipeline size).",
         choices=["1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v"])
     mock_data: bool = opt(
         False, "Train on deterministic synthetic tokens (with --tokenizer-type NullTokenizer --vocab-size N).")
-    data_path: Optional[list[str]] = opt(
+    data_path: list[str] | None = opt(
         None, "Indexed dataset prefix(es) from tools/preprocess_data.py, split by --split: 'PREFIX', "
         "or a blend 'W1 PREFIX1 W2 PREFIX2 ...' (without any data flag: the embedded standard-library "
         "recipe, megatron/training/embedded.py).", nargs="+")
-    train_data_path: Optional[list[str]] = opt(None, "Training data (prefix or weighted blend), used whole; "
+    train_data_path: list[str] | None = opt(None, "Training data (prefix or weighted blend), used whole; "
                                                "instead of --data-path and --split.", nargs="+")
-    valid_data_path: Optional[list[str]] = opt(
+    valid_data_path: list[str] | None = opt(
         None, "Validation data (prefix or weighted blend), used whole.", nargs="+")
-    test_data_path: Optional[list[str]] = opt(None, "Test data (prefix or weighted blend), used whole.", nargs="+")
+    test_data_path: list[str] | None = opt(None, "Test data (prefix or weighted blend), used whole.", nargs="+")
     split: str = opt("969,30,1", "Train,valid,test shares of the documents of each --data-path dataset.")
     eod_mask_loss: bool = opt(False, "GPT: no loss on predictions made from an end-of-document token.")
     reset_position_ids: bool = opt(False, "GPT: positions restart at 0 after each end-of-document token in a sample.")
@@ -86,42 +85,42 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions):  # logging/timing
     blend_order: str = opt("megatron", "Order of a blend's samples: Megatron-LM's greedy rule, or Tijdeman's "
                            "(every prefix within one sample of the weights; docs/data.md).",
                            choices=["megatron", "tijdeman"])
-    data_cache_path: Optional[str] = opt(None, "Where built dataset indices (and the embedded corpus) are cached "
+    data_cache_path: str | None = opt(None, "Where built dataset indices (and the embedded corpus) are cached "
                                          "(default $XDG_CACHE_HOME/megatron-3d or ~/.cache/megatron-3d).")
-    tokenizer_type: Optional[str] = opt(
+    tokenizer_type: str | None = opt(
         None, "Tokenizer (default: NullTokenizer with --mock-data; required with --data-path).",
         choices=TOKENIZER_TYPES)
-    vocab_file: Optional[str] = opt(
+    vocab_file: str | None = opt(
         None, "GPT2BPETokenizer vocab.json, or BertWordPiece* vocab.txt (one token per line).")
-    merge_file: Optional[str] = opt(None, "GPT2BPETokenizer merges.txt.")
-    tokenizer_model: Optional[str] = opt(None, "SentencePiece .model, or a Hugging Face tokenizer.json or folder.")
+    merge_file: str | None = opt(None, "GPT2BPETokenizer merges.txt.")
+    tokenizer_model: str | None = opt(None, "SentencePiece .model, or a Hugging Face tokenizer.json or folder.")
     # Megatron-LM's --vocab-size; the model's vocabulary is TransformerConfig.vocab_size (the tokenizer's)
-    null_vocab_size: Optional[int] = opt(None, "NullTokenizer: ids 0..N-1, end-of-document N. TikTokenizer: the "
+    null_vocab_size: int | None = opt(None, "NullTokenizer: ids 0..N-1, end-of-document N. TikTokenizer: the "
                                          "vocabulary size (default 2**17).", flag="--vocab-size")
-    tiktoken_pattern: Optional[str] = opt(None, "TikTokenizer split pattern (default v2).", choices=["v1", "v2"])
+    tiktoken_pattern: str | None = opt(None, "TikTokenizer split pattern (default v2).", choices=["v1", "v2"])
     tiktoken_num_special_tokens: int = opt(1000, "TikTokenizer: ids reserved for special tokens.")
-    special_tokens: Optional[list[str]] = opt(None, "TikTokenizer special tokens (must include <unk> <s> </s> "
+    special_tokens: list[str] | None = opt(None, "TikTokenizer special tokens (must include <unk> <s> </s> "
                                               "<mask> <pad> <cls> <sep>).", flag="--tokenizer-special-tokens",
                                               nargs="+")
-    distributed_backend: Optional[str] = opt(None, "Collective backend (default nccl with CUDA, else gloo).",
+    distributed_backend: str | None = opt(None, "Collective backend (default nccl with CUDA, else gloo).",
                                              choices=["nccl", "gloo"])
     inference_max_seq_length: int = opt(
         2560, "Longest sequence (prompt + generated tokens) generation expects; tools/generate.py's default "
         "length bound.")
     bf16: bool = opt(False, "bf16 parameters and activations, fp32 main parameters and gradients.")
     fp16: bool = opt(False, "fp16 parameters and activations with loss scaling, fp32 main parameters and gradients.")
-    loss_scale: Optional[float] = opt(None, "Constant fp16 loss scale (default: dynamic).")
+    loss_scale: float | None = opt(None, "Constant fp16 loss scale (default: dynamic).")
     initial_loss_scale: float = opt(2.0 ** 32, "Initial dynamic fp16 loss scale.")
     min_loss_scale: float = opt(1.0, "Smallest dynamic loss scale.")
     loss_scale_window: int = opt(1000, "Clean iterations before the dynamic loss scale doubles.")
     hysteresis: int = opt(2, "Overflows tolerated before the dynamic loss scale halves.")
     grad_reduce_in_bf16: bool = opt(False, "With --bf16, keep and reduce gradients in bf16.")
-    ddp_bucket_size: Optional[int] = opt(None, "Elements per gradient bucket (default max(40M, 1M x DP)).")
+    ddp_bucket_size: int | None = opt(None, "Elements per gradient bucket (default max(40M, 1M x DP)).")
     overlap_grad_reduce: bool = opt(False, "Reduce each gradient bucket asynchronously as soon as it is complete.")
     use_distributed_optimizer: bool = opt(False, "Shard fp32 main parameters and Adam states over data-parallel ranks.")
     overlap_param_gather: bool = opt(
         False, "With the distributed optimizer, gather parameters during the next forward.")
-    data_parallel_sharding_strategy: Optional[str] = opt(
+    data_parallel_sharding_strategy: str | None = opt(
         None, "What each data-parallel rank keeps only its shard of: no_shard (nothing), optim (optimizer state: "
         "ZeRO-1, as --use-distributed-optimizer), optim_grads (+ gradients: ZeRO-2), optim_grads_params "
         "(+ parameters, gathered per layer for its forward and backward: ZeRO-3). Default: optim with "
@@ -130,13 +129,13 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions):  # logging/timing
                                       "its update on the host, with explicit copies of gradients and new values.")
     optimizer_offload_fraction: float = opt(1.0, "With --optimizer-cpu-offload, the share (0 to 1) of each rank's "
                                             "optimizer state on the host.")
-    save: Optional[str] = opt(None, "Directory to save checkpoints to.")
-    load: Optional[str] = opt(None, "Directory to load a checkpoint from (any parallel layout).")
-    save_interval: Optional[int] = opt(None, "Save a checkpoint every this many iterations (and at the end).")
+    save: str | None = opt(None, "Directory to save checkpoints to.")
+    load: str | None = opt(None, "Directory to load a checkpoint from (any parallel layout).")
+    save_interval: int | None = opt(None, "Save a checkpoint every this many iterations (and at the end).")
     no_load_optim: bool = opt(False, "Do not load the optimizer state (Adam moments, loss scale).")
     no_load_rng: bool = opt(False, "Do not load the RNG states.")
     finetune: bool = opt(False, "Load only the model weights; start at iteration 0 with fresh optimizer and data.")
-    pretrained_checkpoint: Optional[str] = opt(
+    pretrained_checkpoint: str | None = opt(
         None, "When --load holds no checkpoint, start from this one's weights: iteration 0, fresh optimizer and data.")
     use_checkpoint_args: bool = opt(False, "Take the model's architecture flags from the --load checkpoint.")
     ckpt_format: str = opt("torch_dist", "Checkpoint format: torch_dist is ours (layout-free, sharded); "
@@ -160,7 +159,7 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions):  # logging/timing
     distributed_timeout_minutes: int = opt(
         10, "Timeout minutes for torch.distributed; a rank waiting longer in a collective or pipeline "
         "send/receive exits naming the operation and the ranks it waits for.")
-    log_metrics_jsonl: Optional[str] = opt(
+    log_metrics_jsonl: str | None = opt(
         None, "This project's (not in Megatron-LM): write one JSON line per iteration (full-precision loss per "
         "term, grad norm, learning rate, skipped) and per validation to this file (from the rank with the last "
         "pipeline stage, TP and DP rank 0).")
@@ -183,7 +182,7 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions):  # logging/timing
         elif self.tokenizer_type is None and self.vocab_file and self.merge_file:
             self.tokenizer_type = "GPT2BPETokenizer"
 
-    def resolve(self, dp_size: int, seq_length: Optional[int] = None) -> None:
+    def resolve(self, dp_size: int, seq_length: int | None = None) -> None:
         """Fill the global batch size (default micro batch x DP; a step schedule's last size) and, with
         --train-samples, the iterations (train-samples // global batch, or counted along the batch-size
         schedule, as Megatron-LM), once; map the Megatron-FSDP flags (fsdp_options.py). Checks the

@@ -9,7 +9,6 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -48,13 +47,13 @@ class LoggingOptions:
         "mem-allocated-bytes, mem-max-allocated-bytes, mem-allocated-count); on a CPU run the process's "
         "resident memory instead (mem-host-rss-bytes, mem-host-max-rss-bytes).")
     log_world_size_to_tensorboard: bool = opt(False, "Write the world size to TensorBoard.")
-    logging_level: Optional[int] = opt(None, "Python logging level (10 debug, 20 info, 30 warning); the timers' "
+    logging_level: int | None = opt(None, "Python logging level (10 debug, 20 info, 30 warning); the timers' "
                                        "report is at info. Default: $MEGATRON_LOGGING_LEVEL, else 20.")
-    wandb_project: Optional[str] = opt(None, "Log the TensorBoard scalars to this Weights & Biases project too "
+    wandb_project: str | None = opt(None, "Log the TensorBoard scalars to this Weights & Biases project too "
                                        "(from the last rank; needs the wandb package: pip install -e '.[wandb]').")
-    wandb_exp_name: Optional[str] = opt(None, "The W&B run's name (default: W&B picks one).")
-    wandb_save_dir: Optional[str] = opt(None, "Where W&B writes its files (default SAVE/wandb, with --save).")
-    wandb_entity: Optional[str] = opt(None, "The W&B entity (team or user) of the project.")
+    wandb_exp_name: str | None = opt(None, "The W&B run's name (default: W&B picks one).")
+    wandb_save_dir: str | None = opt(None, "Where W&B writes its files (default SAVE/wandb, with --save).")
+    wandb_entity: str | None = opt(None, "The W&B entity (team or user) of the project.")
     profile: bool = opt(False, "Profile iterations --profile-step-start to --profile-step-end: with "
                         "--use-pytorch-profiler a torch.profiler trace, else the CUDA profiler API's capture range "
                         "for nsys (nsys profile --capture-range=cudaProfilerApi).")
@@ -63,7 +62,7 @@ class LoggingOptions:
         "trace, torch_profile/rank-R.json.gz beside --tensorboard-dir.")
     profile_step_start: int = opt(10, "Iteration to start profiling at.")
     profile_step_end: int = opt(12, "Iteration to stop profiling at.")
-    profile_ranks: Optional[list[int]] = opt(None, "Global ranks to profile (default: all).", nargs="+")
+    profile_ranks: list[int] | None = opt(None, "Global ranks to profile (default: all).", nargs="+")
     pytorch_profiler_collect_shapes: bool = opt(False, "torch.profiler: record the operators' input shapes.")
     pytorch_profiler_collect_callstack: bool = opt(False, "torch.profiler: record the Python call stacks.")
 

@@ -10,7 +10,7 @@ followed by `| estimated peak: ...`, tools/estimate_memory.py's total for that r
 stage (what max allocated should stay under). Off CUDA there is nothing to measure and nothing
 is printed. The stats source is a function of the device, so tests can give a fake one.
 """
-from typing import Callable, Optional, Union
+from collections.abc import Callable
 
 import torch
 
@@ -20,7 +20,7 @@ MB = 2.0 ** 20
 Stats = tuple  # (allocated, max allocated, reserved, max reserved) bytes
 
 
-def cuda_memory_stats(device) -> Optional[Stats]:
+def cuda_memory_stats(device) -> Stats | None:
     """This process's CUDA allocator figures for `device`, or None when it is not a CUDA device."""
     device = torch.device(device)
     if device.type != "cuda":
@@ -29,7 +29,7 @@ def cuda_memory_stats(device) -> Optional[Stats]:
             torch.cuda.memory_reserved(device), torch.cuda.max_memory_reserved(device))
 
 
-def estimated_peak(model_cfg, train_cfg, world_size, pp_rank) -> Union[int, str]:
+def estimated_peak(model_cfg, train_cfg, world_size, pp_rank) -> int | str:
     """The memory estimator's (planner/memory.py) peak bytes of a rank of pipeline stage pp_rank (resolved
     configs), or why there is none: like the planner's line, the estimate is information and never stops a run."""
     try:
@@ -38,7 +38,7 @@ def estimated_peak(model_cfg, train_cfg, world_size, pp_rank) -> Union[int, str]
         return f"{type(e).__name__}: {e}".splitlines()[0][:200]
 
 
-def memory_line(rank, iteration, stats: Stats, estimate: Union[int, str]) -> str:
+def memory_line(rank, iteration, stats: Stats, estimate: int | str) -> str:
     """Megatron-LM's memory line, then the estimate (bytes) or why there is none (a string)."""
     allocated, max_allocated, reserved, max_reserved = (b / MB for b in stats)
     line = (f"[Rank {rank}] (after {iteration} iterations) memory (MB) | allocated: {allocated:.1f} | "
@@ -49,7 +49,7 @@ def memory_line(rank, iteration, stats: Stats, estimate: Union[int, str]) -> str
 
 
 def report_memory(iteration, groups, model_cfg, train_cfg, device,
-                  stats_source: Callable[[object], Optional[Stats]] = cuda_memory_stats) -> Optional[str]:
+                  stats_source: Callable[[object], Stats | None] = cuda_memory_stats) -> str | None:
     """Print (and return) this rank's memory line, on data-parallel rank 0 where stats_source(device)
     has figures; None elsewhere. groups: the ProcessGroups (rank, dp_rank, pp_rank, world_size)."""
     stats = stats_source(device)

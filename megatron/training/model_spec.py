@@ -2,7 +2,6 @@
 which losses that run returns (torchtitan's ModelSpec, cut to what this trainer uses)."""
 import dataclasses
 from collections.abc import Callable
-from typing import Optional
 
 from ..core.pipeline_parallel.losses import TOKEN_LOSS, LossDeclaration
 
@@ -19,4 +18,4 @@ class ModelSpec:
     model_provider: Callable
     forward_step: Callable
     loss_terms: LossDeclaration = dataclasses.field(default_factory=lambda: dict(TOKEN_LOSS))
-    collate: Optional[Callable] = None
+    collate: Callable | None = None

@@ -8,7 +8,6 @@ are listed with the reason at start-up (no_effect.py).
 """
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
 
 from ..core.config_fields import flag_namer, opt
 from ..core.errors import ConfigError
@@ -19,16 +18,16 @@ STRICTNESS = ["assume_ok_unexpected", "log_unexpected", "log_all", "raise_unexpe
 
 @dataclass
 class RunOptions:
-    step_batch_size_schedule: Optional[str] = opt(
+    step_batch_size_schedule: str | None = opt(
         None, "Global batch size by samples consumed: 'THRESHOLD:BS THRESHOLD:BS ...', thresholds in tokens "
         "(divided by --seq-length; suffixes K, M, B, T), the first 0, e.g. '0:16 2.4B:320 12B:1536'. The "
         "learning-rate schedule advances by each iteration's batch.")
-    rampup_batch_size: Optional[list[int]] = opt(
+    rampup_batch_size: list[int] | None = opt(
         None, "START INCREMENT SAMPLES: Megatron-LM's older batch ramp (from START, +INCREMENT at even steps over "
         "SAMPLES samples, then --global-batch-size); needs --train-samples.", nargs=3)
-    decoupled_lr: Optional[float] = opt(
+    decoupled_lr: float | None = opt(
         None, "Peak learning rate of the word embedding and the output layer (default --lr).")
-    decoupled_min_lr: Optional[float] = opt(
+    decoupled_min_lr: float | None = opt(
         None, "Final learning rate of the word embedding and the output layer (default --min-lr).")
     manual_gc: bool = opt(False, "Turn Python's automatic garbage collector off and collect at fixed points "
                           "(every --manual-gc-interval iterations, around evaluations), the same on every rank.")

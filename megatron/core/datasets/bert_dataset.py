@@ -16,7 +16,6 @@ Sample (numpy):
 """
 import hashlib
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -37,8 +36,8 @@ class BertDatasetConfig:
     sep_id: int
     mask_id: int
     pad_id: int
-    cache_dir: Optional[str] = None  # None: build the mapping in memory every time
-    tokenizer: Optional[dict] = None  # the run's tokenizer record: a dataset's own must match (tokenizer_record.py)
+    cache_dir: str | None = None  # None: build the mapping in memory every time
+    tokenizer: dict | None = None  # the run's tokenizer record: a dataset's own must match (tokenizer_record.py)
     masked_lm_prob: float = 0.15    # share of the non-special tokens masked (at least one)
     short_seq_prob: float = 0.1     # share of samples with a shorter random target length
     binary_head: bool = True        # sentence pairs (A, B) with is_random; False: one segment

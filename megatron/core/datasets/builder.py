@@ -14,7 +14,8 @@ ceil(ceil(n x w) x 1.005) samples (Megatron-Core's 0.5% surplus); see docs/data.
 import math
 import os
 import re
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 

@@ -14,7 +14,6 @@ Nothing depends on the rank or the data-parallel size.
 """
 import hashlib
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -29,9 +28,9 @@ _SEPARATE_FINAL_EPOCH = 0.80
 class GPTDatasetConfig:
     seq_length: int
     seed: int
-    cache_dir: Optional[str] = None   # None: build the indices in memory every time
-    vocab_size: Optional[int] = None  # when set, a token id >= vocab_size is a DatasetError
-    tokenizer: Optional[dict] = None  # the run's tokenizer record: a dataset's own must match (tokenizer_record.py)
+    cache_dir: str | None = None   # None: build the indices in memory every time
+    vocab_size: int | None = None  # when set, a token id >= vocab_size is a DatasetError
+    tokenizer: dict | None = None  # the run's tokenizer record: a dataset's own must match (tokenizer_record.py)
     add_extra_token: int = 1          # samples are seq_length + 1 tokens (inputs and shifted labels)
     mmap_bin_files: bool = True       # False: the .bin files are read with file reads (--no-mmap-bin-files)
 

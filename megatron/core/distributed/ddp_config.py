@@ -5,7 +5,6 @@ sharded buffers, the optimizer's class, the planner, the estimator and the check
 each asks this config what is sharded, none rebuilds the strategy from a flag.
 """
 import dataclasses
-from typing import Optional
 
 from .strategy import SHARDING_STRATEGIES, shards_grads, shards_optimizer, shards_params
 
@@ -20,7 +19,7 @@ class DistributedDataParallelConfig:
     parameters during the next forward (with a sharded optimizer only); grad_reduce_in_bf16: keep and
     reduce the gradients of bf16 parameters in bf16."""
     data_parallel_sharding_strategy: str = "no_shard"
-    bucket_size: Optional[int] = None
+    bucket_size: int | None = None
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
     grad_reduce_in_bf16: bool = False

@@ -3,7 +3,6 @@ TransformerConfig (config.py), so the CLI is generated from these fields; check_
 not fit, in one line. What is not built (--fp8-param-gather, mxfp8, FP8 through Transformer Engine, FP8
 experts) training/not_built.py refuses with the other features that are not built."""
 from dataclasses import dataclass
-from typing import Optional
 
 from ..config_fields import flag_namer, opt
 from ..errors import ConfigError
@@ -12,7 +11,7 @@ from .blockwise import TILE
 
 @dataclass
 class Fp8Config:
-    fp8_format: Optional[str] = opt(
+    fp8_format: str | None = opt(
         None, "Run the linear layers' GEMMs (QKV, projection, fc1, fc2; forward, input and weight gradients) in "
         "FP8 through torch._scaled_mm: e4m3 everywhere, or hybrid (e4m3 forward, e5m2 gradients). Master "
         "weights, optimizer, norms, softmax, embedding, output layer and loss keep their precision. Default off.",
@@ -32,7 +31,7 @@ class Fp8Config:
     num_layers_at_end_in_bf16: int = opt(1, "With --first-last-layers-bf16: layers at the end kept out of FP8.")
 
 
-def fp8_layer(cfg, layer_number) -> Optional[Fp8Config]:
+def fp8_layer(cfg, layer_number) -> Fp8Config | None:
     """The FP8 settings for transformer layer `layer_number` (from 1), or None where it runs without FP8."""
     if cfg.fp8_format is None:
         return None

@@ -12,7 +12,6 @@ activations and gradients travel on two ordered channels (groups.pp and groups.p
 """
 import functools
 import time
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -134,8 +133,8 @@ class _Rank:
         return sum(o.numel() for (v, _), o in self.outputs.items() if v != self.last_chunk)
 
 
-def run_actions(actions, chunks, batches, forward_step, groups, comm: Optional[P2PCommunicator],
-                num_tokens, names, forward_only=False, trace: Optional[list] = None, stats: Optional[dict] = None,
+def run_actions(actions, chunks, batches, forward_step, groups, comm: P2PCommunicator | None,
+                num_tokens, names, forward_only=False, trace: list | None = None, stats: dict | None = None,
                 loss_scale=1.0, v_shape=False, before_weight=None, timers=None):
     """Execute `actions` on this rank. Returns sum(loss x mask) over this rank's microbatches
     per loss term of `names` ([terms] fp32; zero unless this rank holds the last virtual stage).
@@ -237,7 +236,7 @@ def forward_backward(model, batches, forward_step, groups, loss_terms: LossDecla
     return {name: (total[i], counts[i]) for i, name in enumerate(names)}
 
 
-def get_forward_backward_func(schedule: Optional[str] = None, per_token_loss: bool = True):
+def get_forward_backward_func(schedule: str | None = None, per_token_loss: bool = True):
     """The function that runs one iteration's microbatches on this rank:
 
         forward_backward(model, batches, forward_step, groups, loss_terms, forward_only=False, ...)

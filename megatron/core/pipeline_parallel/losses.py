@@ -9,14 +9,13 @@ over the microbatches (loss_divisors); the averages are summed, so adding a term
 auxiliary loss) needs a new entry in the declaration and in forward_step's result only.
 """
 from collections.abc import Mapping, Sequence
-from typing import Optional
 
 import torch
 import torch.distributed as dist
 
 from ..watchdog import waiting
 
-LossDeclaration = Mapping[str, Optional[str]]
+LossDeclaration = Mapping[str, str | None]
 """{term name: batch key of its mask [b, ...], or None to count one per sample}, in logging order."""
 
 LossTerms = dict[str, tuple[torch.Tensor, torch.Tensor]]

@@ -11,7 +11,6 @@ on gloo and NCCL.
 """
 import weakref
 from collections.abc import Sequence
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -69,7 +68,7 @@ class P2PCommunicator:
     def buffer(self) -> torch.Tensor:
         return torch.empty(self.shape, dtype=self.dtype, device=self.device)
 
-    def exchange(self, ops: list[tuple[str, torch.Tensor, int]], unwaited_sends: Optional[list] = None) -> None:
+    def exchange(self, ops: list[tuple[str, torch.Tensor, int]], unwaited_sends: list | None = None) -> None:
         """ops: (kind, tensor, peer pipeline rank[, channel]), kind "send" or "recv", channel
         ACTIVATIONS (default) or GRADIENTS (its own group, see channel_groups); posted in list
         order, one batch per channel's group (activations first on every rank), and all waited for.

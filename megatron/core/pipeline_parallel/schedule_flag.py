@@ -1,5 +1,4 @@
 """--pipeline-schedule: the flag's names for the schedules of SCHEDULES, checked against the layout."""
-from typing import Optional
 
 from ..config import ConfigError
 from .schedules import default_schedule
@@ -9,7 +8,7 @@ FLAG_CHOICES = ("1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v")
 _NAMES = {"1f1b": "1f1b", "interleaved": "interleaved_1f1b", "zb-h1": "zb_h1", "zb-h2": "zb_h2"}
 
 
-def schedule_for_flag(flag: Optional[str], P: int, V: int) -> str:
+def schedule_for_flag(flag: str | None, P: int, V: int) -> str:
     """The SCHEDULES name for --pipeline-schedule `flag` with P pipeline ranks and V interleaved model
     chunks per rank (None: the default for the layout; zb-v: its own two chunks in a V, check_v_layout).
     Raises ConfigError naming the flag. Run once, for the ParallelLayout (training/resolve.py)."""
@@ -33,7 +32,7 @@ def schedule_for_flag(flag: Optional[str], P: int, V: int) -> str:
     return _NAMES[flag]
 
 
-def check_v_layout(model_cfg, flag: Optional[str]) -> None:
+def check_v_layout(model_cfg, flag: str | None) -> None:
     """With --pipeline-schedule zb-v and more than one pipeline rank the layers go in a V, two model chunks
     per rank (ParallelLayout.v_shape, split.v_layer_split): ConfigError, naming the flag, for flags that
     place the layers otherwise or layers that do not split into 2P stages. Writes nothing."""

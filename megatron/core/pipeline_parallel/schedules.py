@@ -20,7 +20,6 @@ The 1F1B and interleaved lists follow Megatron-LM's schedules op for op (their b
 p2p calls become comm actions); the simulator proves for P <= 8, M <= 16, V <= 3 that
 every send meets its receive in order and nothing deadlocks (tests/unit/test_schedules.py).
 """
-from typing import Optional
 
 from ..errors import ScheduleError  # noqa: F401 (callers catch it from here)
 from .actions import Action, Op, _Builder, _check
@@ -152,7 +151,7 @@ def default_schedule(P: int, V: int) -> str:
     return "interleaved_1f1b" if V > 1 else "1f1b"
 
 
-def build_schedule(P: int, M: int, V: int, schedule: Optional[str] = None, forward_only=False):
+def build_schedule(P: int, M: int, V: int, schedule: str | None = None, forward_only=False):
     """Every rank's actions: {rank: [Action]} (the simulator's input)."""
     fn = SCHEDULES[schedule or default_schedule(P, V)]
     return {rank: fn(P, M, V, rank, forward_only) for rank in range(P)}

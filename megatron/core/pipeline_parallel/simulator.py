@@ -16,8 +16,8 @@ makespan, each rank's idle fraction, and the peak number of microbatches in flig
 with async_sends waits only for its receives (its sends are matched all the same).
 """
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 from .schedules import Action
 
@@ -109,7 +109,7 @@ def fbw_costs(forward, backward, weight, comm=0.0, V=1, split=True):
     return cost
 
 
-def simulate(actions: dict[int, list[Action]], cost: Optional[Callable] = None, stage_of=loop_stage,
+def simulate(actions: dict[int, list[Action]], cost: Callable | None = None, stage_of=loop_stage,
              streams=False) -> Timeline:
     """Run every rank's action list; cost(rank, action) -> seconds (default uniform_costs()).
     stage_of(rank, chunk, P) -> virtual stage: loop_stage, or v_stage for ZB-V. streams: the

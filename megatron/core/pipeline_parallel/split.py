@@ -16,7 +16,6 @@ Uneven splits: the first and/or last stage may get their own layer count
 Megatron-LM); the other stages share the rest evenly. Every stage's count must divide
 into its V chunks. Nothing is ever rounded: a split that does not divide is an error.
 """
-from typing import Optional
 
 from ..errors import ConfigError
 
@@ -24,8 +23,8 @@ _FIRST, _LAST = "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-
 _P, _V = "--pipeline-model-parallel-size", "--num-virtual-stages-per-pipeline-rank"
 
 
-def stage_layer_counts(num_layers: int, pp: int, first: Optional[int] = None,
-                       last: Optional[int] = None) -> list[int]:
+def stage_layer_counts(num_layers: int, pp: int, first: int | None = None,
+                       last: int | None = None) -> list[int]:
     """Layers per pipeline stage (all its chunks together). Raises ConfigError."""
     if pp == 1:
         if first is not None or last is not None:
@@ -58,8 +57,8 @@ def stage_layer_counts(num_layers: int, pp: int, first: Optional[int] = None,
     return counts
 
 
-def layer_split(num_layers: int, pp: int, vpp: Optional[int] = None, first: Optional[int] = None,
-                last: Optional[int] = None) -> list[list[tuple[int, int]]]:
+def layer_split(num_layers: int, pp: int, vpp: int | None = None, first: int | None = None,
+                last: int | None = None) -> list[list[tuple[int, int]]]:
     """[pp_rank][chunk] -> (layer_offset, num_layers) with offsets counted from 0 over the model.
 
     Raises ConfigError (naming the flags) when the layers do not divide.
@@ -100,7 +99,7 @@ def chunk_roles(layout, pp_rank: int, chunk: int) -> tuple[bool, bool]:
     return pp_rank == 0 and chunk == 0, pp_rank == layout.pp - 1 and chunk == layout.chunks - 1
 
 
-def stage_layers(config, layout, pp_rank: int, vp_stage: Optional[int] = None) -> tuple[int, int]:
+def stage_layers(config, layout, pp_rank: int, vp_stage: int | None = None) -> tuple[int, int]:
     """(layer_offset, num_layers) of one model chunk, from a TransformerConfig and its ParallelLayout."""
     if layout.v_shape:
         return v_layer_split(config.num_layers, layout.pp)[pp_rank][vp_stage or 0]

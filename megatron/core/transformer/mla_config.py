@@ -5,7 +5,6 @@ called by config_checks.validate(); resolve_mla() by TransformerConfig.resolve()
 transformer/mla.py and transformer/mla_rope.py.
 """
 from dataclasses import dataclass
-from typing import Optional
 
 from ..config_fields import flag_namer, opt
 from ..errors import ConfigError
@@ -17,7 +16,7 @@ class MLAConfig:
     multi_latent_attention: bool = opt(
         False, "Multi-latent attention (DeepSeek-V2 / V3): queries and keys / values from low-rank latents, "
         "a decoupled RoPE key shared by the heads.")
-    q_lora_rank: Optional[int] = opt(None, "Rank of the query latent (None: queries projected from the hidden "
+    q_lora_rank: int | None = opt(None, "Rank of the query latent (None: queries projected from the hidden "
                                      "state directly, no query compression).")
     kv_lora_rank: int = opt(32, "Rank of the key / value latent.")
     qk_head_dim: int = opt(128, "Per-head size of the query / key part without position embedding (the head "

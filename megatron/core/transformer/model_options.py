@@ -6,7 +6,6 @@ check_options() refuses what does not fit. Which flags change nothing here is li
 by megatron/training/no_effect.py.
 """
 from dataclasses import dataclass
-from typing import Optional
 
 from ..config_fields import flag_namer, opt
 from ..errors import ConfigError
@@ -31,7 +30,7 @@ class ModelOptions:
         "HuggingFace adds the 1 back.", flag="--apply-layernorm-1p")
     recompute_activations: bool = opt(
         False, "Selective recompute of the attention core: the same as --recompute-granularity selective.")
-    recompute_modules: Optional[list[str]] = opt(
+    recompute_modules: list[str] | None = opt(
         None, "With --recompute-granularity selective, what to recompute (default core_attn): "
         + "; ".join(f"{k}: {v}" for k, v in RECOMPUTE_MODULES.items()) + ".", nargs="+")
     init_model_with_meta_device: bool = opt(
@@ -49,7 +48,7 @@ class ModelOptions:
     export_force_local_attention: bool = opt(
         False, "Megatron-LM's ModelOpt export switch (local instead of Transformer Engine attention when exporting); "
         "it changes no result of training: accepted, no effect.")
-    rope_type: Optional[str] = opt(
+    rope_type: str | None = opt(
         None, "Rotary embedding variant: rope (the standard one, what --position-embedding-type rope runs) or "
         "yarn (with --multi-latent-attention, its default as in Megatron-LM; not built for standard attention).",
         choices=["rope", "yarn"])

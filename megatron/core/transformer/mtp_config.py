@@ -4,7 +4,6 @@ A base of TransformerConfig (config.py); check_mtp() is called by config_checks.
 read by transformer/mtp.py and models/gpt.
 """
 from dataclasses import dataclass
-from typing import Optional
 
 from ..config_fields import flag_namer, opt
 from ..errors import ConfigError
@@ -12,7 +11,7 @@ from ..errors import ConfigError
 
 @dataclass
 class MTPConfig:
-    mtp_num_layers: Optional[int] = opt(
+    mtp_num_layers: int | None = opt(
         None, "Multi-token prediction: this many sequential modules after the last layer, module k predicting the "
         "token k + 1 ahead (each: norms of the previous hidden state and of the next token's embedding, a "
         "projection, one transformer layer, the shared output head). None: none.")

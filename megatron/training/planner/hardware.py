@@ -6,7 +6,6 @@ turn bytes and FLOPs into seconds. No process group, no GPU: everything is on pa
 import dataclasses
 import math
 import os
-from typing import Optional
 
 from ...core.errors import MegatronUserError
 
@@ -54,8 +53,8 @@ def gpu_names(cal=None) -> list[str]:
     return sorted((cal or load_calibration())["gpu"])
 
 
-def make_cluster(gpu, num_gpus, gpus_per_node=8, nvlink_gbps: Optional[float] = None,
-                 network_gbps: Optional[float] = None, memory_gb: Optional[float] = None, cal=None) -> Cluster:
+def make_cluster(gpu, num_gpus, gpus_per_node=8, nvlink_gbps: float | None = None,
+                 network_gbps: float | None = None, memory_gb: float | None = None, cal=None) -> Cluster:
     """Cluster of `gpu` (a key of calibration.toml's [gpu] table); None overrides keep the calibration's."""
     cal = cal or load_calibration()
     if gpu not in cal["gpu"]:

@@ -6,8 +6,7 @@ Dimension in DIMENSIONS: what it allows given the choices made before it, and it
 combination is valid is decided by the same resolve/validate as training (predict.py), not here.
 """
 import dataclasses
-from collections.abc import Iterable
-from typing import Callable
+from collections.abc import Callable, Iterable
 
 from ...core.errors import ParallelConfigError
 from ...core.parallel_layout import ParallelLayout, data_parallel_size

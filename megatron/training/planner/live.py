@@ -2,7 +2,6 @@
 so the predicted step time sits beside the measured iteration times that follow."""
 import os
 import re
-from typing import Optional
 
 import torch
 
@@ -13,7 +12,7 @@ from .predict import predict_resolved
 _NAMES = [(r"\bH200\b", "H200"), (r"\bH100\b(?!.*\b(PCIe|NVL)\b)", "H100-SXM"), (r"\bA100\b", "A100")]
 
 
-def calibration_gpu(device_name: str, total_memory_bytes: int) -> Optional[str]:
+def calibration_gpu(device_name: str, total_memory_bytes: int) -> str | None:
     """The calibration key of a CUDA device, or None when the calibration has no entry for it."""
     for pattern, key in _NAMES:
         if re.search(pattern, device_name, re.IGNORECASE):
@@ -32,7 +31,7 @@ def prediction_line(model_cfg, train_cfg, world_size, gpu, gpus_per_node) -> str
             f"{p.memory_bytes / 1e9:.1f} GB on the most loaded GPU")
 
 
-def predicted_step_line(model_cfg, train_cfg, world_size, device) -> Optional[str]:
+def predicted_step_line(model_cfg, train_cfg, world_size, device) -> str | None:
     """prediction_line for this run's GPU; None off CUDA or on a GPU the calibration lacks. The
     prediction is information only: whatever goes wrong in it (a layout the model cannot price, a bug)
     gives one '> planner: no prediction

@@ -8,7 +8,6 @@ predict_resolved() takes the resolved configs training already holds, so a train
 the predicted step time beside the measured one.
 """
 import dataclasses
-from typing import Optional
 
 from ...core.errors import MegatronUserError
 from ..arguments import parse_args
@@ -87,7 +86,7 @@ def space_of(argv, cluster: Cluster, full=False) -> Space:
                  c.num_experts or 0)
 
 
-def plan(argv, cluster: Cluster, fixed: Optional[dict] = None, full=False) -> tuple[list, int]:
+def plan(argv, cluster: Cluster, fixed: dict | None = None, full=False) -> tuple[list, int]:
     """(predictions of every valid layout, best first: fitting ones by step time, then the ones that
     do not fit by step time; number of layouts training would refuse)."""
     out, refused = [], 0

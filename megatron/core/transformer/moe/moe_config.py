@@ -4,7 +4,6 @@ A base of TransformerConfig (config.py), so the CLI is generated from these fiel
 check_moe() is called by config_checks.validate(); the fields are read by the moe package.
 """
 from dataclasses import dataclass
-from typing import Optional
 
 from ...config_fields import flag_namer, opt
 from ...errors import ConfigError
@@ -22,31 +21,31 @@ _BALANCE_NAMES = {"aux_loss": "load_balancing_loss", "seq_aux_loss": "seq_load_b
 
 @dataclass
 class MoEConfig:
-    num_experts: Optional[int] = opt(None, "Number of experts in each MoE layer (None: a dense model).")
+    num_experts: int | None = opt(None, "Number of experts in each MoE layer (None: a dense model).")
     moe_layer_freq: int = opt(
         1, "Every this many layers is an MoE layer, counting from the first (1: all); or Megatron-LM's pattern "
         "expression with one 0 (dense) / 1 (MoE) per layer, e.g. '([0]*3+[1]*58)' (three dense layers first).",
         parse=moe_freq)
-    moe_ffn_hidden_size: Optional[int] = opt(None, "Hidden size of each expert (default --ffn-hidden-size).")
-    moe_shared_expert_intermediate_size: Optional[int] = opt(
+    moe_ffn_hidden_size: int | None = opt(None, "Hidden size of each expert (default --ffn-hidden-size).")
+    moe_shared_expert_intermediate_size: int | None = opt(
         None, "Hidden size of the shared experts, run on every token beside the routed ones (None: none).")
     moe_shared_expert_gate: bool = opt(
         False, "Scale the shared experts' output by a learned sigmoid gate of each token (Qwen2-MoE).")
     moe_router_topk: int = opt(2, "Experts each token is routed to.")
-    moe_router_num_groups: Optional[int] = opt(
+    moe_router_num_groups: int | None = opt(
         None, "Group-limited routing: the experts split into this many equal groups (in index order; e.g. the EP "
         "size for device-limited, the nodes for node-limited routing).")
-    moe_router_group_topk: Optional[int] = opt(
+    moe_router_group_topk: int | None = opt(
         None, "Group-limited routing: each token's experts come from this many groups, those whose top-(topk / "
         "group-topk) scores sum highest (None: not group-limited).")
-    moe_router_topk_scaling_factor: Optional[float] = opt(
+    moe_router_topk_scaling_factor: float | None = opt(
         None, "Multiply the routing weights of the chosen experts by this (DeepSeek-V3's routed scaling factor; "
         "None: 1).")
     moe_router_score_function: str = opt("softmax", "Router scores.", choices=["softmax", "sigmoid"])
     moe_router_pre_softmax: bool = opt(
         False, "Softmax over all experts before the top-k (default: top-k logits, then softmax over those k); "
         "with sigmoid scores there is no softmax to move and it changes nothing (as Megatron-LM).")
-    moe_router_dtype: Optional[str] = opt(
+    moe_router_dtype: str | None = opt(
         None, "Compute the router (its logits, scores, top-k and the weights of the expert outputs) in this "
         "dtype (default: the model's).", choices=["fp32", "fp64"])
     moe_router_load_balancing_type: str = opt(
@@ -55,7 +54,7 @@ class MoEConfig:
         choices=["aux_loss", "seq_aux_loss", "none"], nargs="+")
     moe_aux_loss_coeff: float = opt(0.0, "Weight of the load-balancing loss (0: not applied); one per "
                                     "--moe-router-load-balancing-type.", nargs="+")
-    moe_z_loss_coeff: Optional[float] = opt(None, "Weight of the router z-loss (ST-MoE; None: not applied).")
+    moe_z_loss_coeff: float | None = opt(None, "Weight of the router z-loss (ST-MoE; None: not applied).")
     moe_router_enable_expert_bias: bool = opt(
         False, "Aux-loss-free balancing (DeepSeek-V3): a per-expert bias added to the scores for the top-k "
         "choice only, moved towards balance after every step.")
@@ -71,7 +70,7 @@ class MoEConfig:
         "accepted, no effect.")
     moe_grouped_gemm: bool = opt(False, "Run the local experts as one grouped matmul (torch._grouped_mm where "
                                  "available, else a loop).")
-    moe_expert_capacity_factor: Optional[float] = opt(
+    moe_expert_capacity_factor: float | None = opt(
         None, "Tokens each expert takes, as a multiple of its even share (None: dropless).")
     moe_token_drop_policy: str = opt("probs", "Which tokens an over-full expert drops: lowest probs, or latest "
                                      "position.", choices=["probs", "position"])
@@ -79,7 +78,7 @@ class MoEConfig:
         False, "Pad each expert's input to its capacity (from every EP rank) with zero rows: fixed shapes, same "
         "values.")
     expert_model_parallel_size: int = opt(1, "Degree of expert parallelism (carved out of data parallelism).")
-    expert_tensor_parallel_size: Optional[int] = opt(
+    expert_tensor_parallel_size: int | None = opt(
         None, "Tensor parallelism of the experts (default --tensor-model-parallel-size: experts split like the "
         "dense MLP). Other than TP: MoE parallel folding, the TP x CP x DP ranks re-split as expert-TP x EP x "
         "expert-DP, each TP rank routing its own tokens (EP may span TP ranks, expert TP may span DP ranks).")
