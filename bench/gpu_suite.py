@@ -91,8 +91,10 @@ def steps(out, help_text):
 
 
 def help_of(cmd):
+    # the scripts import bench.* and megatron from the checkout, as the steps do (run_step's PYTHONPATH)
+    env = {**os.environ, "PYTHONPATH": os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", "")}
     try:
-        return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=60).stdout
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=60, env=env).stdout
     except subprocess.TimeoutExpired:
         return ""
 

@@ -95,7 +95,7 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
         updated, grad_norm = optimizer.step(timers)
     if updated:
         scheduler.step(lr_increment)
-    fp8_step.after_step(model, (groups.dp_cp,))  # delayed scaling's histories (a no-op without them)
+    fp8_step.after_step(model, groups)  # delayed scaling's histories (a no-op without them)
     if empty_cache_level:
         empty_unused_memory(empty_cache_level, 2, optimizer.device)
     losses = moe_hooks.finish_step(model, groups, len(batches), losses, updated, model_cfg, router_losses)

@@ -9,8 +9,9 @@ def delayed_scalers(model):
     return [m for chunk in chunks for m in chunk.modules() if isinstance(m, DelayedScaler)]
 
 
-def after_step(model, step_groups):
-    """Push each delayed scaler's step amax, reduced over its pieces' groups and step_groups (the
-    data-parallel ranks that ran the step's other microbatches: DP x CP), and recompute its scale."""
+def after_step(model, groups):
+    """Push each delayed scaler's step amax, reduced over its pieces' groups and groups.dp_cp (the
+    data-parallel ranks that ran the step's other microbatches; None: one process), and recompute its
+    scale. Without delayed scalers nothing is read."""
     for scaler in delayed_scalers(model):
-        scaler.update(step_groups)
+        scaler.update((groups.dp_cp,) if groups is not None else ())
