@@ -75,3 +75,18 @@ def ours(s, b, h, a, t=1, sp=False, recompute=None, core="unfused", mask_bytes=1
     if core == "sdpa-math":
         return total - act * 3 * split + 4 * 3 * split + 3 * 4 * att
     raise ValueError(core)
+
+
+def cpu_latent_norm_extra(c, act):
+    """Bytes per token multi-latent attention's latent norms (--qk-layernorm, RMSNorm) keep on CPU beyond
+    planner/mla_cost.py's count of their input view and output (what a fused norm kernel keeps): torch's
+    RMSNorm keeps its fp32 rstd, the normalised tensor before the weight (act r) and, for bf16, an fp32
+    copy of the input (4 r) in place of the bf16 view of the down-projection's output."""
+    if not c.qk_layernorm:
+        return 0
+    out = 0
+    for r, width in ((c.q_lora_rank, c.q_lora_rank), (c.kv_lora_rank, c.kv_lora_rank + c.qk_pos_emb_head_dim)):
+        if r is None:
+            continue
+        out += 4 + act * r + (4 * r - act * width if act == 2 else 0)
+    return out

@@ -22,21 +22,41 @@ def attention_flops_per_token(config):
     Multi-latent attention (n heads, q head dq = qk + rope, v head dv, latents rq / rkv): the query path
     2 h rq + 2 rq n dq (or 2 h n dq without compression), the KV down-projection 2 h (rkv + rope), its
     up-projection 2 rkv n (qk + dv), scores 2 s n dq, values 2 s n dv, output 2 n dv h."""
-    c, h, s = config, config.hidden_size, config.seq_length
+    c, h = config, config.hidden_size
     if c.multi_latent_attention:
         n, dq, dv = c.num_attention_heads, c.q_head_dim, c.v_head_dim
         query = 2 * h * n * dq if c.q_lora_rank is None else 2 * h * c.q_lora_rank + 2 * c.q_lora_rank * n * dq
         kv = 2 * h * (c.kv_lora_rank + c.qk_pos_emb_head_dim) + 2 * c.kv_lora_rank * n * (c.qk_head_dim + dv)
-        return query + kv + 2 * s * n * (dq + dv) + 2 * n * dv * h
+        return query + kv + core_attention_flops_per_token(c) + 2 * n * dv * h
     kv = c.num_query_groups * c.kv_channels
     q = c.num_attention_heads * c.kv_channels
-    return 2 * h * (q + 2 * kv) + 4 * s * q + 2 * q * h
+    return 2 * h * (q + 2 * kv) + core_attention_flops_per_token(c) + 2 * q * h
+
+
+def core_attention_flops_per_token(config):
+    """Forward FLOPs per token of the scores and weighted values (the full s x s square): 4 s n d, or with
+    multi-latent attention 2 s n (dq + dv). What selective recompute runs again."""
+    c, s = config, config.seq_length
+    if c.multi_latent_attention:
+        return 2 * s * c.num_attention_heads * (c.q_head_dim + c.v_head_dim)
+    return 4 * s * c.num_attention_heads * c.kv_channels
+
+
+def _layer_flops_per_token(config):
+    return attention_flops_per_token(config) + 2 * config.hidden_size * config.ffn_hidden_size * (
+        3 if config.swiglu else 2)
+
+
+def decoder_forward_flops_per_token(config):
+    """Forward FLOPs per token of the decoder's layers (not the logits, not multi-token prediction's
+    modules): what full recompute runs again."""
+    return config.num_layers * _layer_flops_per_token(config) + moe_flops_per_token(config, config.num_layers)
 
 
 def num_floating_point_operations(config, batch_size):
     """Model FLOPs of one training iteration over `batch_size` samples of config.seq_length."""
     h, s, L = config.hidden_size, config.seq_length, config.num_layers
-    per_layer = attention_flops_per_token(config) + 2 * h * config.ffn_hidden_size * (3 if config.swiglu else 2)
+    per_layer = _layer_flops_per_token(config)
     logits = 2 * h * config.padded_vocab_size
     depth = config.mtp_num_layers or 0  # each MTP module: a layer, its [embedding; hidden] projection, the logits
     per_token = L * per_layer + logits + depth * (per_layer + 2 * (2 * h) * h + logits)

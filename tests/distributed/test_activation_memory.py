@@ -22,7 +22,10 @@ import torch
 from megatron.core.config import TransformerConfig
 from megatron.core.tensor_parallel.random import model_parallel_seed
 from megatron.core.transformer.block import TransformerBlock
-from tests.activation_memory import korthikanti, measure, ours
+from megatron.core.transformer.mla import MultiLatentAttention
+from megatron.core.transformer.mla_rope import mla_cos_sin
+from megatron.training.planner.mla_cost import attention_bytes
+from tests.activation_memory import cpu_latent_norm_extra, korthikanti, measure, ours
 from tests.harness import spawn
 
 S, B, H, A, LAYERS = 64, 2, 64, 4, 2  # a s / h = 4: the s x s term is large, as at long sequences
@@ -50,7 +53,29 @@ def _measure_all(groups):
             y, saved = measure(lambda: block(x), list(block.parameters()))
             y.float().sum().backward()  # the saved graph is usable (recompute included)
             out[(sp, core, recompute)] = saved / LAYERS
+        for q_lora in (None, 12):  # multi-latent attention's module (planner/mla_cost.py)
+            out[("mla", sp, q_lora)] = _measure_mla(groups, sp, q_lora)
     return out
+
+
+def _mla_config(t, sp, q_lora):
+    return TransformerConfig(
+        tensor_model_parallel_size=t, sequence_parallel=sp, num_layers=LAYERS, hidden_size=H, num_attention_heads=A,
+        seq_length=S, attention_dropout=0.1, attention_backend="unfused", params_dtype=torch.bfloat16, vocab_size=64,
+        multi_latent_attention=True, q_lora_rank=q_lora, kv_lora_rank=20, qk_head_dim=8, qk_pos_emb_head_dim=4,
+        v_head_dim=10, qk_layernorm=True, normalization="RMSNorm", position_embedding_type="rope").resolve()
+
+
+def _measure_mla(groups, sp, q_lora):
+    t = groups.tp_size
+    cfg = _mla_config(t, sp, q_lora)
+    model_parallel_seed(1, groups.tp_rank, 0, "cpu")
+    m = MultiLatentAttention(cfg, groups.tp, device="cpu").train()
+    x = torch.randn(S // (t if sp else 1), B, H, dtype=torch.bfloat16, requires_grad=True)
+    rope = mla_cos_sin(cfg, S, x.device, torch.bfloat16)
+    y, saved = measure(lambda: m(x, rope), list(m.parameters()) + list(rope))
+    y.float().sum().backward()
+    return saved
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +98,20 @@ def test_saved_bytes_per_layer_match_the_formula(measured, t, sp, core, recomput
         assert abs(got / expected - 1) <= 0.10, (
             f"rank {rank}: measured {got / sbh:.3f} sbh, formula adapted to our layer {expected / sbh:.3f} sbh "
             f"(paper {paper / sbh:.3f} sbh)")
+
+
+MLA_CASES = [(t, sp, q) for t, sp in [(1, False), (2, False), (2, True)] for q in (None, 12)]
+
+
+@pytest.mark.parametrize("t,sp,q_lora", MLA_CASES)
+def test_mla_saved_bytes_are_the_planners(measured, t, sp, q_lora):
+    """Each rank keeps mla_cost.attention_bytes exactly (CPU dropout noise in bf16; the latent norms' CPU
+    extras on this rank's tokens: all of them without SP, its shard with SP)."""
+    cfg, tokens = _mla_config(t, sp, q_lora), S * B
+    want = attention_bytes(cfg, tokens, t, sp, act=2, mask_bytes=2) + tokens / (t if sp else 1) * \
+        cpu_latent_norm_extra(cfg, 2)
+    for rank, per_rank in enumerate(measured[t]):
+        assert per_rank[("mla", sp, q_lora)] == want, rank
 
 
 def test_recompute_saves_what_the_paper_says(measured):

@@ -1,7 +1,8 @@
 """The planner's bytes per collective equal what a real gloo run sends, over one training step of
 the same tiny layout: TP2 x DP2 plain, with SP + the distributed optimizer and with ZeRO-3 (its
-parameters gathered twice per microbatch), ZeRO-1 and ZeRO-3 at EP2 x DP4 (experts over expert-DP 2),
-and TP2 x PP2 with SP and the interleaved schedule:
+parameters gathered twice per microbatch), multi-latent attention with and without SP, query compression,
+latent norms, up-projection recompute and multi-token prediction, ZeRO-1 and ZeRO-3 at EP2 x DP4 (experts over
+expert-DP 2), and TP2 x PP2 with SP and the interleaved schedule:
 - DP: megatron/training/planner/cost.dp_traffic against debug.count_traffic (comm.py's tags);
 - TP: planner/traffic.iteration_tp_traffic against a counter wrapped here around the torch
   collectives every TP call goes through (all_reduce, and comm.py's all-gather / reduce-scatter),
@@ -16,7 +17,9 @@ import torch.distributed as dist
 from megatron.core import comm, debug, parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.pipeline_parallel.losses import TOKEN_LOSS
 from megatron.core.tensor_parallel.random import model_parallel_seed
+from megatron.core.transformer import mtp
 from megatron.training.planner.cost import dp_traffic
 from megatron.training.planner.hardware import ring_bytes
 from megatron.training.planner.memory import estimate, stage_params
@@ -24,6 +27,7 @@ from megatron.training.planner.predict import configs
 from megatron.training.planner.traffic import iteration_p2p_sent, iteration_tp_traffic
 from megatron.training.resolve import parallel_layout
 from megatron.training.training import setup_model_and_optimizer, train_step
+from pretrain_gpt import forward_step
 from tests.distributed.test_data_parallel import _batches, _step
 from tests.distributed.test_pipeline_parallel import _forward_step
 from tests.harness import spawn
@@ -33,8 +37,20 @@ TINY = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4"
         "--max-position-embeddings", "16", "--vocab-size", "256", "--micro-batch-size", "2",
         "--global-batch-size", "8", "--tensor-model-parallel-size", "2", "--ddp-bucket-size", "5000",
         "--hidden-dropout", "0", "--attention-dropout", "0"]
+MLA = ["--multi-latent-attention", "--kv-lora-rank", "12", "--qk-head-dim", "8", "--qk-pos-emb-head-dim", "4",
+       "--v-head-dim", "6", "--position-embedding-type", "rope"]
 VARIANTS = ([], ["--use-distributed-optimizer", "--sequence-parallel"],
-            ["--use-distributed-optimizer", "--data-parallel-sharding-strategy", "optim_grads_params"])
+            ["--use-distributed-optimizer", "--data-parallel-sharding-strategy", "optim_grads_params"],
+            # multi-latent attention (planner/mla_cost.py) and multi-token prediction (traffic.mtp_collectives)
+            MLA + ["--q-lora-rank", "10"], MLA + ["--sequence-parallel"],
+            MLA + ["--q-lora-rank", "10", "--qk-layernorm", "--sequence-parallel", "--mtp-num-layers", "2",
+                   "--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj", "core_attn"],
+            MLA + ["--mtp-num-layers", "1", "--recompute-granularity", "full", "--recompute-method", "uniform",
+                   "--recompute-num-layers", "1"])
+
+
+def _mtp_batches(groups, depth):
+    return [mtp.add_mtp_inputs(batch, depth) for batch in _batches(groups)] if depth else _batches(groups)
 
 
 def _count_tp(groups, counted):
@@ -62,7 +78,8 @@ def _run(groups):
             c, t, groups, torch.device("cpu"), lambda c_, g, d, **kw: GPTModel(c_, g, device=d, **kw))
         tp_counted.clear()
         with debug.count_traffic() as sent:
-            train_step(model, ddp, opt, sched, _batches(groups), _step, groups, 1)
+            train_step(model, ddp, opt, sched, _mtp_batches(groups, c.mtp_num_layers), forward_step, groups, 1,
+                       loss_terms={**TOKEN_LOSS, **mtp.loss_declaration(c)})
         mem = estimate(c, t, 4, groups.pp_rank)
         params, layers = stage_params(c, t, 4, groups.pp_rank)
         micro = t.global_batch_size // (t.micro_batch_size * groups.dp_size)

@@ -4,6 +4,7 @@ import torch
 
 from ...core.transformer import context_parallel
 from ...core.transformer.moe.activation_memory import moe_extra_bytes_per_layer
+from . import mla_cost
 from .fp8_memory import fp8_delta_bytes
 
 
@@ -13,11 +14,20 @@ def activation_bytes_per_layer(c, micro_batch, tp, sp):
     fp32 activations (no --bf16/--fp16) double it. With --context-parallel-size C: the same on s / C
     tokens, with the CP attention's log-sum-exp instead of the s x s terms (context_parallel.py).
     MoE layers replace the MLP's share by theirs (moe/activation_memory.py), averaged over the layers;
+    multi-latent attention replaces Q, K, V and the projection input by its latents and heads (mla_cost.py);
     FP8 linears keep FP8 inputs (fp8_memory.py)."""
     return _plain_bytes_per_layer(c, micro_batch, tp, sp) + fp8_delta_bytes(c, micro_batch, tp, sp)
 
 
 def _plain_bytes_per_layer(c, micro_batch, tp, sp):
+    per = _standard_bytes_per_layer(c, micro_batch, tp, sp)
+    if c.multi_latent_attention:  # its latents and head sizes instead of standard attention's Q, K, V
+        tokens = c.seq_length * micro_batch / c.context_parallel_size
+        per += mla_cost.delta_bytes(c, tokens, tp, sp) * (1 if c.params_dtype != torch.float32 else 2)
+    return per
+
+
+def _standard_bytes_per_layer(c, micro_batch, tp, sp):
     s, b, h, a = c.seq_length, micro_batch, c.hidden_size, c.num_attention_heads
     if c.context_parallel_size > 1:
         return context_parallel.activation_bytes_per_layer(s, b, h, a, tp, sp, c.context_parallel_size,
@@ -33,11 +43,15 @@ def _plain_bytes_per_layer(c, micro_batch, tp, sp):
         c, s * b, tp, sp, c.params_dtype.itemsize)
 
 
-def kept_activation_bytes(c, micro_batch, tp, layers):
+def kept_activation_bytes(c, micro_batch, tp, layers, mtp_layers=0):
     """(bytes kept per microbatch in flight, bytes of the one recomputed chunk being worked on) for
     `layers` layers, after --recompute-granularity: full keeps each chunk's 16-bit input (2 s b h, /t
-    with SP) and rebuilds one chunk of layers at a time; selective drops the 5 a s / h t score term."""
+    with SP) and rebuilds one chunk of layers at a time; selective drops the 5 a s / h t score term.
+    mtp_layers of the layers are multi-token prediction's, which full recompute (the decoder's) leaves whole."""
     full = activation_bytes_per_layer(c, micro_batch, tp, c.sequence_parallel)
+    if c.recompute_granularity == "full" and mtp_layers:
+        kept, working = kept_activation_bytes(c, micro_batch, tp, layers - mtp_layers)
+        return kept + int(full * mtp_layers), working
     if c.recompute_granularity is None or layers == 0:
         return int(full * layers), 0
     s, b, h = c.seq_length, micro_batch, c.hidden_size

@@ -11,6 +11,7 @@ import dataclasses
 from typing import NamedTuple
 
 from ...core.distributed.strategy import shards_grads, shards_optimizer, shards_params
+from . import mla_cost
 from .hardware import Cluster, all_to_all_time, collective_time, gemm_time, memory_time, p2p_time, ring_bytes
 from .moe_cost import expert_parallel_time, moe_fraction, moe_mlp_costs
 from .pipeline_cost import pipeline_time
@@ -19,6 +20,7 @@ from .traffic import (
     embedding_collectives,
     head_collectives,
     layer_collectives,
+    mtp_projection_collectives,
     ulysses_sent_bytes,
 )
 
@@ -58,7 +60,7 @@ def layer_costs(c, b, cluster: Cluster, tp) -> PassCosts:
     """Seconds of one transformer layer on one microbatch of b samples, per GPU of a TP group of tp.
     TP collectives are not overlapped with compute (they are not here). Backward runs two GEMMs per
     forward GEMM of a weight (the input's gradient, the weight's): the weight's are W."""
-    s, h, a, d = c.seq_length, c.hidden_size, c.num_attention_heads, c.kv_channels
+    s, h, a, d = c.seq_length, c.hidden_size, c.num_attention_heads, mla_cost.core_head_dim(c)
     q, kv, f = a * d, c.num_query_groups * d, c.ffn_hidden_size
     cp = c.context_parallel_size
     sp, elt, m = c.sequence_parallel and tp > 1, _elt(c), s // cp * b  # this CP rank's s / C queries
@@ -69,7 +71,10 @@ def layer_costs(c, b, cluster: Cluster, tp) -> PassCosts:
     if moe:  # MoE layers' experts instead of the dense MLP, weighed by the fraction of MoE layers
         moe_gemms, moe_stream = moe_mlp_costs(c, m, cluster, tp)
         mlp, mlp_stream = (1 - moe) * mlp + moe * moe_gemms, (1 - moe) * mlp_stream + moe * moe_stream
-    gemms = gemm_time(cluster, m, (q + 2 * kv) // tp, h) + gemm_time(cluster, m, h, q // tp) + mlp
+    if c.multi_latent_attention:
+        gemms = mla_cost.projection_time(c, m, cluster, tp) + mlp
+    else:
+        gemms = gemm_time(cluster, m, (q + 2 * kv) // tp, h) + gemm_time(cluster, m, h, q // tp) + mlp
     if c.cp_comm_type == "a2a" and cp > 1:  # Ulysses: the whole sequence on a / (tp C) heads per rank
         core = gemm_time(cluster, s, s, d, b * a // (tp * cp)) + gemm_time(cluster, s, d, s, b * a // (tp * cp))
     else:  # this rank's s / C queries against all s keys
@@ -78,7 +83,8 @@ def layer_costs(c, b, cluster: Cluster, tp) -> PassCosts:
     # streamed bytes: 2 norms (read + write), 2 bias-dropout-adds (2 reads, 1 write, 1-byte mask),
     # the activation (read + write, SwiGLU reads two), Q/K/V layout copies; unfused attention adds
     # softmax (read + write) and dropout (read + write + mask) of the s x s scores
-    stream = elt * (4 * rep + 6 * rep + 2 * 3 * m * q / tp) + 2 * rep + mlp_stream
+    layout_copies = mla_cost.streamed_elements(c, m, tp) if c.multi_latent_attention else 2 * 3 * m * q / tp
+    stream = elt * (4 * rep + 6 * rep + layout_copies) + 2 * rep + mlp_stream
     unfused = c.attention_backend in _UNFUSED and cp == 1  # the CP attention runs flash-style blocks
     att_stream = (4 * elt + 1) * att if unfused else 0.0
     stream += att_stream
@@ -130,6 +136,19 @@ def head_costs(c, b, cluster: Cluster, tp) -> PassCosts:
     ce = memory_time(cluster, 3 * 4 * m * v / tp)  # fp32 logits: max, exp-sum, grad passes
     comm_fwd, comm_bwd = (tp_time(cluster, ops, tp) for ops in head_collectives(c, b, tp))
     return PassCosts(g + ce + comm_fwd, 2 * g + ce + comm_bwd, weight=g)
+
+
+def mtp_costs(c, b, cluster: Cluster, tp, layer, head, embedding) -> PassCosts:
+    """The last stage's multi-token prediction modules, each: one layer (not under the decoder's full
+    recompute), the [embedding; hidden] projection 2h -> h / t and its collectives, the next tokens'
+    embedding and the shared head; layer / head / embedding: PassCosts of one microbatch."""
+    depth = c.mtp_num_layers or 0
+    m, h = c.seq_length // c.context_parallel_size * b, c.hidden_size
+    g = gemm_time(cluster, m, h // tp, 2 * h)
+    comm_fwd, comm_bwd = (tp_time(cluster, ops, tp) for ops in mtp_projection_collectives(c, b, tp))
+    mod = layer._replace(recompute=0.0) if c.recompute_granularity == "full" else layer
+    parts = [mod, head, embedding, PassCosts(g + comm_fwd, 2 * g + comm_bwd, weight=g)]
+    return PassCosts(*(depth * sum(p[i] for p in parts) for i in range(4)))
 
 
 def embedding_costs(c, b, cluster: Cluster, tp) -> PassCosts:
@@ -216,8 +235,11 @@ def step_time(c, t, cluster: Cluster, layout, mems, sp_grad_bytes=0) -> StepTime
     sp_grad_bytes: traffic.sequence_parallel_grad_bytes of the stage holding the most."""
     tp, pp, dp, b = layout.tp, layout.pp, layout.dp, t.micro_batch_size
     fwd, bwd, rec, _ = layer = layer_costs(c, b, cluster, tp)
-    makespan, bubble, schedule = pipeline_time(c, t, cluster, layout, layer, head_costs(c, b, cluster, tp),
-                                               embedding_costs(c, b, cluster, tp))
+    head, embedding = head_costs(c, b, cluster, tp), embedding_costs(c, b, cluster, tp)
+    if c.mtp_num_layers:  # on the last stage, after the head
+        mtp = mtp_costs(c, b, cluster, tp, layer, head, embedding)
+        head = PassCosts(*(x + y for x, y in zip(head, mtp)))
+    makespan, bubble, schedule = pipeline_time(c, t, cluster, layout, layer, head, embedding)
     elt = _elt(c)
     micro = t.global_batch_size // (t.micro_batch_size * dp)
     exposed = optimizer = 0.0

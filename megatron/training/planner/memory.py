@@ -79,7 +79,8 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
         out["gathered"] = zero3.working_set([[unit_bytes.get((c, u), 0) for u in range(len(chunk))]
                                              for c, chunk in enumerate(chunk_units)], ddp.overlap_param_gather)
     out["layers"] = layers
-    out["activations"], out["working"] = kept_activation_bytes(model_cfg, t.micro_batch_size, layout.tp, layers)
+    mtp = sum(len(c.mtp.layers) for c in chunks if c.mtp is not None)  # outside the decoder's full recompute
+    out["activations"], out["working"] = kept_activation_bytes(model_cfg, t.micro_batch_size, layout.tp, layers, mtp)
     num_micro = t.global_batch_size // (t.micro_batch_size * layout.dp)
     out["in_flight"] = min(layout.pp - pp_rank, num_micro) if layout.pp > 1 else 1  # 1F1B warm-up depth
     return out

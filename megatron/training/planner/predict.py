@@ -11,7 +11,7 @@ import dataclasses
 
 from ...core.errors import MegatronUserError
 from ..arguments import parse_args
-from ..flops import num_floating_point_operations
+from ..flops import core_attention_flops_per_token, decoder_forward_flops_per_token, num_floating_point_operations
 from ..resolve import parallel_layout, resolve, validate
 from .cost import StepTime, step_time
 from .hardware import Cluster
@@ -35,15 +35,15 @@ class Prediction:
 
 
 def hardware_flops(c, batch):
-    """Model FLOPs plus what recompute adds: one more forward of every layer (full) or of the
-    attention scores and weighted sum (selective)."""
+    """Model FLOPs plus what recompute adds: one more forward of every decoder layer (full: the logits and
+    multi-token prediction's modules are not recomputed) or of every layer's attention scores and weighted
+    sum (selective: multi-token prediction's layers too)."""
     model = num_floating_point_operations(c, batch)
+    tokens = batch * c.seq_length
     if c.recompute_granularity == "full":
-        logits = 3 * batch * c.seq_length * 2 * c.hidden_size * c.padded_vocab_size
-        return model + (model - logits) / 3
+        return model + tokens * decoder_forward_flops_per_token(c)
     if c.recompute_granularity == "selective":
-        q = c.num_attention_heads * c.kv_channels
-        return model + batch * c.seq_length * c.num_layers * 4 * c.seq_length * q
+        return model + tokens * (c.num_layers + (c.mtp_num_layers or 0)) * core_attention_flops_per_token(c)
     return model
 
 

@@ -8,6 +8,7 @@ Activations have the parameters' dtype; the cross entropy's statistics are fp32.
 """
 from ...core.pipeline_parallel.schedules import build_schedule
 from ...core.tensor_parallel.param_meta import param_meta
+from . import mla_cost
 from .hardware import ring_bytes
 
 
@@ -20,16 +21,22 @@ def _act(c, b):
     return c.seq_length // c.context_parallel_size * b * c.hidden_size * _elt(c)
 
 
+def _kv_heads(c):
+    """Key / value heads of the attention core: every head's under multi-latent attention (the shared
+    rotary key is expanded to them), else --num-query-groups."""
+    return c.num_attention_heads if c.multi_latent_attention else (c.num_query_groups or c.num_attention_heads)
+
+
 def ulysses_sent_bytes(c, b, tp) -> list:
     """Bytes one rank sends in each all-to-all of --cp-comm-type a2a (context_parallel.a2a_attention)
     per layer and microbatch of b samples, forward: q, k, v (heads scattered over the CP group, the
     sequence gathered) and the output back; backward: their gradients, the same bytes. Each tensor
     is this rank's [s/C, b, n/tp, d] and (C-1)/C of it leaves; K/V groups that do not split C ways
-    go as one copy per query head."""
+    go as one copy per query head. d: the core's head size (mla_cost.core_head_dim)."""
     C = c.context_parallel_size
-    heads, groups = c.num_attention_heads // tp, (c.num_query_groups or c.num_attention_heads) // tp
+    heads, groups = c.num_attention_heads // tp, _kv_heads(c) // tp
     kv_heads = groups if groups % C == 0 else heads
-    one_head = (c.seq_length // C) * b * c.kv_channels * _elt(c) * (C - 1) / C
+    one_head = (c.seq_length // C) * b * mla_cost.core_head_dim(c) * _elt(c) * (C - 1) / C
     return [heads * one_head, kv_heads * one_head, kv_heads * one_head, heads * one_head]
 
 
@@ -44,7 +51,7 @@ def context_parallel_bytes(c, b, tp) -> tuple[float, float]:
     if c.cp_comm_type == "a2a":
         sent = sum(ulysses_sent_bytes(c, b, tp))
         return sent, sent
-    u = 2 * (c.seq_length // C) * b * (c.num_query_groups or c.num_attention_heads) // tp * c.kv_channels * _elt(c)
+    u = 2 * (c.seq_length // C) * b * _kv_heads(c) // tp * mla_cost.core_head_dim(c) * _elt(c)
     if c.cp_comm_type == "p2p":
         return (C - 1) * u, (C - 1) * u + C * u
     if c.cp_comm_type == "all_gather":
@@ -57,14 +64,16 @@ def layer_collectives(c, b, tp):
     the row-parallel outputs are all-reduced forward, the column-parallel inputs' grads backward.
     With SP: all-gather before each column-parallel GEMM and reduce-scatter after each row-parallel
     one; backward gathers the input again (it keeps only its shard), reduce-scatters its grad, and
-    all-gathers the row-parallel output's grad."""
+    all-gathers the row-parallel output's grad. Multi-latent attention's part: mla_cost.collectives."""
     if tp == 1:
         return [], []
     x = _act(c, b)
     if c.sequence_parallel:
-        return ([("all_gather", x), ("reduce_scatter", x)] * 2,
-                [("all_gather", x), ("all_gather", x), ("reduce_scatter", x)] * 2)
-    return [("all_reduce", x)] * 2, [("all_reduce", x)] * 2
+        mlp = [("all_gather", x), ("reduce_scatter", x)], [("all_gather", x), ("all_gather", x), ("reduce_scatter", x)]
+    else:
+        mlp = [("all_reduce", x)], [("all_reduce", x)]
+    attention = mla_cost.collectives(c, x, tp) if c.multi_latent_attention else mlp
+    return attention[0] + mlp[0], attention[1] + mlp[1]
 
 
 def embedding_collectives(c, b, tp):
@@ -94,12 +103,35 @@ def head_collectives(c, b, tp):
     return [("all_gather", x)] + ce, [("reduce_scatter", x)]
 
 
+def mtp_collectives(c, b, tp):
+    """(forward, backward) of one multi-token prediction module besides its transformer layer (a layer of
+    layer_collectives): the next tokens' embedding, the [embedding; hidden] projection (column-parallel
+    over 2h, its output gathered over TP and, with SP, scattered over the sequence again) and the head."""
+    parts = (embedding_collectives(c, b, tp), mtp_projection_collectives(c, b, tp), head_collectives(c, b, tp))
+    return [op for f, _ in parts for op in f], [op for _, bw in parts for op in bw]
+
+
+def mtp_projection_collectives(c, b, tp):
+    """(forward, backward) of a multi-token prediction module's [embedding; hidden] projection."""
+    if tp == 1:
+        return [], []
+    x = _act(c, b)
+    if c.sequence_parallel:
+        return ([("all_gather", 2 * x), ("all_gather", x)],
+                [("all_gather", 2 * x), ("reduce_scatter", 2 * x), ("all_gather", x)])
+    return [("all_gather", x)], [("all_reduce", 2 * x)]
+
+
 def stage_collectives(c, b, tp, layers, first, last):
-    """(forward, backward) lists of one microbatch through a pipeline stage holding `layers` layers;
-    full recompute runs the layers' forward collectives again in backward."""
+    """(forward, backward) lists of one microbatch through a pipeline stage holding `layers` layers (the
+    last stage's multi-token prediction layers among them); full recompute runs the decoder layers' forward
+    collectives again in backward (not multi-token prediction's: the decoder block recomputes)."""
     f, bw = layer_collectives(c, b, tp)
-    fwd, bwd = f * layers, (bw + (f if c.recompute_granularity == "full" else [])) * layers
-    for on, (ef, eb) in ((first, embedding_collectives(c, b, tp)), (last, head_collectives(c, b, tp))):
+    depth = (c.mtp_num_layers or 0) if last else 0
+    fwd, bwd = f * layers, bw * layers + (f * (layers - depth) if c.recompute_granularity == "full" else [])
+    mtp = mtp_collectives(c, b, tp)
+    for on, (ef, eb) in ((first, embedding_collectives(c, b, tp)), (last, head_collectives(c, b, tp)),
+                         (last, (mtp[0] * depth, mtp[1] * depth))):
         if on:
             fwd, bwd = fwd + ef, bwd + eb
     return fwd, bwd
