@@ -1,7 +1,9 @@
 """HuggingFace DeepSeek-V3 <-> ours: the same logits as transformers' DeepseekV3ForCausalLM (fp32, random tiny
 configs: with and without query compression, YaRN and plain RoPE, group-limited routing with an expert bias,
 dense first layers, shared experts), a round trip through tools/checkpoint/convert.py that gives back every
-tensor bit for bit, and one-line refusals for what one side cannot hold."""
+tensor bit for bit, multi-token prediction modules read from and written to the files as DeepSeek-V3's hold
+them (their losses equal a reference built from transformers' layers), and one-line refusals for what one side
+cannot hold."""
 import pytest
 import torch
 
@@ -37,8 +39,8 @@ def tiny(q_lora_rank=12, rope=YARN, seed=0, **kw):
     return model
 
 
-def ours_from(hf):
-    args, tensors = deepseek_v3_to_ours(hf.config, dict(hf.state_dict()))
+def ours_from(hf, sd=None):
+    args, tensors = deepseek_v3_to_ours(hf.config, dict(hf.state_dict()) if sd is None else sd)
     config = TransformerConfig(**args, make_vocab_size_divisible_by=1).resolve()
     config.validate()
     model = GPTModel(config, ParallelLayout(1).plan_groups(0), device="cpu").eval()
@@ -87,9 +89,102 @@ def test_what_hf_cannot_hold_is_refused_in_one_line():
     hf = tiny()
     args, tensors = deepseek_v3_to_ours(hf.config, dict(hf.state_dict()))
     bias = {k: tensors.pop(k) for k in [k for k in tensors if k.endswith("expert_bias")]}
-    for change, match in ((dict(mtp_num_layers=1), "multi-token prediction"),
-                          (dict(moe_layer_freq=[1, 0, 1]), "dense layers first"),
+    for change, match in ((dict(moe_layer_freq=[1, 0, 1]), "dense layers first"),
                           (dict(moe_router_group_topk=1), "top-2 scores")):
         with pytest.raises(CheckpointError, match=match) as e:
             ours_to_deepseek_v3(dict(args, **change), tensors, dict(bias))
         assert "\n" not in str(e.value)
+
+
+def _rms(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def _mtp_checkpoint(tmp_path, depth=1):
+    """A DeepSeek-V3 directory as DeepSeek's own files are: 3 decoder layers, then `depth` MTP modules stored as
+    model.layers.3.. (a decoder layer each, with enorm / hnorm / eh_proj / shared_head and copies of the
+    embedding and head), num_nextn_predict_layers = depth. -> (directory, config-only model, its tensors, the
+    (3 + depth)-layer model whose last layers are the MTP modules' transformer layers)."""
+    from safetensors.torch import save_file
+    full = tiny(num_hidden_layers=3 + depth)
+    sd = {k: v.clone() for k, v in full.state_dict().items()}
+    g, h = torch.Generator().manual_seed(3), full.config.hidden_size
+    for k in range(depth):
+        s = f"model.layers.{3 + k}."
+        for name in ("enorm.weight", "hnorm.weight", "shared_head.norm.weight"):
+            sd[s + name] = 1 + 0.1 * torch.randn(h, generator=g)
+        sd[s + "eh_proj.weight"] = 0.1 * torch.randn(h, 2 * h, generator=g)
+        sd[s + "embed_tokens.weight"] = sd["model.embed_tokens.weight"].clone()
+        sd[s + "shared_head.head.weight"] = sd["lm_head.weight"].clone()
+        gate_up, down = sd.pop(s + "mlp.experts.gate_up_proj"), sd.pop(s + "mlp.experts.down_proj")
+        for e in range(gate_up.shape[0]):  # one by one, as DeepSeek-V3's files (and transformers 5's) name experts
+            sd[f"{s}mlp.experts.{e}.gate_proj.weight"], sd[f"{s}mlp.experts.{e}.up_proj.weight"] = \
+                (w.clone() for w in gate_up[e].chunk(2))
+            sd[f"{s}mlp.experts.{e}.down_proj.weight"] = down[e].clone()
+    small = tiny(num_hidden_layers=3, num_nextn_predict_layers=depth)
+    small.config.save_pretrained(tmp_path / "hf")
+    save_file(sd, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+    return tmp_path / "hf", small, sd, full
+
+
+def test_mtp_modules_read_from_the_files_predict_as_deepseek_defines(tmp_path):
+    _, small, sd, full = _mtp_checkpoint(tmp_path)
+    ours = ours_from(small, dict(sd))
+    assert ours.config.mtp_num_layers == 1
+    g = torch.Generator().manual_seed(5)
+    ids, labels = torch.randint(0, 100, (2, 12), generator=g), torch.randint(0, 100, (2, 12), generator=g)
+    ahead = torch.cat([ids[:, 1:], torch.zeros(2, 1, dtype=ids.dtype)], 1)
+    ahead_labels = torch.cat([labels[:, 1:], torch.zeros(2, 1, dtype=ids.dtype)], 1)
+    with torch.no_grad():
+        _, (got,) = ours(ids, labels=labels, mtp_inputs=[(ahead, ahead_labels)])
+        # the reference: h1 = shared_head.norm(layer_3(eh_proj([enorm(embed(next tokens)); hnorm(h0)]))), with
+        # h0 the decoder's normed output and transformers' own decoder layers, rotary table and causal mask
+        from transformers.masking_utils import create_causal_mask
+        m, eps, s = full.model, full.config.rms_norm_eps, "model.layers.3."
+        pos = torch.arange(12)[None]
+        x = m.embed_tokens(ids)
+        mask = create_causal_mask(config=full.config, inputs_embeds=x, attention_mask=None, cache=None,
+                                  position_ids=pos)
+        rope = m.rotary_emb(x, pos)
+        for layer in m.layers[:3]:
+            x = layer(x, attention_mask=mask, position_ids=pos, position_embeddings=rope)
+        h0 = m.norm(x)
+        u = torch.cat([_rms(m.embed_tokens(ahead), sd[s + "enorm.weight"], eps), _rms(h0, sd[s + "hnorm.weight"], eps)],
+                      -1) @ sd[s + "eh_proj.weight"].t()
+        h1 = _rms(m.layers[3](u, attention_mask=mask, position_ids=pos, position_embeddings=rope),
+                  sd[s + "shared_head.norm.weight"], eps)
+        want = torch.nn.functional.cross_entropy(full.lm_head(h1).flatten(0, 1), ahead_labels.flatten(),
+                                                 reduction="none").view(2, 12)
+    rel = ((got - want)[:, :-1].abs().max() / want.abs().max()).item()  # the last position has no token ahead
+    assert rel <= 1e-5, rel
+
+
+def test_mtp_files_round_trip_bit_exact(tmp_path):
+    from megatron.core.checkpointing.hf_files import read_state_dict
+    from tests.hf_round_trip import convert_module
+    path, small, sd, _ = _mtp_checkpoint(tmp_path, depth=2)
+    convert = convert_module()
+    assert convert.main(["--loader", "hf", "--saver", "megatron", "--load-dir", str(path),
+                         "--save-dir", str(tmp_path / "ours")]) == 0
+    assert convert.main(["--loader", "megatron", "--saver", "hf", "--load-dir", str(tmp_path / "ours"),
+                         "--save-dir", str(tmp_path / "back")]) == 0
+    back = read_state_dict(tmp_path / "back")
+    mtp = [k for k in sd if k.startswith(("model.layers.3.", "model.layers.4."))]
+    assert mtp and [k for k in mtp if k not in back or not torch.equal(back[k], sd[k])] == []  # as the files name them
+    # the decoder's experts: transformers writes them one by one, the source held them fused; the same tensors
+    _, want = deepseek_v3_to_ours(small.config, dict(sd))
+    _, got = deepseek_v3_to_ours(small.config, back)
+    assert got.keys() == want.keys() and [k for k in want if not torch.equal(got[k], want[k])] == []
+    hf = transformers.DeepseekV3ForCausalLM.from_pretrained(tmp_path / "back")  # transformers skips the MTP layers
+    assert hf.config.num_nextn_predict_layers == 2 and len(hf.model.layers) == 3
+
+
+def test_mtp_files_ours_cannot_hold_are_refused_in_one_line(tmp_path):
+    _, small, sd, _ = _mtp_checkpoint(tmp_path, depth=1)
+    for change, match in (({"model.layers.3.shared_head.head.weight": sd["lm_head.weight"] + 1}, "shares"),):
+        with pytest.raises(CheckpointError, match=match) as e:
+            deepseek_v3_to_ours(small.config, {**sd, **change})
+        assert "\n" not in str(e.value)
+    small.config.num_nextn_predict_layers = 2  # the files hold one of two
+    with pytest.raises(CheckpointError, match="hold 1") as e:
+        deepseek_v3_to_ours(small.config, dict(sd))

@@ -47,7 +47,12 @@ from megatron.core.checkpointing import (
 from megatron.core.checkpointing import hf_conversion as hc
 from megatron.core.checkpointing.dcp_interop import load_dcp, save_dcp, split_buffers
 from megatron.core.checkpointing.hf_checks import with_whole_norm_weights
-from megatron.core.checkpointing.hf_files import read_config_json, read_state_dict
+from megatron.core.checkpointing.hf_files import (
+    add_to_saved_files,
+    outside_the_model,
+    read_config_json,
+    read_state_dict,
+)
 from megatron.core.errors import MegatronUserError
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -126,6 +131,7 @@ def save_hf(path, args, tensors, training, model_type="GPT", buffers=None):
         tied = ("lm_head.weight",)
     config.torch_dtype = next(iter(sd.values())).dtype
     model = cls(config).to(config.torch_dtype)
+    outside = {k: sd.pop(k) for k in outside_the_model(sd, cfg)}  # e.g. DeepSeek-V3's MTP layers: files only
     missing, unexpected = model.load_state_dict(sd, strict=False)
     missing = [k for k in missing if k not in tied or not config.tie_word_embeddings]
     if missing or unexpected:
@@ -137,6 +143,7 @@ def save_hf(path, args, tensors, training, model_type="GPT", buffers=None):
         if model.can_generate():  # encoders have no generation_config
             setattr(model.generation_config, k, special.get(k))
     model.save_pretrained(path)
+    add_to_saved_files(path, outside)
 
 
 def refuse_nonzero_buffers(buffers):

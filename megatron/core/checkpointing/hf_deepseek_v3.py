@@ -12,9 +12,13 @@ our expert bias (a buffer: the returned tensors hold it under ...router.expert_b
 shared experts are one of moe_intermediate_size x n_shared_experts without a gate; RoPE is interleaved
 (rope_interleave, as Megatron-Core's MLA) and YaRN or plain.
 
-What one side cannot hold is refused in one line (CheckpointError): transformers' DeepseekV3ForCausalLM
-has no multi-token prediction modules; it sums each group's top-2 scores where we sum the top
-(topk / group-topk); its latent norms have eps 1e-6 whatever rms_norm_eps is.
+Multi-token prediction modules (--mtp-num-layers D) are written as DeepSeek-V3's files hold them, as layers
+L .. L + D - 1 with their enorm / hnorm / eh_proj / shared_head and copies of the embedding and head
+(num_nextn_predict_layers D); transformers' DeepseekV3ForCausalLM does not load them (it has no MTP), and
+read back where the files hold them.
+
+What one side cannot hold is refused in one line (CheckpointError): transformers sums each group's top-2
+scores where we sum the top (topk / group-topk); its latent norms have eps 1e-6 whatever rms_norm_eps is.
 """
 import torch
 
@@ -33,6 +37,11 @@ def _attention_names(q_lora_rank):
     return (_Q_DIRECT if q_lora_rank is None else _Q_LORA) + _KV_O
 _LATENT_EPS = 1e-6  # DeepseekV3RMSNorm's default, which the latent norms keep
 _EXPERT = "mlp.experts.local_experts.{}."
+_MTP_LAYER = "mtp.layers.{}."
+# a multi-token prediction module's own weights (HF under model.layers.{L + k}., ours under mtp.layers.{k}.);
+# its embed_tokens and shared_head.head are the model's (ours shares them)
+_MTP_NAMES = (("enorm.weight", "enorm.weight"), ("hnorm.weight", "hnorm.weight"), ("eh_proj.weight", "eh_proj.weight"),
+              ("shared_head.norm.weight", "final_layernorm.weight"))
 
 
 def _refuse(what):
@@ -99,32 +108,63 @@ def _args(c):
 
 def deepseek_v3_to_ours(config, sd):
     """DeepseekV3ForCausalLM config and state dict -> (model args, {init_key: tensor}); the expert biases are
-    among the tensors, keyed ...mlp.router.expert_bias (the caller stores them as buffers)."""
+    among the tensors, keyed ...mlp.router.expert_bias (the caller stores them as buffers). Multi-token
+    prediction modules come along where the files hold them (model.layers.{L + k}, as DeepSeek-V3's do)."""
     a = _args(config)
     sd = TrackedTensors(sd, "the HuggingFace checkpoint")
     out = ends_to_ours(sd, a["untie_embeddings_and_output_weights"])
     moe_from = (config.first_k_dense_replace or 0) if a.get("num_experts") else a["num_layers"]
     for i in range(a["num_layers"]):
-        s, o = f"model.layers.{i}.", L.format(i)
-        out[o + "input_layernorm.weight"] = sd[s + "input_layernorm.weight"]
-        out[o + "pre_mlp_layernorm.weight"] = sd[s + "post_attention_layernorm.weight"]
-        for hf, ours in _attention_names(a["q_lora_rank"]):
-            out[f"{o}self_attention.{ours}.weight"] = sd[f"{s}self_attn.{hf}.weight"]
-        mlp = (s + "mlp.", o + "mlp.")
-        if i < moe_from:
-            _dense_in(sd, out, *mlp)
-            continue
-        out[o + "mlp.router.weight"] = sd[s + "mlp.gate.weight"]
-        out[o + "mlp.router.expert_bias"] = sd[s + "mlp.gate.e_score_correction_bias"].float()
-        fc1, fc2 = _experts(sd, s + "mlp.experts.", a["num_experts"])
-        if fc1.shape[0] != a["num_experts"]:
-            _refuse(f"{s}mlp.experts holds {fc1.shape[0]} experts, config.json names {a['num_experts']}")
-        for e in range(a["num_experts"]):
-            out[o + _EXPERT.format(e) + "fc1_weight"], out[o + _EXPERT.format(e) + "fc2_weight"] = fc1[e], fc2[e]
-        if a.get("moe_shared_expert_intermediate_size"):
-            _dense_in(sd, out, s + "mlp.shared_experts.", o + "mlp.shared_experts.")
+        _layer_to_ours(sd, out, f"model.layers.{i}.", L.format(i), a, i >= moe_from)
+    depth = _mtp_depth(config, sd, a["num_layers"])
+    if depth:
+        a["mtp_num_layers"] = depth
+    for k in range(depth):
+        s, o = f"model.layers.{a['num_layers'] + k}.", _MTP_LAYER.format(k)
+        _layer_to_ours(sd, out, s, o + "transformer_layer.", a, a["num_layers"] + k >= moe_from)
+        for hf, ours in _MTP_NAMES:
+            out[o + ours] = sd[s + hf]
+        _shared(sd, s + "embed_tokens.weight", "model.embed_tokens.weight")
+        _shared(sd, s + "shared_head.head.weight", "lm_head.weight" if "lm_head.weight" in sd
+                else "model.embed_tokens.weight")
     sd.refuse_unused(ignore=r"rotary_emb\.")
     return a, {k: v.contiguous() for k, v in out.items()}
+
+
+def _mtp_depth(config, sd, n):
+    """How many multi-token prediction modules the files hold: num_nextn_predict_layers where model.layers.{n}..
+    are there (DeepSeek-V3's files), 0 where none is (transformers writes none: its model has no MTP)."""
+    depth = getattr(config, "num_nextn_predict_layers", 0) or 0
+    held = [f"model.layers.{n + k}.eh_proj.weight" in sd for k in range(depth)]
+    if any(held) and not all(held):
+        _refuse(f"config.json names {depth} multi-token prediction layers; the files hold {sum(held)}")
+    return depth if all(held) else 0
+
+
+def _shared(sd, copy, main):
+    """An MTP module's copy of the embedding or head: ours shares the model's, so it must equal it."""
+    if copy in sd and not sd[copy].equal(sd[main]):  # reading it marks it used
+        _refuse(f"{copy} differs from {main}: our multi-token prediction shares the model's embedding and head")
+
+
+def _layer_to_ours(sd, out, s, o, a, moe):
+    """One decoder layer model.layers.N. (s) -> ours under prefix o; moe: its MLP is a MoE layer."""
+    out[o + "input_layernorm.weight"] = sd[s + "input_layernorm.weight"]
+    out[o + "pre_mlp_layernorm.weight"] = sd[s + "post_attention_layernorm.weight"]
+    for hf, ours in _attention_names(a["q_lora_rank"]):
+        out[f"{o}self_attention.{ours}.weight"] = sd[f"{s}self_attn.{hf}.weight"]
+    if not moe:
+        _dense_in(sd, out, s + "mlp.", o + "mlp.")
+        return
+    out[o + "mlp.router.weight"] = sd[s + "mlp.gate.weight"]
+    out[o + "mlp.router.expert_bias"] = sd[s + "mlp.gate.e_score_correction_bias"].float()
+    fc1, fc2 = _experts(sd, s + "mlp.experts.", a["num_experts"])
+    if fc1.shape[0] != a["num_experts"]:
+        _refuse(f"{s}mlp.experts holds {fc1.shape[0]} experts, config.json names {a['num_experts']}")
+    for e in range(a["num_experts"]):
+        out[o + _EXPERT.format(e) + "fc1_weight"], out[o + _EXPERT.format(e) + "fc2_weight"] = fc1[e], fc2[e]
+    if a.get("moe_shared_expert_intermediate_size"):
+        _dense_in(sd, out, s + "mlp.shared_experts.", o + "mlp.shared_experts.")
 
 
 def _experts(sd, x, E):
@@ -145,10 +185,34 @@ def _dense_out(t, sd, ours, hf):
     sd[hf + "down_proj.weight"] = t[ours + "linear_fc2.weight"]
 
 
+def _layer_to_hf(t, sd, o, s, a, moe, buffers, per_expert=False):
+    """Our layer under prefix o -> model.layers.N. (s); moe: its MLP is a MoE layer; per_expert: the experts
+    named one by one (gate_proj / up_proj / down_proj), as the files hold them, instead of the model's fused
+    gate_up_proj / down_proj."""
+    E = a.get("num_experts") or 0
+    sd[s + "input_layernorm.weight"] = t[o + "input_layernorm.weight"]
+    sd[s + "post_attention_layernorm.weight"] = t[o + "pre_mlp_layernorm.weight"]
+    for hf, ours in _attention_names(a.get("q_lora_rank")):
+        sd[f"{s}self_attn.{hf}.weight"] = t[f"{o}self_attention.{ours}.weight"]
+    if not moe:
+        _dense_out(t, sd, o + "mlp.", s + "mlp.")
+        return
+    sd[s + "mlp.gate.weight"] = t[o + "mlp.router.weight"]
+    bias = buffers.pop(o + "mlp.router.expert_bias", None)
+    sd[s + "mlp.gate.e_score_correction_bias"] = torch.zeros(E) if bias is None else bias.float()
+    fc1, fc2 = ([t[o + _EXPERT.format(e) + name] for e in range(E)] for name in ("fc1_weight", "fc2_weight"))
+    if per_expert:
+        for e in range(E):
+            x = f"{s}mlp.experts.{e}."
+            sd[x + "gate_proj.weight"], sd[x + "up_proj.weight"] = fc1[e].chunk(2)
+            sd[x + "down_proj.weight"] = fc2[e]
+    else:
+        sd[s + "mlp.experts.gate_up_proj"], sd[s + "mlp.experts.down_proj"] = torch.stack(fc1), torch.stack(fc2)
+    if a.get("moe_shared_expert_intermediate_size"):
+        _dense_out(t, sd, o + "mlp.shared_experts.", s + "mlp.shared_experts.")
+
+
 def _check_ours(a):
-    if a.get("mtp_num_layers"):
-        _refuse("transformers' DeepseekV3ForCausalLM has no multi-token prediction modules (--mtp-num-layers); "
-                "convert with --saver megatron or torch_dcp")
     if not (a.get("multi_latent_attention") and a.get("qk_layernorm") and a.get("swiglu")
             and a.get("normalization") == "RMSNorm" and not a.get("add_bias_linear", True)
             and a.get("position_embedding_type") == "rope" and not a.get("post_norm")):
@@ -195,26 +259,19 @@ def ours_to_deepseek_v3(a, t, buffers):
                hidden_act="silu", max_position_embeddings=a["max_position_embeddings"], rms_norm_eps=a["norm_epsilon"],
                tie_word_embeddings=not a["untie_embeddings_and_output_weights"], rope_parameters=rope,
                rope_interleave=True, attention_bias=False, attention_dropout=a["attention_dropout"],
-               num_nextn_predict_layers=0)
+               num_nextn_predict_layers=a.get("mtp_num_layers") or 0)
     sd = {"model.embed_tokens.weight": t["word_embeddings.weight"],
           "model.norm.weight": t["decoder.final_layernorm.weight"],
           "lm_head.weight": t["output_layer.weight" if a["untie_embeddings_and_output_weights"]
                               else "word_embeddings.weight"]}
     for i in range(n):
-        s, o = f"model.layers.{i}.", L.format(i)
-        sd[s + "input_layernorm.weight"] = t[o + "input_layernorm.weight"]
-        sd[s + "post_attention_layernorm.weight"] = t[o + "pre_mlp_layernorm.weight"]
-        for hf, ours in _attention_names(a.get("q_lora_rank")):
-            sd[f"{s}self_attn.{hf}.weight"] = t[f"{o}self_attention.{ours}.weight"]
-        if not E or i < k:
-            _dense_out(t, sd, o + "mlp.", s + "mlp.")
-            continue
-        sd[s + "mlp.gate.weight"] = t[o + "mlp.router.weight"]
-        bias = buffers.pop(o + "mlp.router.expert_bias", None)
-        sd[s + "mlp.gate.e_score_correction_bias"] = torch.zeros(E) if bias is None else bias.float()
-        sd[s + "mlp.experts.gate_up_proj"] = torch.stack([t[o + _EXPERT.format(e) + "fc1_weight"] for e in range(E)])
-        sd[s + "mlp.experts.down_proj"] = torch.stack([t[o + _EXPERT.format(e) + "fc2_weight"] for e in range(E)])
-        if cfg["n_shared_experts"]:
-            _dense_out(t, sd, o + "mlp.shared_experts.", s + "mlp.shared_experts.")
+        _layer_to_hf(t, sd, L.format(i), f"model.layers.{i}.", a, bool(E) and i >= k, buffers)
+    for d in range(cfg["num_nextn_predict_layers"]):  # DeepSeek-V3's files hold them after the decoder's layers
+        o, s = _MTP_LAYER.format(d), f"model.layers.{n + d}."
+        _layer_to_hf(t, sd, o + "transformer_layer.", s, a, bool(E) and n + d >= k, buffers, per_expert=True)
+        for hf, ours in _MTP_NAMES:
+            sd[s + hf] = t[o + ours]
+        sd[s + "embed_tokens.weight"], sd[s + "shared_head.head.weight"] = sd["model.embed_tokens.weight"], \
+            sd["lm_head.weight"]
     t.refuse_unused()
     return cfg, {k_: v.contiguous() for k_, v in sd.items()}

@@ -76,3 +76,33 @@ def read_state_dict(path):
                 sd.update(_load_file(os.path.join(path, shard)))
             return sd
     raise CheckpointError(f"--load-dir {path}: no model.safetensors or pytorch_model.bin (weights missing)")
+
+
+def outside_the_model(sd, cfg):
+    """Names in `sd` that transformers' model of config kwargs `cfg` has no place for but the family's files
+    hold: DeepSeek-V3's multi-token prediction layers (model.layers.{L..L + num_nextn_predict_layers - 1})."""
+    n, depth = cfg.get("num_hidden_layers"), cfg.get("num_nextn_predict_layers") or 0
+    prefixes = tuple(f"model.layers.{n + k}." for k in range(depth))
+    return [k for k in sd if prefixes and k.startswith(prefixes)]
+
+
+def add_to_saved_files(path, extra):
+    """Write `extra` tensors into the weights save_pretrained wrote at `path`: into model.safetensors, or as
+    one more shard named in model.safetensors.index.json."""
+    if not extra:
+        return
+    from safetensors.torch import load_file, save_file
+    extra = {k: v.detach().clone().contiguous() for k, v in extra.items()}  # copies: no storage shared
+    single, index = os.path.join(path, "model.safetensors"), os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(single):
+        save_file({**load_file(single), **extra}, single, metadata={"format": "pt"})
+        return
+    with open(index) as fh:
+        idx = json.load(fh)
+    shard = "model-extra.safetensors"
+    save_file(extra, os.path.join(path, shard), metadata={"format": "pt"})
+    idx["weight_map"].update(dict.fromkeys(extra, shard))
+    idx.setdefault("metadata", {})["total_size"] = idx.get("metadata", {}).get("total_size", 0) + sum(
+        v.numel() * v.element_size() for v in extra.values())
+    with open(index, "w") as fh:
+        json.dump(idx, fh, indent=2)
