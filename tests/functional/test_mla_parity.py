@@ -15,6 +15,7 @@ Each layout proves something the others do not:
   DP2 with ZeRO-3 and full recompute: the down-projections sharded and gathered like any other parameter;
       the layers run again in the backward pass
   ZB-H1 at PP2: the up- and down-projections' weight gradients split off into the delayed W passes
+  PP2 with two chunks per rank (4 layers), interleaved and ZB-V: the MTP module on the chunk holding the head
 """
 import pytest
 
@@ -65,6 +66,24 @@ def test_deepseek_shaped_layout_matches_one_process(name):
     nproc, flags = LAYOUTS[name]
     got = run_metrics(FLAGS + flags, nproc=nproc)[1]
     assert_metrics_parity(reference(), got, TERMS)
+
+
+DEEP = ["--num-layers", "4", "--moe-layer-freq", "([0]+[1]*3)"]
+CHUNKED = {  # two model chunks per rank, MTP in the last one
+    "pp2-vpp2": (2, PP2 + ["--num-layers-per-virtual-pipeline-stage", "1"]),
+    "pp2-zb-v": (2, PP2 + ["--pipeline-schedule", "zb-v"]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CHUNKED))
+def test_deepseek_shaped_chunked_pipeline_matches_one_process(name):
+    """Interleaved 1F1B (the MTP module in the last stage's second chunk) and ZB-V (in the first stage's second
+    chunk, the bottom of the V, with the input table's copy tied across chunks of one rank), 4 layers."""
+    if "deep" not in _ref:
+        _ref["deep"] = run_metrics(FLAGS + DEEP)[1]
+    nproc, flags = CHUNKED[name]
+    assert_metrics_parity(_ref["deep"], run_metrics(FLAGS + DEEP + flags, nproc=nproc)[1], TERMS)
 
 
 @pytest.mark.slow
