@@ -7,7 +7,8 @@ Each layout proves something the others do not:
   TP2: heads split, the shared rotary key's gradient (from every rank's heads) summed over TP
   TP2 + SP: heads split, the replicated down-projections and latent norms run on sequence shards (their
       gradients summed over TP by finalize_model_grads), the latent and the rotary key gathered over TP
-  TP2 + SP, selective recompute of the core and of the up-projections (--recompute-modules mla_up_proj)
+  TP2 + SP, selective recompute of the core, of the up-projections (--recompute-modules mla_up_proj) and of
+      the norms (layernorm: their outputs freed once read and rebuilt in the backward)
   PP2: the dense layer on one stage, the MoE layer and the MTP module on the other, which holds a copy of
       the (untied) input embedding for MTP whose gradient is summed with the first stage's as a tied one
   EP2 x TP2, expert TP 1 (folding): the MTP module's experts and router over the folded expert grid
@@ -49,7 +50,7 @@ LAYOUTS = {
     "tp2": (2, TP2),
     "tp2-sp": (2, TP2 + ["--sequence-parallel"]),
     "tp2-sp-recompute-up": (2, TP2 + ["--sequence-parallel", "--recompute-granularity", "selective",
-                                      "--recompute-modules", "core_attn", "mla_up_proj"]),
+                                      "--recompute-modules", "core_attn", "mla_up_proj", "layernorm"]),
     "pp2": (2, PP2),
     "cp2": (2, ["--context-parallel-size", "2"]),
     "dp2-zero3-recompute": (2, ["--use-distributed-optimizer", "--data-parallel-sharding-strategy",

@@ -29,14 +29,13 @@ ALLOWED = {"fp8": "issue 28", "fp8_te": "issue 28", "mxfp8": "issue 28", "fp8_mo
            "flex": "issue 31: refuse in one line",
            "window": "issue 31: gpt-oss, refuse each", "sinks": "issue 31: gpt-oss, refuse each",
            "gptoss_mlp": "issue 31: gpt-oss, refuse each", "gptoss_rope": "issue 31: gpt-oss, refuse each",
-           "force_balance": "DeepSeek-V3 recipe's benchmark switch (not in any issue: reported)",
-           "recompute": "DeepSeek-V3 recipe's layernorm recompute (not in any issue: reported)"}
+           "force_balance": "DeepSeek-V3 recipe's benchmark switch (not in any issue: reported)"}
 EXPECTED_REFUSED = {
     "gpt3-175b": set(),
     "llama3-8b-fp8 (mock data)": {"fp8"}, "llama3-8b-fp8 (real data)": {"fp8"},
     "mixtral-8x7b": set(),
     "megatron-fsdp llama3-8b-fp8 (mock data)": {"fp8"}, "megatron-fsdp llama3-8b-fp8 (real data)": {"fp8"},
-    "deepseek-v3 (megatron-fsdp)": {"flex", "force_balance", "recompute"},
+    "deepseek-v3 (megatron-fsdp)": {"flex", "force_balance"},
     "gpt-oss (mock data)": {"fp8", "fp8_te", "fp8_moe", "window", "sinks", "gptoss_mlp", "gptoss_rope"},
 }
 

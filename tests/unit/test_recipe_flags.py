@@ -49,7 +49,7 @@ def test_a_feature_that_lands_takes_its_flag_over():
     assert not hasattr(parser.parse_args([]), "not_built_fp8_format")
 
 
-@pytest.mark.parametrize("module,match", [("layernorm", "layernorm"), ("moe_act", "moe_act")])
+@pytest.mark.parametrize("module,match", [("shared_experts", "shared_experts"), ("moe_act", "moe_act")])
 def test_recompute_modules_not_built_are_refused(module, match):
     with pytest.raises(not_built.NotBuiltError, match=match):
         parse_args(MOCK + ["--recompute-granularity", "selective", "--recompute-modules", "mlp", module])

@@ -11,6 +11,7 @@ from .mla import MultiLatentAttention
 from .model_options import recomputes
 from .moe.moe_layer import build_mlp
 from .norm import build_norm
+from .norm_recompute import norm_then
 
 
 def hidden_dropout(x, p, training, sequence_parallel):
@@ -44,6 +45,8 @@ class TransformerLayer(nn.Module):
         self.norms = (getattr(self, first), getattr(self, second))
         # --recompute-modules mlp / moe: the feed-forward block recomputed in the backward pass
         self.recompute_mlp = recomputes(config, "moe" if config.is_moe_layer(layer_number) else "mlp")
+        # --recompute-modules layernorm: the norms' outputs freed once read, rebuilt in the backward
+        self.recompute_norms = recomputes(config, "layernorm")
 
     def _mlp(self, x):
         return checkpoint(self.mlp, x) if self.recompute_mlp and self.training else self.mlp(x)
@@ -57,5 +60,8 @@ class TransformerLayer(nn.Module):
         if self.config.post_norm:
             x = norm1(x + self._dropout(self.self_attention(x, rope, attn_mask, kv_cache)))
             return norm2(x + self._dropout(self._mlp(x)))
+        if self.recompute_norms and self.training:
+            x = x + self._dropout(norm_then(norm1, x, self.self_attention, rope, attn_mask, kv_cache))
+            return x + self._dropout(norm_then(norm2, x, self._mlp))
         x = x + self._dropout(self.self_attention(norm1(x), rope, attn_mask, kv_cache))
         return x + self._dropout(self._mlp(norm2(x)))

@@ -16,10 +16,11 @@ RECOMPUTE_MODULES = {
     "mlp": "the dense MLP of each non-MoE layer",
     "moe": "the whole MoE layer (router, dispatch, experts, shared experts)",
     "mla_up_proj": "multi-latent attention's query and key / value up-projections with the rotary embedding",
+    "layernorm": "the two norms of each layer: their outputs freed once read and rebuilt in the backward pass "
+                 "(pre-norm layers)",
 }
 # Megatron-LM's other names: refused in one line (not_built.py).
-# layernorm: Megatron-Core frees the norm's output until the backward needs it (no plain checkpoint does that)
-RECOMPUTE_NOT_BUILT = ("layernorm", "moe_act", "shared_experts", "gdn_norm_out", "gdp_in_proj", "gdp_qkv", "mhc")
+RECOMPUTE_NOT_BUILT = ("moe_act", "shared_experts", "gdn_norm_out", "gdp_in_proj", "gdp_qkv", "mhc")
 
 
 @dataclass
@@ -88,6 +89,9 @@ def check_options(cfg) -> None:
     if "mla_up_proj" in (cfg.recompute_modules or ()) and not cfg.multi_latent_attention:
         raise ConfigError(f"{f('recompute_modules')} mla_up_proj recomputes multi-latent attention's up-projections: "
                           f"it needs {f('multi_latent_attention')}")
+    if "layernorm" in (cfg.recompute_modules or ()) and getattr(cfg, "post_norm", False):
+        raise ConfigError(f"{f('recompute_modules')} layernorm frees pre-norm outputs; with post-norm layers the "
+                          "norm's output is the residual stream: drop layernorm")
     if not cfg.add_position_embedding and cfg.position_embedding_type != "rope":
         raise ConfigError(f"{f('add_position_embedding')} is deprecated (as in Megatron-LM) except with "
                           f"{f('position_embedding_type')} rope; use --position-embedding-type instead")

@@ -3,6 +3,7 @@ activations part of the memory estimate (memory.py)."""
 import torch
 
 from ...core.transformer import context_parallel
+from ...core.transformer.model_options import recomputes
 from ...core.transformer.moe.activation_memory import moe_extra_bytes_per_layer
 from . import mla_cost
 from .fp8_memory import fp8_delta_bytes
@@ -46,7 +47,8 @@ def _standard_bytes_per_layer(c, micro_batch, tp, sp):
 def kept_activation_bytes(c, micro_batch, tp, layers, mtp_layers=0):
     """(bytes kept per microbatch in flight, bytes of the one recomputed chunk being worked on) for
     `layers` layers, after --recompute-granularity: full keeps each chunk's 16-bit input (2 s b h, /t
-    with SP) and rebuilds one chunk of layers at a time; selective drops the 5 a s / h t score term.
+    with SP) and rebuilds one chunk of layers at a time; selective drops the 5 a s / h t score term (core_attn)
+    and the two norm outputs, 2 x 2 s b h (/t with SP; layernorm).
     mtp_layers of the layers are multi-token prediction's, which full recompute (the decoder's) leaves whole."""
     full = activation_bytes_per_layer(c, micro_batch, tp, c.sequence_parallel)
     if c.recompute_granularity == "full" and mtp_layers:
@@ -58,9 +60,10 @@ def kept_activation_bytes(c, micro_batch, tp, layers, mtp_layers=0):
     rep = s * b * h / (tp if c.sequence_parallel else 1) * (2 if c.params_dtype != torch.float32 else 4)
     if c.recompute_granularity == "selective":
         scores = s * b * h * 5 * c.num_attention_heads * s / (h * tp)
-        if c.context_parallel_size > 1:  # the CP attention keeps no s x s scores to drop
+        if c.context_parallel_size > 1 or not recomputes(c, "core_attn"):  # the CP attention keeps no s x s scores
             scores = 0
-        return int((full - scores * (1 if c.params_dtype != torch.float32 else 2)) * layers), 0
+        norms = 2 * rep if recomputes(c, "layernorm") else 0  # the two norm outputs, freed once read
+        return int((full - scores * (1 if c.params_dtype != torch.float32 else 2) - norms) * layers), 0
     k = min(c.recompute_num_layers or 1, layers)
     if c.recompute_method == "block":  # the first k layers of the stage recomputed, the rest kept
         return int(rep * k + full * (layers - k)), int(full)
