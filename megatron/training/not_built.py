@@ -24,7 +24,6 @@ FEATURES = {  # key -> (what a user reads, who builds it)
     "qk_norm": ("per-head query/key layer norms without --multi-latent-attention", "not built"),
     "yarn": ("YaRN RoPE without --multi-latent-attention", "not built"),
     "flex": ("the flex token dispatcher (DeepEP / HybridEP)", "not planned"),
-    "force_balance": ("forced load balancing with random router logits (a benchmark mode)", "not planned"),
     "recompute": ("selective recompute of these modules", "not planned"),
     "window": ("sliding-window attention (gpt-oss)", "not built: gpt-oss"),
     "sinks": ("attention sinks, --softmax-type off-by-one / learnable (gpt-oss)", "not built: gpt-oss"),
@@ -44,7 +43,6 @@ _INT, _FLOAT, _TEXT = {"type": int}, {"type": float}, {"type": str}
 FLAGS = {
     "--fp8-param-gather": Flag("fp8", _SWITCH),
     "--moe-flex-dispatcher-backend": Flag("flex", _TEXT),
-    "--moe-router-force-load-balancing": Flag("force_balance", _SWITCH),
     "--window-size": Flag("window", _TEXT), "--window-attn-skip-freq": Flag("window", _TEXT),
     # the default value of these is what runs here: refused only when another is given
     "--softmax-type": Flag("sinks", {"choices": ["vanilla", "off-by-one", "learnable"], "default": "vanilla"}),

@@ -8,6 +8,8 @@ Each layout proves something the others do not:
   EP2 x DP2, group-limited routing (one group per EP rank), scaling factor, a dense first layer: the
       routing and the layer pattern the same on every rank
   TP2 x EP2, allgather, sequence parallel: experts split over TP, tokens gathered over TP and EP
+  TP2 x EP2, alltoall, sequence parallel, --moe-router-force-load-balancing: each token's random logits the
+      same on every layout (force_balance.py), the router trained straight through them
   PP2 x EP2, alltoall, replicated optimizer, capacity 1.0 (drop by position): router losses from
       both stages; the expert grad norm summed over the EP group; the same pairs dropped as one process
   TP2 x PP2 x EP2 (8 ranks), expert bias: saves at iteration 1 (the bias, +-rate after one update,
@@ -56,6 +58,9 @@ LAYOUTS = {  # name: (ranks, layout flags, model flags the reference shares)
     "tp2xep2-allgather-sp": (4, EP2 + ["--tensor-model-parallel-size", "2", "--sequence-parallel"], []),
     "pp2xep2-alltoall-capacity": (4, EP2 + ["--pipeline-model-parallel-size", "2",
                                             "--moe-token-dispatcher-type", "alltoall"], CAPACITY),
+    "tp2xep2-alltoall-sp-forced": (4, EP2 + ["--tensor-model-parallel-size", "2", "--sequence-parallel",
+                                             "--moe-token-dispatcher-type", "alltoall"],
+                                   ["--moe-router-force-load-balancing"]),
 }
 
 

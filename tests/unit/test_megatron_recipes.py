@@ -28,14 +28,13 @@ ALLOWED = {"fp8": "issue 28", "fp8_te": "issue 28", "mxfp8": "issue 28", "fp8_mo
            "qk_norm": "issue 30: built with MLA only", "yarn": "issue 30: built with MLA only",
            "flex": "issue 31: refuse in one line",
            "window": "issue 31: gpt-oss, refuse each", "sinks": "issue 31: gpt-oss, refuse each",
-           "gptoss_mlp": "issue 31: gpt-oss, refuse each", "gptoss_rope": "issue 31: gpt-oss, refuse each",
-           "force_balance": "DeepSeek-V3 recipe's benchmark switch (not in any issue: reported)"}
+           "gptoss_mlp": "issue 31: gpt-oss, refuse each", "gptoss_rope": "issue 31: gpt-oss, refuse each"}
 EXPECTED_REFUSED = {
     "gpt3-175b": set(),
     "llama3-8b-fp8 (mock data)": {"fp8"}, "llama3-8b-fp8 (real data)": {"fp8"},
     "mixtral-8x7b": set(),
     "megatron-fsdp llama3-8b-fp8 (mock data)": {"fp8"}, "megatron-fsdp llama3-8b-fp8 (real data)": {"fp8"},
-    "deepseek-v3 (megatron-fsdp)": {"flex", "force_balance"},
+    "deepseek-v3 (megatron-fsdp)": {"flex"},
     "gpt-oss (mock data)": {"fp8", "fp8_te", "fp8_moe", "window", "sinks", "gptoss_mlp", "gptoss_rope"},
 }
 

@@ -17,6 +17,7 @@ class _Cfg:
     moe_pad_expert_input_to_capacity: bool = False
     moe_router_num_groups: int | None = None
     moe_router_group_topk: int | None = None
+    moe_router_force_load_balancing: bool = False
 
 
 def test_dropless_line():
@@ -37,3 +38,8 @@ def test_capacity_named_as_megatron_differs_only_where_tokens_are_split():
     for tp, cp in ((2, 1), (1, 2)):
         assert describe(cfg, tp, cp).startswith(one + "; capacity and drops are counted over each micro-batch's "
                                                 "whole sequence, as one process (differs from Megatron-Core")
+
+
+def test_forced_load_balancing_named_as_a_difference():
+    line = describe(_Cfg(moe_router_force_load_balancing=True), 1, 1)
+    assert "forced load balancing" in line and "differs from Megatron-Core" in line and line.endswith(", dropless")

@@ -12,6 +12,9 @@ def describe(config, tp_size: int, cp_size: int) -> str:
               else "")
     line = (f"> MoE: {c.num_experts} experts, top-{c.moe_router_topk}{groups}, {layers}, "
             f"{c.moe_token_dispatcher_type} dispatcher, EP {c.expert_model_parallel_size}")
+    if c.moe_router_force_load_balancing:
+        line += (", forced load balancing (random logits: a fixed random function of each token's direction per "
+                 "layer, the same in every layout; differs from Megatron-Core's device-generator draws)")
     if c.moe_expert_capacity_factor is None:
         return line + ", dropless"
     line += (f", capacity factor {c.moe_expert_capacity_factor} (drop by {c.moe_token_drop_policy}"

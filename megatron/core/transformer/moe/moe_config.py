@@ -59,6 +59,10 @@ class MoEConfig:
         False, "Aux-loss-free balancing (DeepSeek-V3): a per-expert bias added to the scores for the top-k "
         "choice only, moved towards balance after every step.")
     moe_router_bias_update_rate: float = opt(1e-3, "Step of the expert-bias update.")
+    moe_router_force_load_balancing: bool = opt(
+        False, "Benchmark switch: route by random logits (a fixed random function of each token's direction per "
+        "layer, the same in every layout; Megatron-Core draws them from a device generator) so that experts get "
+        "about equal loads; the router's logits get the gradient straight through.")
     moe_token_dispatcher_type: str = opt(
         "allgather", "How tokens reach their experts over the expert-parallel group (Megatron-LM's flex, the "
         "DeepEP / HybridEP dispatcher, is not built here).", choices=["allgather", "alltoall", "flex"])

@@ -9,7 +9,7 @@ from torch import nn
 from ... import comm
 from ...tensor_parallel import wgrad_fusion
 from ...tensor_parallel.param_meta import param_meta, set_init
-from . import aux_losses
+from . import aux_losses, force_balance
 from .capacity import drop_over_capacity
 from .group_routing import select
 from .token_counts import tokens_per_expert
@@ -75,6 +75,9 @@ class TopKRouter(nn.Module):
         enabled = config.moe_router_enable_expert_bias
         self.register_buffer("expert_bias", torch.zeros(E, device=device) if enabled else None)
         self.register_buffer("bias_tokens", torch.zeros(E, device=device) if enabled else None)
+        forced = config.moe_router_force_load_balancing  # the fixed matrix of force_balance.py, not checkpointed
+        self.register_buffer("force_projection", force_balance.projection(config.hidden_size, E, layer_number, device)
+                             if forced else None, persistent=False)
 
     def forward(self, x, seq_len, rows=None):
         """x [T, h] with T = seq_len x b (row si*b + bi). -> (probs, indices, aux) where aux is the
@@ -87,7 +90,9 @@ class TopKRouter(nn.Module):
             logits = wgrad_fusion.linear_or_fused(x if dtype is None else x.to(dtype), self.weight)
         else:  # the cast weight's gradient reaches .grad through autograd, which DDP takes as any other
             logits = F.linear(x.to(dtype), self.weight.to(dtype))
-        probs, indices, scores = topk_routing(logits, c.moe_router_topk, c.moe_router_score_function,
+        forced = self.force_projection
+        routed = logits if forced is None else force_balance.random_logits(logits, x, forced)
+        probs, indices, scores = topk_routing(routed, c.moe_router_topk, c.moe_router_score_function,
                                               c.moe_router_pre_softmax, self.expert_bias, c.moe_router_num_groups,
                                               c.moe_router_group_topk, c.moe_router_topk_scaling_factor)
         chosen = indices  # the balance losses and counts see the choice before any drop
