@@ -73,6 +73,8 @@ def main(argv=None):
     pre.add_argument("--fix", action="append", default=[], help="pin a dimension: name=value (repeatable)")
     pre.add_argument("--search", choices=["default", "full"], default="default",
                      help="full also tries SP off with TP and no distributed optimizer with DP")
+    pre.add_argument("--search-fp8", action="store_true",
+                     help="also try each layout with --fp8-format hybrid --fp8-recipe tensorwise (GPUs with FP8)")
     pre.add_argument("--top", type=int, default=20, help="rows to print")
     pre.add_argument("--validate", action="store_true",
                      help="print the planner against Narayanan et al. 2021 Table 1 (docs/planner.md) and exit")
@@ -86,7 +88,7 @@ def main(argv=None):
         _check_counts(known)
         cluster = make_cluster(known.gpu, known.num_gpus, known.gpus_per_node, known.nvlink_gbps,
                                known.network_gbps, known.gpu_memory_gb)
-        preds, refused = plan(rest, cluster, _fixed(known.fix), known.search == "full")
+        preds, refused = plan(rest, cluster, _fixed(known.fix), known.search == "full", known.search_fp8)
     except MegatronUserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

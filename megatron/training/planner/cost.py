@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from ...core.distributed.strategy import shards_grads, shards_optimizer, shards_params
 from . import mla_cost
+from .fp8_cost import fp8_savings
 from .hardware import Cluster, all_to_all_time, collective_time, gemm_time, memory_time, p2p_time, ring_bytes
 from .moe_cost import expert_parallel_time, moe_fraction, moe_mlp_costs
 from .pipeline_cost import pipeline_time
@@ -68,13 +69,16 @@ def layer_costs(c, b, cluster: Cluster, tp) -> PassCosts:
     mlp = gemm_time(cluster, m, fc1 // tp, h) + gemm_time(cluster, m, h, f // tp)
     mlp_stream = elt * (3 if c.swiglu else 2) * m * f / tp
     moe = moe_fraction(c)
+    eligible = mlp  # the GEMMs of the linears FP8 runs (fp8_cost.py): the MLP's, the experts', the attention's
     if moe:  # MoE layers' experts instead of the dense MLP, weighed by the fraction of MoE layers
         moe_gemms, moe_stream = moe_mlp_costs(c, m, cluster, tp)
+        eligible = (1 - moe) * mlp + moe * (moe_gemms - gemm_time(cluster, m, c.num_experts, h))  # not the router
         mlp, mlp_stream = (1 - moe) * mlp + moe * moe_gemms, (1 - moe) * mlp_stream + moe * moe_stream
-    if c.multi_latent_attention:
+    if c.multi_latent_attention:  # its projections stay in the model's precision
         gemms = mla_cost.projection_time(c, m, cluster, tp) + mlp
     else:
-        gemms = gemm_time(cluster, m, (q + 2 * kv) // tp, h) + gemm_time(cluster, m, h, q // tp) + mlp
+        projections = gemm_time(cluster, m, (q + 2 * kv) // tp, h) + gemm_time(cluster, m, h, q // tp)
+        gemms, eligible = projections + mlp, eligible + projections
     if c.cp_comm_type == "a2a" and cp > 1:  # Ulysses: the whole sequence on a / (tp C) heads per rank
         core = gemm_time(cluster, s, s, d, b * a // (tp * cp)) + gemm_time(cluster, s, d, s, b * a // (tp * cp))
     else:  # this rank's s / C queries against all s keys
@@ -92,8 +96,9 @@ def layer_costs(c, b, cluster: Cluster, tp) -> PassCosts:
     fwd_core = core + memory_time(cluster, stream)
     cp_fwd, cp_bwd = context_parallel_time(c, b, cluster, tp, core)
     ep_fwd, ep_bwd = (moe * x for x in expert_parallel_time(c, b, cluster, tp))
-    fwd = gemms + fwd_core + comm_fwd + cp_fwd + ep_fwd
-    bwd = 2 * (gemms + fwd_core) + comm_bwd + cp_bwd + ep_bwd
+    fp8_fwd, fp8_bwd = fp8_savings(c, m, cluster, tp, eligible, moe)
+    fwd = gemms + fwd_core + comm_fwd + cp_fwd + ep_fwd - fp8_fwd
+    bwd = 2 * (gemms + fwd_core) + comm_bwd + cp_bwd + ep_bwd - fp8_bwd
     if not unfused:
         bwd += core / 2  # flash-style kernels recompute the scores in backward
     if c.recompute_granularity == "full":
@@ -102,7 +107,7 @@ def layer_costs(c, b, cluster: Cluster, tp) -> PassCosts:
         rec = core + memory_time(cluster, att_stream)
     else:
         rec = 0.0
-    return PassCosts(fwd, bwd, rec, gemms)
+    return PassCosts(fwd, bwd, rec, gemms - fp8_fwd)
 
 
 def context_parallel_time(c, b, cluster: Cluster, tp, core):

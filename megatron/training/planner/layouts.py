@@ -24,6 +24,7 @@ class Space:
     full: bool  # enumerate dominated choices too (SP off with TP, no distributed optimizer with DP)
     seq_length: int = 0
     num_experts: int = 0  # 0: a dense model
+    fp8: bool = False  # also try --fp8-format hybrid --fp8-recipe tensorwise (the GPU has FP8 tensor cores)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +118,9 @@ def _zero(space, lay):
     return ["optim", "optim_grads", "optim_grads_params"] if space.full else ["optim_grads", "optim_grads_params"]
 
 
+FP8 = ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]  # Megatron-LM's recipes' choice
+
+
 DIMENSIONS = [
     Dimension("tp", _tp, lambda v, _: ["--tensor-model-parallel-size", str(v)]),
     Dimension("pp", _pp, lambda v, _: ["--pipeline-model-parallel-size", str(v)]),
@@ -135,6 +139,7 @@ DIMENSIONS = [
               ["--data-parallel-sharding-strategy", v]),
     Dimension("recompute", lambda s, _: [None, "selective", "full"],
               lambda v, _: ["--recompute-granularity", v] if v else []),
+    Dimension("fp8", lambda s, _: [False, True] if s.fp8 else [False], lambda v, _: FP8 if v else []),
 ]
 
 
@@ -170,4 +175,5 @@ def describe(layout: dict) -> str:
     zero = {"optim": [], "optim_grads": ["Z2"], "optim_grads_params": ["Z3"]}.get(layout.get("zero"), [])
     parts += (["DO"] if layout["dist_opt"] else []) + zero
     parts += [f"rec={layout['recompute']}"] if layout["recompute"] else []
+    parts += ["FP8"] if layout.get("fp8") else []
     return " ".join(parts)

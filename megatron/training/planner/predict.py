@@ -77,20 +77,25 @@ def predict(argv, cluster: Cluster, label="") -> Prediction:
     return predict_resolved(c, t, cluster.num_gpus, cluster, label, argv)
 
 
-def space_of(argv, cluster: Cluster, full=False) -> Space:
+def space_of(argv, cluster: Cluster, full=False, fp8=False) -> Space:
+    """fp8: also try FP8 (layouts.FP8) where the flags do not choose it and the GPU has FP8 tensor cores;
+    a GPU without them is a one-line error."""
     c, t = parse_args(PLAN_DEFAULTS + list(argv))[:2]
     if t.global_batch_size is None:
         raise MegatronUserError("--global-batch-size is required to plan (the batch the cluster must run)")
+    if fp8 and cluster.peak_fp8_flops is None:
+        raise MegatronUserError(f"--search-fp8: {cluster.gpu} has no FP8 tensor cores (no peak_fp8_tflops in "
+                                "calibration.toml); drop --search-fp8")
     return Space(cluster.num_gpus, cluster.gpus_per_node, c.num_layers, c.num_attention_heads,
                  c.num_query_groups or c.num_attention_heads, t.global_batch_size, full, c.seq_length,
-                 c.num_experts or 0)
+                 c.num_experts or 0, fp8 and c.fp8_format is None)
 
 
-def plan(argv, cluster: Cluster, fixed: dict | None = None, full=False) -> tuple[list, int]:
+def plan(argv, cluster: Cluster, fixed: dict | None = None, full=False, fp8=False) -> tuple[list, int]:
     """(predictions of every valid layout, best first: fitting ones by step time, then the ones that
-    do not fit by step time; number of layouts training would refuse)."""
+    do not fit by step time; number of layouts training would refuse). fp8: search FP8 on and off."""
     out, refused = [], 0
-    for lay in enumerate_layouts(space_of(argv, cluster, full), fixed):
+    for lay in enumerate_layouts(space_of(argv, cluster, full, fp8), fixed):
         flags = layout_flags(lay)
         try:
             out.append(predict(list(argv) + flags, cluster, describe(lay)))
