@@ -28,3 +28,25 @@ def test_fp8_delayed_resume_is_bitwise_identical(tmp_path):
     histories = [v for (key, _), v in fp8.items() if key.endswith("amax_history")]
     assert all(h.shape == (3,) and (h > 0).all() for h in histories)  # ITERS >= 3 steps recorded
     assert all(v.item() == ITERS for (key, _), v in fp8.items() if key.endswith("updates"))
+
+
+@pytest.mark.slow
+def test_expert_amax_histories_under_ep_are_one_process(tmp_path):
+    """Delayed scaling at EP2 x DP4 (alltoall): after a step each expert's amax histories (its input, weight and
+    gradient, reduced over the pieces cast apart and over expert-DP, the ranks holding the same expert) are the
+    one-process run's. Reducing them over DP x CP instead mixes the experts that share a local index."""
+    from megatron.core.checkpointing import CheckpointReader, find_checkpoint
+
+    from .test_fp8_parity import MOE
+    from .test_parity import BASE as NO_DROPOUT  # dropout would draw other masks on other layouts
+    flags = NO_DROPOUT + FP8 + MOE + ["--train-iters", "1", "--save-interval", "1", "--global-batch-size", "16"]
+    one, ep = str(tmp_path / "one"), str(tmp_path / "ep")
+    run_cli(flags + ["--save", one])
+    run_cli(flags + ["--save", ep, "--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"],
+            nproc=4)
+    a, b = CheckpointReader(find_checkpoint(one)), CheckpointReader(find_checkpoint(ep))
+    found = [(key, state) for (key, state) in a.index if "local_experts" in key and key.endswith("amax_history")]
+    assert len(found) == 2 * 4 * 2 * 3  # layers x experts x (fc1, fc2) x (input, weight, grad)
+    for key, state in found:
+        x, y = a.global_tensor(key, state), b.global_tensor(key, state)
+        assert x[0] > 0 and torch.allclose(x, y, rtol=1e-5, atol=0), (key, x, y)

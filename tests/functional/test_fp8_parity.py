@@ -36,14 +36,20 @@ LAYOUTS = {  # name: (processes, flags)
     "distopt-dp2": (2, ["--use-distributed-optimizer"]),
     "zero3-dp2": (2, ["--data-parallel-sharding-strategy", "optim_grads_params"]),
     "cp2": (2, ["--context-parallel-size", "2"]),
+    # each expert's input holds both ranks' micro-batches: each source rank's rows cast with their own scales
+    # 4 ranks: expert-DP 2, over which delayed scaling's expert step amaxes reduce
+    "ep2-alltoall": (4, ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"]),
 }
-# MoE (EP 1: FP8 under expert parallelism is refused): each expert's input is its micro-batch's tokens,
-# replicated over TP and split over CP, so its amaxes reduce over those groups as the dense linears'
+# MoE: each expert's input is its micro-batch's tokens, replicated over TP and split over CP, so its amaxes
+# reduce over those groups as the dense linears'; under EP2 (alltoall, TP 1, CP 1: what is built) an expert's
+# input holds two ranks' micro-batches, cast apart (per source rank), and delayed step amaxes reduce over
+# expert-DP'
 MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "96", "--moe-aux-loss-coeff", "1e-2",
        "--disable-bias-linear", "--moe-shared-expert-intermediate-size", "64"]
-CASES = [(r, layout) for r in ("tensorwise", "delayed") for layout in LAYOUTS] + \
+CASES = [(r, layout) for r in ("tensorwise", "delayed") for layout in LAYOUTS if not layout.startswith("ep")] + \
     [("blockwise", "tp2-sp"), ("blockwise", "distopt-dp2")] + \
-    [("moe-" + r, layout) for r in ("tensorwise", "delayed") for layout in ("tp2-sp", "cp2", "distopt-dp2")]
+    [("moe-" + r, layout) for r in ("tensorwise", "delayed") for layout in ("tp2-sp", "cp2", "distopt-dp2",
+                                                                           "ep2-alltoall")]
 
 _reference = {}
 

@@ -54,11 +54,21 @@ def _plan_groups(cfg):
     (["--fp8-format", "hybrid", "--fp8-param-gather"], "fp8"),
     (["--fp8-format", "hybrid", "--transformer-impl", "transformer_engine"], "fp8_te"),
     (["--fp8-format", "hybrid", "--num-experts", "4", "--expert-model-parallel-size", "2"], "fp8_moe"),
+    (["--fp8-format", "hybrid", "--num-experts", "4", "--expert-model-parallel-size", "2",
+      "--moe-token-dispatcher-type", "alltoall", "--tensor-model-parallel-size", "2"], "fp8_moe"),
+    (["--fp8-format", "hybrid", "--num-experts", "4", "--expert-model-parallel-size", "2",
+      "--moe-token-dispatcher-type", "alltoall", "--moe-expert-capacity-factor", "1.0"], "fp8_moe"),
 ])
 def test_not_built_is_refused_in_one_line(args, feature):
     with pytest.raises(not_built.NotBuiltError) as e:
         parse_args(MOCK + args)
     assert [k for k, _ in e.value.features] == [feature] and "\n" not in str(e.value)
+
+
+def test_fp8_experts_under_ep_with_alltoall_are_built():
+    m, _ = _cfgs(["--fp8-format", "hybrid", "--num-experts", "4", "--expert-model-parallel-size", "2",
+                  "--moe-token-dispatcher-type", "alltoall"], world=2)
+    assert m.fp8_format == "hybrid" and m.expert_model_parallel_size == 2
 
 
 def test_mxfp8_without_fp8_changes_nothing():  # as in Megatron-LM: the recipe is read only with a format

@@ -180,3 +180,27 @@ def test_bias_and_dtypes_follow_the_inputs():
     y.backward(grad.bfloat16())
     assert y.dtype == xr.grad.dtype == wr.grad.dtype == b.grad.dtype == torch.bfloat16
     assert torch.equal(b.grad, grad.bfloat16().sum(0))
+
+
+@pytest.mark.parametrize("name", ["tensorwise", "delayed"])
+def test_pieces_are_cast_apart_as_separate_calls(name):
+    """fp8_linear(x, pieces=[3, 0, 9]) (an expert's rows from three source ranks under expert parallelism) gives
+    bitwise what three calls give (one process's micro-batches), the weight gradients summed in piece order."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(12, 64, generator=g) * torch.tensor([[0.01]] * 3 + [[3.0]] * 9)  # the pieces' amaxes differ
+    w, grad = torch.randn(32, 64, generator=g) * 0.1, torch.randn(12, 32, generator=g)
+
+    def run(parts):
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        recipe = build_recipe(_settings(name), (), ())
+        if parts is None:
+            y = torch.cat([fp8_linear(p, ws, None, recipe) for p in xs.split([3, 0, 9])])
+            y.backward(grad)
+        else:
+            y = fp8_linear(xs, ws, None, recipe, parts)
+            y.backward(grad)
+        return y.detach(), xs.grad, ws.grad
+    apart, joint = run(None), run([3, 0, 9])
+    assert all(torch.equal(a, b) for a, b in zip(apart, joint))
+    whole = fp8_linear(x, w, None, build_recipe(_settings(name), (), ()))  # one scale for all: another result
+    assert not torch.equal(whole, joint[0])

@@ -22,14 +22,14 @@ class PerTensorRecipe(nn.Module):
     """Tensorwise current scaling or delayed scaling: one scale per tensor (input, weight, gradient),
     from the scalers (scalers.py). A module, so a delayed scaler's history is in the state dict."""
 
-    def __init__(self, settings, act_groups, weight_groups):
+    def __init__(self, settings, act_groups, weight_groups, expert=False):
         super().__init__()
         fwd, bwd = formats(settings.fp8_format)
         self.fwd, self.bwd = fwd, bwd
         if settings.fp8_recipe == "delayed":
             def make(dtype, groups):
                 return DelayedScaler(dtype, settings.fp8_margin, groups, settings.fp8_amax_history_len,
-                                     settings.fp8_amax_compute_algo)
+                                     settings.fp8_amax_compute_algo, expert)
             self.input, self.weight, self.grad = (make(fwd, act_groups), make(fwd, weight_groups),
                                                   make(bwd, act_groups))
         else:
@@ -98,10 +98,11 @@ class BlockwiseRecipe(nn.Module):
         return blockwise_mm(gq, 1 / s_g, xq, 1 / s_x)
 
 
-def build_recipe(settings, act_groups, weight_groups):
-    """The recipe module of one linear (settings: the FP8 fields of the config)."""
+def build_recipe(settings, act_groups, weight_groups, expert=False):
+    """The recipe module of one linear (settings: the FP8 fields of the config); expert: an MoE expert's, whose
+    delayed step amaxes reduce over expert-DP (the ranks holding the same expert), not DP x CP."""
     if settings.fp8_recipe == "blockwise":
         return BlockwiseRecipe(settings)
     if settings.fp8_recipe in ("tensorwise", "delayed"):
-        return PerTensorRecipe(settings, act_groups, weight_groups)
+        return PerTensorRecipe(settings, act_groups, weight_groups, expert)
     raise ValueError(f"--fp8-recipe {settings.fp8_recipe} is not built")

@@ -41,9 +41,10 @@ class DelayedScaler(nn.Module):
     The history and scale are buffers: they travel in the model's state dict and the checkpoint.
     """
 
-    def __init__(self, dtype, margin, groups, history_len, algo):
+    def __init__(self, dtype, margin, groups, history_len, algo, expert=False):
         super().__init__()
         self.dtype, self.margin, self.groups, self.algo = dtype, margin, tuple(groups), algo
+        self.expert = expert  # an expert's: its step amax reduces over expert-DP (step.after_step)
         self.register_buffer("amax_history", torch.zeros(history_len))
         self.register_buffer("scale_", torch.ones(()))
         self.register_buffer("updates", torch.zeros((), dtype=torch.int64))

@@ -11,7 +11,11 @@ def delayed_scalers(model):
 
 def after_step(model, groups):
     """Push each delayed scaler's step amax, reduced over its pieces' groups and groups.dp_cp (the
-    data-parallel ranks that ran the step's other microbatches; None: one process), and recompute its
-    scale. Without delayed scalers nothing is read."""
+    data-parallel ranks that ran the step's other microbatches; None: one process), or for an expert's
+    groups.edp (the ranks holding the same expert: under expert parallelism DP x CP ranks hold other
+    experts), and recompute its scale. Without delayed scalers nothing is read."""
     for scaler in delayed_scalers(model):
-        scaler.update((groups.dp_cp,) if groups is not None else ())
+        if groups is None:
+            scaler.update(())
+        else:
+            scaler.update((groups.edp if scaler.expert and groups.edp is not None else groups.dp_cp,))

@@ -34,8 +34,8 @@ class ExpertMLP(nn.Module):
     def __init__(self, config, tp_size, device=None, fp8=None):
         super().__init__()
         self.fc1_fp8 = self.fc2_fp8 = None
-        if fp8 is not None:
-            self.fc1_fp8, self.fc2_fp8 = build_recipe(*fp8), build_recipe(*fp8)
+        if fp8 is not None:  # delayed scalers reduce their step amaxes over expert-DP (fp8/step.py)
+            self.fc1_fp8, self.fc2_fp8 = build_recipe(*fp8, expert=True), build_recipe(*fp8, expert=True)
         ffn, h = config.expert_ffn_hidden_size, config.hidden_size
         self.swiglu = config.swiglu
         self.approximate = "tanh" if config.openai_gelu else "none"
@@ -57,8 +57,8 @@ class ExpertMLP(nn.Module):
             set_init(self.fc2_bias, "zeros")
             if tp_size > 1:
                 set_tensor_parallel(self.fc1_bias, 0, stride=2 if config.swiglu else 1)
-        for p in self.parameters():
-            set_expert_parallel(p)
+        for t in [*self.parameters(), *self.buffers()]:  # buffers: FP8 delayed scaling's, per expert too
+            set_expert_parallel(t)
 
     def activation(self, h):
         if self.swiglu:
@@ -66,14 +66,17 @@ class ExpertMLP(nn.Module):
             return F.silu(gate) * up
         return F.gelu(h, approximate=self.approximate)
 
-    def forward(self, x):
-        h = self.activation(_linear(x, self.fc1_weight, self.fc1_bias, self.fc1_fp8))
-        return _linear(h, self.fc2_weight, self.fc2_bias if self.whole else None, self.fc2_fp8)
+    def forward(self, x, pieces=None):
+        """pieces: with FP8, the rows of x from each source rank (expert parallelism), cast apart."""
+        h = self.activation(_linear(x, self.fc1_weight, self.fc1_bias, self.fc1_fp8, pieces))
+        return _linear(h, self.fc2_weight, self.fc2_bias if self.whole else None, self.fc2_fp8, pieces)
 
 
-def _linear(x, weight, bias, fp8):
+def _linear(x, weight, bias, fp8, pieces=None):
     # gradient-accumulation fusion: the weight gradient added into DDP's buffer (FP8: fp8/linear.py deposits it)
-    return wgrad_fusion.linear_or_fused(x, weight, bias) if fp8 is None else fp8_linear(x, weight, bias, fp8)
+    if fp8 is None:
+        return wgrad_fusion.linear_or_fused(x, weight, bias)
+    return fp8_linear(x, weight, bias, fp8, pieces)
 
 
 class LocalExperts(nn.Module):
@@ -82,7 +85,9 @@ class LocalExperts(nn.Module):
     Held in a ModuleDict keyed by the GLOBAL expert index, so parameter names (init keys,
     checkpoints) do not depend on the expert-parallel size. first_tp_rank: whether this rank is the
     first of the expert-TP group (split over tp_size > 1 ranks, it adds the fc2 biases). fp8: as
-    ExpertMLP's; FP8 experts run one at a time (each with its own scales), not as a grouped matmul.
+    ExpertMLP's; FP8 experts run one at a time (each with its own scales), not as a grouped matmul, and
+    under expert parallelism cast each source rank's rows apart (counts.by_source), as one process casts
+    each micro-batch.
     """
 
     def __init__(self, config, first, count, tp_size, device=None, first_tp_rank=True, fp8=None):
@@ -102,7 +107,9 @@ class LocalExperts(nn.Module):
         if self.grouped:
             out = grouped_experts(experts, x, counts, fc2_bias=not self.split_fc2_bias)
         else:
-            outs = [expert(chunk) for expert, chunk in zip(experts, x.split(counts.sizes()))]
+            sources = counts.by_source if experts and experts[0].fc1_fp8 is not None else None
+            outs = [expert(chunk, None if sources is None else sources[i])
+                    for i, (expert, chunk) in enumerate(zip(experts, x.split(counts.sizes())))]
             out = torch.cat(outs) if outs else x[:0]
         if self.split_fc2_bias and experts:
             biases = per_row(torch.stack([e.fc2_bias for e in experts]), counts, x.shape[0])

@@ -25,8 +25,9 @@ class TokenCounts:
     ends[g-1] .. ends[g]); sizes: the same as a list of G ints where the caller already holds them on
     the host, else None (read from `ends` on the first call of sizes(): one host sync)."""
 
-    def __init__(self, ends, sizes=None):
+    def __init__(self, ends, sizes=None, by_source=None):
         self.ends, self._sizes, self._groups, self._offsets = ends, sizes, None, None
+        self.by_source = by_source  # per expert, its rows from each source rank (host ints), where known
 
     @classmethod
     def equal(cls, size, groups, device):

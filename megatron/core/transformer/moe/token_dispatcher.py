@@ -111,8 +111,9 @@ class AllToAllDispatcher:
         expert_of_row = torch.repeat_interleave(torch.arange(self.ep * C, device=x.device) % C, recv,
                                                 output_size=total)
         self.regroup = torch.sort(expert_of_row, stable=True).indices
-        sizes = [sum(theirs[r * C + e] for r in range(self.ep)) for e in range(C)]
-        return received[self.regroup], TokenCounts(torch.cumsum(recv.view(self.ep, C).sum(0), 0), sizes)
+        by_source = [[theirs[r * C + e] for r in range(self.ep)] for e in range(C)]  # (expert, source) order
+        sizes = [sum(rows) for rows in by_source]
+        return received[self.regroup], TokenCounts(torch.cumsum(recv.view(self.ep, C).sum(0), 0), sizes, by_source)
 
     def _keep(self, order, probs, x, k):
         self.rows, self.weights, self.total = order // k, probs.reshape(-1)[order], x.shape[0]
