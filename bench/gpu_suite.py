@@ -4,7 +4,8 @@ Steps, in order of value, each under its own time cap and all under one budget (
 the GPU's two ceilings, building the fused kernels, tests/gpu (crash-proof: pytest-xdist workers),
 compute-sanitizer over the binding-error test, the kernel table (fused vs eager vs compiled, TB/s),
 then ours vs a plain PyTorch loop vs peers at the GPT-3 1.3B, Llama 1B and small-MoE shapes, with
-the planner's predicted step time and memory next to the measured ones. A step whose script or
+the planner's predicted step time and memory next to the measured ones; last (past the default budget:
+`--only fp8`), FP8 against bf16 at the 1.3B GPT and a Llama-3 8B layer stack. A step whose script or
 flag this checkout lacks is reported as such, so the same suite runs on older commits.
 Everything goes to OUT: suite.log (all output), gpu_<card>.md (the tables), results.json.
 """
@@ -29,6 +30,11 @@ MOE = ("--num-layers 6 --hidden-size 384 --num-attention-heads 8 --ffn-hidden-si
        "--max-position-embeddings 1024 --num-experts 8 --moe-router-topk 2 --moe-router-load-balancing-type aux_loss "
        "--moe-aux-loss-coeff 1e-2 --moe-z-loss-coeff 1e-3 --moe-token-dispatcher-type alltoall --moe-grouped-gemm "
        "--disable-bias-linear")
+# a Llama-3 8B layer stack (4 of its 32 layers, its widths): where issue 28 asks FP8 for >= 1.3x bf16 tokens/s
+LLAMA8_4L = ("--num-layers 4 --hidden-size 4096 --num-attention-heads 32 --ffn-hidden-size 14336 --seq-length 2048 "
+             "--max-position-embeddings 2048 --position-embedding-type rope --normalization RMSNorm --swiglu "
+             "--group-query-attention --num-query-groups 8 --disable-bias-linear --untie-embeddings-and-output-weights")
+FP8 = "--fp8-format hybrid --fp8-recipe tensorwise"
 RUN = ("--mock-data --tokenizer-type NullTokenizer --lr 1e-4 --bf16 --hidden-dropout 0 --attention-dropout 0 "
        "--eval-iters 0 --eval-interval 100000 --log-interval 5 --micro-batch-size 4 --global-batch-size 16 "
        "--log-throughput")
@@ -41,6 +47,7 @@ def steps(out, help_text):
     """(name, cap seconds, shell command or None with the reason) for each step."""
     has = lambda path: os.path.exists(path)  # noqa: E731
     ce = CE_FUSION in help_text["pretrain"]
+    fp8 = "--fp8-format" in help_text["pretrain"]
     ovh = help_text["overhead"]
     ovh_ce = CE_FUSION in ovh and "--preset" in ovh
     table = os.path.join(out, "kernel_table.json")
@@ -87,6 +94,15 @@ def steps(out, help_text):
         ("moe ours", 100, f"{pre} {MOE} --vocab-size 50257 --train-iters 20"),
         ("moe ours vs plain", 120, f"{env}{PY} bench/moe_plain.py {OVERHEAD}"
          if has("bench/moe_plain.py") else (None, "no bench/moe_plain.py here")),
+        # FP8 (docs/fp8.md), last: past the default budget; `--only fp8` runs these four
+        ("gpt1.3b ours fp8", 120, f"{pre} {GPT13} --vocab-size 50304 --train-iters 15 {FP8}" if fp8
+         else (None, "pretrain_gpt.py has no --fp8-format here")),
+        ("fp8 baseline: llama8b-4L ours bf16", 120, f"{pre} {LLAMA8_4L} --vocab-size 32000 --train-iters 15"),
+        ("llama8b-4L ours fp8", 120, f"{pre} {LLAMA8_4L} --vocab-size 32000 --train-iters 15 {FP8}" if fp8
+         else (None, "pretrain_gpt.py has no --fp8-format here")),
+        ("llama8b-4L ours fp8 delayed", 120,
+         f"{pre} {LLAMA8_4L} --vocab-size 32000 --train-iters 15 --fp8-format hybrid --fp8-recipe delayed" if fp8
+         else (None, "pretrain_gpt.py has no --fp8-format here")),
     ]
 
 

@@ -6,7 +6,8 @@ import statistics
 
 CE_FUSION = "--cross-entropy-loss-fusion"
 # bench/gpu_suite.py's steps whose output is a pretrain_gpt.py log, and those printing bench/overhead.py's tables
-PRETRAIN_STEPS = ("gpt1.3b ours", f"gpt1.3b ours {CE_FUSION}", "llama1b ours", "moe ours")
+PRETRAIN_STEPS = ("gpt1.3b ours", f"gpt1.3b ours {CE_FUSION}", "llama1b ours", "moe ours", "gpt1.3b ours fp8",
+                  "fp8 baseline: llama8b-4L ours bf16", "llama8b-4L ours fp8", "llama8b-4L ours fp8 delayed")
 OVERHEAD_STEPS = ("gpt1.3b ours vs plain", f"gpt1.3b ours {CE_FUSION} vs plain", "gpt1.3b plain compiled",
                   "llama1b ours vs plain", "moe ours vs plain")
 

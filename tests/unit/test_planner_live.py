@@ -1,10 +1,10 @@
 """The planner's start-up line on a GPU (planner/live.py), here with a faked H100: every layout the
 CLI parity suite runs gets its prediction (GPT, BERT, TP, SP, PP, VPP, DP, distributed optimizer,
 ZeRO-2/3, CP p2p / all_gather / a2a, EP, folded EP, expert TP, zero-bubble schedules, MoE with and
-without expert biases), and whatever goes wrong inside the prediction gives one '> planner: no
-prediction (...)' line, never an exception: the prediction is information and must not stop a run
-(issue 26: a2a CP killed rank 0). The layouts are read from the parity tests themselves, so a layout
-added there is covered here."""
+without expert biases, multi-latent attention with MTP, FP8), and whatever goes wrong inside the
+prediction gives one '> planner: no prediction (...)' line, never an exception: the prediction is
+information and must not stop a run (issue 26: a2a CP killed rank 0). The layouts are read from the
+parity tests themselves, so a layout added there is covered here."""
 import types
 
 import pytest
@@ -18,6 +18,8 @@ from megatron.training.resolve import resolve, validate
 from tests.functional import (
     test_bert_parity,
     test_context_parallel,
+    test_fp8_parity,
+    test_mla_parity,
     test_moe_bias_parity,
     test_moe_etp_above_tp,
     test_moe_folding,
@@ -63,6 +65,12 @@ def _parity_layouts():
     out.update({f"moe-bias-{n}": ("gpt", w, moe.FLAGS + bias.BIASED + m + f) for n, (w, f, m) in bias.LAYOUTS.items()})
     mzb = test_moe_zero_bubble_parity
     out.update({f"moe-zb-{n}": ("gpt", w, moe.FLAGS + moe.MOE + mzb.MODEL + f) for n, (w, f) in mzb.LAYOUTS.items()})
+    mla = test_mla_parity  # multi-latent attention + MTP (planner/mla_cost.py, cost.mtp_costs)
+    out.update({f"mla-{n}": ("gpt", w, mla.FLAGS + f) for n, (w, f) in mla.LAYOUTS.items()})
+    out.update({f"mla-{n}": ("gpt", w, mla.FLAGS + mla.DEEP + f) for n, (w, f) in mla.CHUNKED.items()})
+    fp8 = test_fp8_parity  # FP8 GEMMs and casts (planner/fp8_cost.py), experts under EP
+    out.update({f"fp8-{r}-{n}": ("gpt", fp8.LAYOUTS[n][0], fp8.BASE + fp8._model(r) + fp8.LAYOUTS[n][1])
+                for r, n in fp8.CASES})
     return out
 
 
