@@ -188,3 +188,26 @@ def test_mtp_files_ours_cannot_hold_are_refused_in_one_line(tmp_path):
     small.config.num_nextn_predict_layers = 2  # the files hold one of two
     with pytest.raises(CheckpointError, match="hold 1") as e:
         deepseek_v3_to_ours(small.config, dict(sd))
+
+
+def test_extra_tensors_join_a_sharded_save(tmp_path):
+    """What transformers' model has no place for (the MTP layers) joins the files save_pretrained wrote: into
+    model.safetensors, or, for a sharded save, as one more shard the index names; read back whole."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from megatron.core.checkpointing.hf_files import add_to_saved_files, read_state_dict
+    g = torch.Generator().manual_seed(9)
+    first, second = {"a": torch.randn(3, generator=g)}, {"b": torch.randn(2, generator=g)}
+    save_file(first, tmp_path / "model-00001-of-00002.safetensors")
+    save_file(second, tmp_path / "model-00002-of-00002.safetensors")
+    index = {"metadata": {"total_size": 20}, "weight_map": {"a": "model-00001-of-00002.safetensors",
+                                                            "b": "model-00002-of-00002.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    extra = {"model.layers.3.eh_proj.weight": torch.randn(2, 4, generator=g)}
+    add_to_saved_files(tmp_path, extra)
+    back = read_state_dict(tmp_path)
+    assert sorted(back) == ["a", "b", "model.layers.3.eh_proj.weight"]
+    assert all(torch.equal(back[k], v) for k, v in {**first, **second, **extra}.items())
+    assert json.loads((tmp_path / "model.safetensors.index.json").read_text())["metadata"]["total_size"] == 20 + 32

@@ -58,11 +58,11 @@ class TrackedTensors(Mapping):
                                   "(refusing rather than dropping them)")
 
 
-def same_as_tied(t, extra, tied_to):
-    """A tied model's file may also store the tied copy (`extra`): accept it only if equal."""
+def same_as_tied(t, extra, tied_to, why="yet the config ties them (set tie_word_embeddings false in config.json)"):
+    """A tied model's file may also store the tied copy (`extra`): accept it only if equal; `why` ends the
+    one-line refusal."""
     if extra in t and not t[extra].equal(t[tied_to]):  # reading it marks it used
-        raise CheckpointError(f"{t.side}: {extra} differs from {tied_to}, yet the config ties them "
-                              "(set tie_word_embeddings false in config.json)")
+        raise CheckpointError(f"{t.side}: {extra} differs from {tied_to}, {why}")
 
 
 def hf_family(a):

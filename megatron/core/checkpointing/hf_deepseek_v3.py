@@ -22,7 +22,7 @@ scores where we sum the top (topk / group-topk); its latent norms have eps 1e-6 
 """
 import torch
 
-from .hf_checks import TrackedTensors
+from .hf_checks import TrackedTensors, same_as_tied
 from .hf_conversion import L, ends_to_ours
 from .pieces import CheckpointError
 
@@ -124,9 +124,10 @@ def deepseek_v3_to_ours(config, sd):
         _layer_to_ours(sd, out, s, o + "transformer_layer.", a, a["num_layers"] + k >= moe_from)
         for hf, ours in _MTP_NAMES:
             out[o + ours] = sd[s + hf]
-        _shared(sd, s + "embed_tokens.weight", "model.embed_tokens.weight")
-        _shared(sd, s + "shared_head.head.weight", "lm_head.weight" if "lm_head.weight" in sd
-                else "model.embed_tokens.weight")
+        for copy, main in ((s + "embed_tokens.weight", "model.embed_tokens.weight"),
+                           (s + "shared_head.head.weight", "lm_head.weight" if "lm_head.weight" in sd
+                            else "model.embed_tokens.weight")):
+            same_as_tied(sd, copy, main, "and our multi-token prediction shares the model's embedding and head")
     sd.refuse_unused(ignore=r"rotary_emb\.")
     return a, {k: v.contiguous() for k, v in out.items()}
 
@@ -139,12 +140,6 @@ def _mtp_depth(config, sd, n):
     if any(held) and not all(held):
         _refuse(f"config.json names {depth} multi-token prediction layers; the files hold {sum(held)}")
     return depth if all(held) else 0
-
-
-def _shared(sd, copy, main):
-    """An MTP module's copy of the embedding or head: ours shares the model's, so it must equal it."""
-    if copy in sd and not sd[copy].equal(sd[main]):  # reading it marks it used
-        _refuse(f"{copy} differs from {main}: our multi-token prediction shares the model's embedding and head")
 
 
 def _layer_to_ours(sd, out, s, o, a, moe):

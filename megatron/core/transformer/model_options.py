@@ -89,7 +89,7 @@ def check_options(cfg) -> None:
     if "mla_up_proj" in (cfg.recompute_modules or ()) and not cfg.multi_latent_attention:
         raise ConfigError(f"{f('recompute_modules')} mla_up_proj recomputes multi-latent attention's up-projections: "
                           f"it needs {f('multi_latent_attention')}")
-    if "layernorm" in (cfg.recompute_modules or ()) and getattr(cfg, "post_norm", False):
+    if "layernorm" in (cfg.recompute_modules or ()) and cfg.post_norm:
         raise ConfigError(f"{f('recompute_modules')} layernorm frees pre-norm outputs; with post-norm layers the "
                           "norm's output is the residual stream: drop layernorm")
     if not cfg.add_position_embedding and cfg.position_embedding_type != "rope":

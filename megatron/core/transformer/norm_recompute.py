@@ -5,7 +5,9 @@ down-projections, fc1, the router) keeps that output for its own backward. So th
 the reader's forward is over, then its storage is freed; when the backward reaches the reader's output, a hook
 runs the norm again into the same storage before any of the reader's backward reads it. Each layer saves its two
 norm outputs (2 x 2 s b h bytes in 16 bits, / t with SP) for one more norm forward each in the backward. The
-values are bitwise those of the plain path (the same norm on the same input).
+outputs are bitwise the plain path's (the same norm on the same input); so are the gradients, except that a norm
+made of several ops (torch's fp32 RMSNorm) adds its two input-gradient terms before the residual's, not after:
+one rounding apart.
 """
 import torch
 
@@ -14,7 +16,8 @@ class _Recompute:
     """One norm call: its input, and its output until the hook has refilled it."""
 
     def __init__(self, norm, x):
-        self.norm, self.x, self.output, self.rebuilt = norm, x, None, None
+        self.norm, self.x, self.output = norm, x, None
+        self.rebuilt = self.x_detached = None  # the rebuilt output and its detached input, set by the refill
 
     def free(self, reader_output):
         """After the reader's forward: free the output's storage, refill it when the backward reaches the reader."""

@@ -14,10 +14,11 @@ from ...core.distributed.strategy import shards_grads, shards_optimizer, shards_
 from . import mla_cost
 from .fp8_cost import fp8_savings
 from .hardware import Cluster, all_to_all_time, collective_time, gemm_time, memory_time, p2p_time, ring_bytes
-from .moe_cost import expert_parallel_time, moe_fraction, moe_mlp_costs
+from .moe_cost import expert_parallel_time, moe_fraction, moe_mlp_costs, router_time
 from .pipeline_cost import pipeline_time
 from .traffic import (
     context_parallel_bytes,
+    element_bytes,
     embedding_collectives,
     head_collectives,
     layer_collectives,
@@ -44,9 +45,6 @@ class StepTime:
         return self.pipeline + self.dp_exposed + self.optimizer + self.finalize
 
 
-def _elt(c):
-    return 2 if c.params_dtype is not None and c.params_dtype.itemsize == 2 else 4
-
 
 class PassCosts(NamedTuple):
     """Seconds of one microbatch through a part of the model; weight is the part of backward that
@@ -64,7 +62,7 @@ def layer_costs(c, b, cluster: Cluster, tp) -> PassCosts:
     s, h, a, d = c.seq_length, c.hidden_size, c.num_attention_heads, mla_cost.core_head_dim(c)
     q, kv, f = a * d, c.num_query_groups * d, c.ffn_hidden_size
     cp = c.context_parallel_size
-    sp, elt, m = c.sequence_parallel and tp > 1, _elt(c), s // cp * b  # this CP rank's s / C queries
+    sp, elt, m = c.sequence_parallel and tp > 1, element_bytes(c), s // cp * b  # this CP rank's s / C queries
     fc1 = f * (2 if c.swiglu else 1)
     mlp = gemm_time(cluster, m, fc1 // tp, h) + gemm_time(cluster, m, h, f // tp)
     mlp_stream = elt * (3 if c.swiglu else 2) * m * f / tp
@@ -72,7 +70,7 @@ def layer_costs(c, b, cluster: Cluster, tp) -> PassCosts:
     eligible = mlp  # the GEMMs of the linears FP8 runs (fp8_cost.py): the MLP's, the experts', the attention's
     if moe:  # MoE layers' experts instead of the dense MLP, weighed by the fraction of MoE layers
         moe_gemms, moe_stream = moe_mlp_costs(c, m, cluster, tp)
-        eligible = (1 - moe) * mlp + moe * (moe_gemms - gemm_time(cluster, m, c.num_experts, h))  # not the router
+        eligible = (1 - moe) * mlp + moe * (moe_gemms - router_time(c, m, cluster))  # not the router
         mlp, mlp_stream = (1 - moe) * mlp + moe * moe_gemms, (1 - moe) * mlp_stream + moe * moe_stream
     if c.multi_latent_attention:  # its projections stay in the model's precision
         gemms = mla_cost.projection_time(c, m, cluster, tp) + mlp
@@ -159,7 +157,7 @@ def mtp_costs(c, b, cluster: Cluster, tp, layer, head, embedding) -> PassCosts:
 def embedding_costs(c, b, cluster: Cluster, tp) -> PassCosts:
     """The vocab-parallel embedding (first stage): its backward is the table's gradient (W) and,
     with SP, the gather of the output's gradient (B)."""
-    touch = memory_time(cluster, 3 * c.seq_length // c.context_parallel_size * b * c.hidden_size * _elt(c))
+    touch = memory_time(cluster, 3 * c.seq_length // c.context_parallel_size * b * c.hidden_size * element_bytes(c))
     comm_fwd, comm_bwd = (tp_time(cluster, ops, tp) for ops in embedding_collectives(c, b, tp))
     return PassCosts(touch + comm_fwd, 2 * touch + comm_bwd, weight=2 * touch)
 
@@ -245,7 +243,7 @@ def step_time(c, t, cluster: Cluster, layout, mems, sp_grad_bytes=0) -> StepTime
         mtp = mtp_costs(c, b, cluster, tp, layer, head, embedding)
         head = PassCosts(*(x + y for x, y in zip(head, mtp)))
     makespan, bubble, schedule = pipeline_time(c, t, cluster, layout, layer, head, embedding)
-    elt = _elt(c)
+    elt = element_bytes(c)
     micro = t.global_batch_size // (t.micro_batch_size * dp)
     exposed = optimizer = 0.0
     for mem in mems:  # DP x CP ranks, tp apart (rank order tp-cp-dp-pp)

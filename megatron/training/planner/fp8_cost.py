@@ -14,6 +14,7 @@ On a GPU without FP8 tensor cores (no peak_fp8_tflops in calibration.toml) nothi
 """
 from .fp8_memory import fp8_layers
 from .hardware import Cluster, memory_time
+from .traffic import element_bytes
 
 
 def fp8_share(c, cluster: Cluster) -> float:
@@ -43,7 +44,7 @@ def linear_shapes(c, m, tp, moe) -> list:
 
 def cast_bytes(c, shapes) -> tuple[float, float]:
     """(forward, backward) bytes the recipe's casts stream for these GEMMs (module docstring)."""
-    elt = 2 if c.params_dtype is not None and c.params_dtype.itemsize == 2 else 4
+    elt = element_bytes(c)
     amax = elt if c.fp8_recipe == "tensorwise" else 0
     fwd = bwd = 0.0
     for M, N, K in shapes:

@@ -8,6 +8,7 @@ sends each (token, choice) pair bound for another EP rank there and back, forwar
 dense / MoE by --moe-layer-freq; cost.py weighs the two by the fraction of MoE layers.
 """
 from .hardware import Cluster, all_to_all_time, gemm_time
+from .traffic import element_bytes
 
 
 def moe_fraction(c) -> float:
@@ -17,16 +18,13 @@ def moe_fraction(c) -> float:
     return sum(c.is_moe_layer(n) for n in range(1, c.num_layers + 1)) / c.num_layers
 
 
-def _elt(c):
-    return 2 if c.params_dtype is not None and c.params_dtype.itemsize == 2 else 4
-
 
 def expert_parallel_bytes(c, b) -> tuple[float, float]:
     """(forward, backward) bytes one rank sends over its EP group in one MoE layer on a microbatch
     of b samples, even routing: dispatch + combine, each T k (EP-1)/EP rows of h elements."""
     ep = c.expert_model_parallel_size
     pairs = c.seq_length // c.context_parallel_size * b * c.moe_router_topk * (ep - 1) / ep
-    one_way = 2 * c.hidden_size * _elt(c) * pairs
+    one_way = 2 * c.hidden_size * element_bytes(c) * pairs
     return one_way, one_way
 
 
@@ -39,15 +37,20 @@ def iteration_expert_parallel_bytes(c, t, dp, moe_layers) -> float:
     return micro * moe_layers * (fwd + bwd + again)
 
 
+def router_time(c, tokens, cluster: Cluster) -> float:
+    """Seconds of the router's [T, h] x [h, E] GEMM (replicated, in the model's precision even with FP8)."""
+    return gemm_time(cluster, tokens, c.num_experts, c.hidden_size)
+
+
 def moe_mlp_costs(c, tokens, cluster: Cluster, tp) -> tuple[float, float]:
     """(GEMM seconds, streamed bytes) of one MoE layer's forward for `tokens` tokens on one rank:
     router [T, h] x [h, E], the local experts' fc1 / fc2 at T k EP / E rows each, the shared
     experts as a dense MLP; bytes: the activation of the expert rows and the permutation copies."""
     E, k, ep, h = c.num_experts, c.moe_router_topk, c.expert_model_parallel_size, c.hidden_size
-    f, mats, elt = c.expert_ffn_hidden_size, (2 if c.swiglu else 1), _elt(c)
+    f, mats, elt = c.expert_ffn_hidden_size, (2 if c.swiglu else 1), element_bytes(c)
     rows = max(1, tokens * k * ep // E)
     local = E // ep
-    gemms = gemm_time(cluster, tokens, E, h)
+    gemms = router_time(c, tokens, cluster)
     gemms += local * (gemm_time(cluster, rows, mats * f // tp, h) + gemm_time(cluster, rows, h, f // tp))
     shared = c.moe_shared_expert_intermediate_size or 0
     if shared:

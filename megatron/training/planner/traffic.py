@@ -12,13 +12,14 @@ from . import mla_cost
 from .hardware import ring_bytes
 
 
-def _elt(c):
+def element_bytes(c):
+    """Bytes of one activation element: the parameters' dtype (2 for bf16 / fp16, else 4)."""
     return 2 if c.params_dtype is not None and c.params_dtype.itemsize == 2 else 4
 
 
 def _act(c, b):
     """Bytes of one CP rank's [s / C, b, h] activations."""
-    return c.seq_length // c.context_parallel_size * b * c.hidden_size * _elt(c)
+    return c.seq_length // c.context_parallel_size * b * c.hidden_size * element_bytes(c)
 
 
 def _kv_heads(c):
@@ -36,7 +37,7 @@ def ulysses_sent_bytes(c, b, tp) -> list:
     C = c.context_parallel_size
     heads, groups = c.num_attention_heads // tp, _kv_heads(c) // tp
     kv_heads = groups if groups % C == 0 else heads
-    one_head = (c.seq_length // C) * b * mla_cost.core_head_dim(c) * _elt(c) * (C - 1) / C
+    one_head = (c.seq_length // C) * b * mla_cost.core_head_dim(c) * element_bytes(c) * (C - 1) / C
     return [heads * one_head, kv_heads * one_head, kv_heads * one_head, heads * one_head]
 
 
@@ -51,7 +52,7 @@ def context_parallel_bytes(c, b, tp) -> tuple[float, float]:
     if c.cp_comm_type == "a2a":
         sent = sum(ulysses_sent_bytes(c, b, tp))
         return sent, sent
-    u = 2 * (c.seq_length // C) * b * _kv_heads(c) // tp * mla_cost.core_head_dim(c) * _elt(c)
+    u = 2 * (c.seq_length // C) * b * _kv_heads(c) // tp * mla_cost.core_head_dim(c) * element_bytes(c)
     if c.cp_comm_type == "p2p":
         return (C - 1) * u, (C - 1) * u + C * u
     if c.cp_comm_type == "all_gather":
