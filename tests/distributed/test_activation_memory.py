@@ -71,7 +71,8 @@ def _measure_mla(groups, sp, q_lora):
     cfg = _mla_config(t, sp, q_lora)
     model_parallel_seed(1, groups.tp_rank, 0, "cpu")
     m = MultiLatentAttention(cfg, groups.tp, device="cpu").train()
-    x = torch.randn(S // (t if sp else 1), B, H, dtype=torch.bfloat16, requires_grad=True)
+    x = torch.randn(S // (t if sp else 1), B, H, generator=torch.Generator().manual_seed(2 + groups.tp_rank),
+                    dtype=torch.bfloat16, requires_grad=True)
     rope = mla_cos_sin(cfg, S, x.device, torch.bfloat16)
     y, saved = measure(lambda: m(x, rope), list(m.parameters()) + list(rope))
     y.float().sum().backward()
