@@ -205,12 +205,13 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions):  # logging/timing
         # kept in step for the flag's Megatron-LM meaning (recipes, saved arguments); the code reads ddp_config()
         self.use_distributed_optimizer = self.data_parallel_sharding_strategy != "no_shard"
 
-    def ddp_config(self) -> DistributedDataParallelConfig:
-        """How DDP holds and reduces gradients: the sharding strategy (resolve_strategy) and the DDP flags."""
+    def ddp_config(self, fp8_param_gather=False) -> DistributedDataParallelConfig:
+        """How DDP holds and reduces gradients: the sharding strategy (resolve_strategy) and the DDP flags;
+        fp8_param_gather: the model's --fp8-param-gather (a model flag in Megatron-LM too)."""
         strategy = resolve_strategy(self.data_parallel_sharding_strategy, self.use_distributed_optimizer)
         return DistributedDataParallelConfig(strategy, self.ddp_bucket_size,
                                              self.overlap_grad_reduce, self.overlap_param_gather,
-                                             self.grad_reduce_in_bf16)
+                                             self.grad_reduce_in_bf16, fp8_param_gather)
 
     def check_schedule(self) -> None:
         """The learning-rate and length flags fit together (Megatron-LM's rules)."""

@@ -1,8 +1,8 @@
 """Megatron-LM flags (and flag values) whose feature is not built here. Each parses, so a recipe that
 gives one stops before anything starts with one line that names every such feature and its flags:
 
-    error: not built here: FP8 parameter all-gather (--fp8-param-gather; issue 28); the flex token
-    dispatcher (DeepEP / HybridEP) (--moe-token-dispatcher-type flex; not planned); drop those flags
+    error: not built here: MXFP8 scaling (Blackwell's MX formats) (--fp8-recipe mxfp8; issue 28); the flex
+    token dispatcher (DeepEP / HybridEP) (--moe-token-dispatcher-type flex; not planned); drop those flags
 
 A flag only here has no config field; build_parser adds it unless a config dataclass defines the same
 flag, so a feature that lands with its real fields takes its flags over without a change here (delete
@@ -15,7 +15,6 @@ from ..core.parallel_layout import experts_folded
 from ..core.transformer.model_options import RECOMPUTE_NOT_BUILT
 
 FEATURES = {  # key -> (what a user reads, who builds it)
-    "fp8": ("FP8 parameter all-gather", "issue 28"),
     "fp8_te": ("FP8 through Transformer Engine (fp8_autocast; our FP8 runs with --transformer-impl local)",
                "issue 28"),
     "mxfp8": ("MXFP8 scaling (Blackwell's MX formats)", "issue 28"),
@@ -42,7 +41,6 @@ _SWITCH = {"action": "store_true"}
 _INT, _FLOAT, _TEXT = {"type": int}, {"type": float}, {"type": str}
 
 FLAGS = {
-    "--fp8-param-gather": Flag("fp8", _SWITCH),
     "--moe-flex-dispatcher-backend": Flag("flex", _TEXT),
     "--window-size": Flag("window", _TEXT), "--window-attn-skip-freq": Flag("window", _TEXT),
     # the default value of these is what runs here: refused only when another is given

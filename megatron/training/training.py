@@ -91,11 +91,15 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
         empty_unused_memory(empty_cache_level, 1, optimizer.device)
     finalize_model_grads(model, groups, ddp, timers)
     lr = scheduler.lr
+    # delayed scaling's histories take this step's amaxes (a no-op without them) before the optimizer step,
+    # whose parameter gather casts the FP8 weights with the new scales under --fp8-param-gather
+    fp8_step.after_step(model, groups)
     with phase(timers, "optimizer", 1):
         updated, grad_norm = optimizer.step(timers)
     if updated:
         scheduler.step(lr_increment)
-    fp8_step.after_step(model, groups)  # delayed scaling's histories (a no-op without them)
+    else:  # no update, no gather: the FP8 weights' copies take the new scales all the same
+        ddp.refresh_fp8_weights()
     if empty_cache_level:
         empty_unused_memory(empty_cache_level, 2, optimizer.device)
     losses = moe_hooks.finish_step(model, groups, len(batches), losses, updated, model_cfg, router_losses)
@@ -146,7 +150,7 @@ def setup_model_and_optimizer(model_cfg, train_cfg, groups, device, model_provid
         initialize_parameters(model, train_cfg.seed, groups.tp_rank, groups.tp_size,
                               (groups.etp_rank, groups.etp_size))
     with building("the gradient buffers and optimizer state", count, model_cfg.params_dtype, groups.rank):
-        ddp = DistributedDataParallel(model, groups, train_cfg.ddp_config(),
+        ddp = DistributedDataParallel(model, groups, train_cfg.ddp_config(model_cfg.fp8_param_gather),
                                       gradient_accumulation_fusion=model_cfg.gradient_accumulation_fusion)
         optimizer = get_megatron_optimizer(ddp, groups, train_cfg.lr, train_cfg.weight_decay,
                                            (train_cfg.adam_beta1, train_cfg.adam_beta2), train_cfg.adam_eps,

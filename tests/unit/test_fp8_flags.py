@@ -51,7 +51,6 @@ def _plan_groups(cfg):
 
 @pytest.mark.parametrize("args,feature", [
     (["--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"], "mxfp8"),
-    (["--fp8-format", "hybrid", "--fp8-param-gather"], "fp8"),
     (["--fp8-format", "hybrid", "--transformer-impl", "transformer_engine"], "fp8_te"),
     (["--fp8-format", "hybrid", "--num-experts", "4", "--expert-model-parallel-size", "2"], "fp8_moe"),
     (["--fp8-format", "hybrid", "--num-experts", "4", "--expert-model-parallel-size", "2",
@@ -86,6 +85,27 @@ def test_values_that_do_not_fit(args, match):
     world = 2 if any(a in args for a in ("--tensor-model-parallel-size", "--context-parallel-size")) else 1
     with pytest.raises(ConfigError, match=match):
         _cfgs(["--fp8-format", "hybrid"] + args, world)
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--fp8-format", "hybrid"], "needs --use-distributed-optimizer"),
+    (["--fp8-format", "hybrid", "--fp8-recipe", "blockwise", "--use-distributed-optimizer"], "blockwise is not built"),
+])
+def test_fp8_param_gather_refusals(args, match):
+    with pytest.raises(ConfigError, match=match):
+        _cfgs(["--fp8-param-gather"] + args)
+
+
+@pytest.mark.parametrize("sharding", [["--use-distributed-optimizer"], ["--data-parallel-sharding-strategy",
+                                                                        "optim_grads_params"]])
+def test_fp8_param_gather_is_built(sharding):  # Megatron-LM's default: off; without FP8 on the no-effect line
+    from megatron.training import no_effect
+    model_cfg, train_cfg = _cfgs(["--fp8-param-gather"])
+    assert ("--fp8-param-gather", "without --fp8-format no weight is FP8 (the FP8 linears' weights are what it "
+            "gathers)") in no_effect.accepted(model_cfg, train_cfg)
+    assert not _cfgs([])[0].fp8_param_gather
+    model_cfg, train_cfg = _cfgs(["--fp8-format", "hybrid", "--fp8-param-gather"] + sharding)
+    assert model_cfg.fp8_param_gather and train_cfg.ddp_config(model_cfg.fp8_param_gather).fp8_param_gather
 
 
 def test_cli_refusal_is_one_error_line_exit_2():

@@ -24,18 +24,18 @@ from tests.unit.megatron_recipes import RECIPES
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # why a refused feature may block a recipe: another issue builds it, or issue 31 asks for a one-line refusal
-ALLOWED = {"fp8": "issue 28", "fp8_te": "issue 28", "mxfp8": "issue 28", "fp8_moe": "issue 28",
+ALLOWED = {"fp8_te": "issue 28", "mxfp8": "issue 28", "fp8_moe": "issue 28",
            "qk_norm": "issue 30: built with MLA only", "yarn": "issue 30: built with MLA only",
            "flex": "issue 31: refuse in one line",
            "window": "issue 31: gpt-oss, refuse each", "sinks": "issue 31: gpt-oss, refuse each",
            "gptoss_mlp": "issue 31: gpt-oss, refuse each", "gptoss_rope": "issue 31: gpt-oss, refuse each"}
 EXPECTED_REFUSED = {
     "gpt3-175b": set(),
-    "llama3-8b-fp8 (mock data)": {"fp8"}, "llama3-8b-fp8 (real data)": {"fp8"},
+    "llama3-8b-fp8 (mock data)": set(), "llama3-8b-fp8 (real data)": set(),
     "mixtral-8x7b": set(),
-    "megatron-fsdp llama3-8b-fp8 (mock data)": {"fp8"}, "megatron-fsdp llama3-8b-fp8 (real data)": {"fp8"},
+    "megatron-fsdp llama3-8b-fp8 (mock data)": set(), "megatron-fsdp llama3-8b-fp8 (real data)": set(),
     "deepseek-v3 (megatron-fsdp)": {"flex"},
-    "gpt-oss (mock data)": {"fp8", "fp8_te", "fp8_moe", "window", "sinks", "gptoss_mlp", "gptoss_rope"},
+    "gpt-oss (mock data)": {"fp8_te", "fp8_moe", "window", "sinks", "gptoss_mlp", "gptoss_rope"},
 }
 
 

@@ -7,14 +7,15 @@ from .param_and_grad_buffer import bucket_layout
 from .sharded_buffer import unit_layout
 
 
-def buffer_groups(params, experts_apart: bool) -> dict:
-    """{(dtype, expert): parameters} of each buffer, in module order: one per dtype, and with
+def buffer_groups(params, experts_apart: bool, fp8_weights=frozenset()) -> dict:
+    """{(dtype, expert, fp8): parameters} of each buffer, in module order: one per dtype, and with
     experts_apart (ParallelLayout.expert_dp_apart) the experts' (param_meta.is_expert_parallel) in
-    buffers of their own, reduced over expert-DP."""
+    buffers of their own, reduced over expert-DP; the parameters whose ids are in fp8_weights (the FP8
+    linears' weights under --fp8-param-gather) in buffers of their own too, gathered as FP8 bytes."""
     out = {}
     for p in params:
         if p.requires_grad:
-            out.setdefault((p.dtype, experts_apart and is_expert_parallel(p)), []).append(p)
+            out.setdefault((p.dtype, experts_apart and is_expert_parallel(p), id(p) in fp8_weights), []).append(p)
     return out
 
 

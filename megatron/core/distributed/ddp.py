@@ -16,14 +16,17 @@ distributed optimizer, which then all-gathers the updated parameters per bucket.
 The data-parallel sharding strategy (DistributedDataParallelConfig, strategy.py) optim_grads and
 optim_grads_params keep only the reduced gradient shard (and, for the latter, the parameter shard)
 across the step: sharded_buffer.py says what is held when, zero3.py how parameters are gathered per unit.
+With fp8_param_gather the FP8 linears' weights are gathered as FP8 bytes (fp8_param_gather.py).
 """
 import torch
 
 from .. import comm
+from ..fp8.weights import fp8_weight_pairs
 from ..tensor_parallel.param_meta import param_meta, set_grad_sink
 from . import zero3
 from .buffers import buffer_groups, buffer_layout
 from .ddp_config import DistributedDataParallelConfig
+from .fp8_param_gather import Fp8Bucket, own_values
 from .param_and_grad_buffer import ParamAndGradBuffer
 from .sharded_buffer import ShardedBuffer
 from .strategy import HELD
@@ -35,7 +38,8 @@ class DistributedDataParallel:
     implies the distributed optimizer). With MoE experts of their own expert-DP group
     (groups.layout.expert_dp_apart) the experts' parameters get buffers of their own, reduced over
     groups.edp and, with any strategy but no_shard, sharded over it as the dense ones over DP x CP
-    (ZeRO-3: gathered over it).
+    (ZeRO-3: gathered over it). config.fp8_param_gather: the FP8 linears' weights (fp8/weights.py) in buffers
+    of their own, whose buckets are cast to FP8 per shard after each step and gathered as bytes.
 
     gradient_accumulation_fusion: offer the buffers to the layers, which add their weight gradients
     straight into them (the model's --gradient-accumulation-fusion; wgrad_fusion.py); False: every
@@ -47,10 +51,12 @@ class DistributedDataParallel:
         self.module, self.config, self.dp_group = module, config, groups.dp_cp
         self.overlap_grad_reduce = config.overlap_grad_reduce
         self.overlap_param_gather = config.overlap_param_gather and config.shards_optimizer
-        by_dtype = buffer_groups(module.parameters(), groups.layout.expert_dp_apart)
+        recipes = {id(p): r for p, r in fp8_weight_pairs(module)} if config.fp8_param_gather else {}
+        by_dtype = buffer_groups(module.parameters(), groups.layout.expert_dp_apart, recipes)
         self.buffers = []
         chunk_units = zero3.units(module) if self.config.shards_params else None
-        for (dtype, expert), params in by_dtype.items():
+        fp8_buffers = []
+        for (dtype, expert, fp8), params in by_dtype.items():
             group = groups.edp if expert else groups.dp_cp
             bucket_size = config.bucket_elements(comm.world(groups.dp_cp))
             grad_dtype = torch.bfloat16 if (config.grad_reduce_in_bf16 and dtype == torch.bfloat16) else torch.float32
@@ -60,7 +66,13 @@ class DistributedDataParallel:
             else:
                 self.buffers.append(ParamAndGradBuffer(ordered, grad_dtype, group, offsets, layouts,
                                                        config.shards_optimizer))
+            if fp8:
+                fp8_buffers.append(self.buffers[-1])
         self.buckets = [b for buf in self.buffers for b in buf.buckets]
+        # {id(bucket): Fp8Bucket} of the FP8 weights' buckets; cast for the first time by the first step
+        self._fp8 = {id(b): Fp8Bucket(b, [(p, buf.offset(p), recipes[id(p)]) for p in b.params], config.shards_params)
+                     for buf in fp8_buffers for b in buf.buckets}
+        self._fp8_cast = False
         self._buffer_of = {id(p): buf for buf in self.buffers for b in buf.buckets for p in b.params}
         # a tied word table's gradient is summed over groups.embd before the DP reduction
         # (finalize_model_grads), so its bucket is not reduced early when the gradients are sharded;
@@ -76,7 +88,8 @@ class DistributedDataParallel:
         if self.config.shards_params:
             self.gatherer = zero3.ParamGatherer(
                 [[(m, list({id(b): b for b in (self._bucket_of[id(p)] for p in ps)}.values())) for m, ps in chunk]
-                 for chunk in chunk_units], config.overlap_param_gather)
+                 for chunk in chunk_units], config.overlap_param_gather,
+                {key: (fb.full, fb.shard) for key, fb in self._fp8.items()})
         self._counts = {}
         self.num_microbatches = 1
         self.gradient_accumulation_fusion = gradient_accumulation_fusion
@@ -196,19 +209,45 @@ class DistributedDataParallel:
         release the stale full parameters instead (each unit is gathered before its next use)."""
         if self.gatherer is not None:
             self.gatherer.reshard()
+            self.refresh_fp8_weights()
             return
         # the first layers' parameters sit in the last bucket: gather those first
         for b in reversed(self.buckets):
-            b.param_handle = comm.all_gather_inplace_async(b.param, b.group, tag="dp-params")
+            if id(b) not in self._fp8:
+                b.param_handle = comm.all_gather_inplace_async(b.param, b.group, tag="dp-params")
+        self.refresh_fp8_weights()
         if not self.overlap_param_gather:
             self.finish_param_sync()
+
+    def refresh_fp8_weights(self):
+        """Cast every FP8 weight bucket's shard with the weights' current scales and (but ZeRO-3, which
+        gathers per unit) start gathering its bytes: after each step, before the first (finish_param_sync),
+        and after a step skipped for fp16 overflow (delayed scales still moved). Nothing without them."""
+        for b in reversed(self.buckets):
+            fb = self._fp8.get(id(b))
+            if fb is None:
+                continue
+            fb.cast(own_values(b))
+            if self.gatherer is None:
+                b.param_handle = comm.all_gather_inplace_async(fb.full, b.group, tag="dp-params")
+            if not self._fp8_cast:
+                fb.use()
+        self._fp8_cast = True
+
+    def fp8_buckets(self):
+        """The fp8_param_gather.Fp8Bucket of each bucket of FP8 weights (none without fp8_param_gather)."""
+        return list(self._fp8.values())
 
     def finish_param_sync(self):
         if self.gatherer is not None:
             if self.gatherer.initial:
                 self.gatherer.reshard()
+            if not self._fp8_cast:
+                self.refresh_fp8_weights()
             self.gatherer.wait_all()
             return
+        if not self._fp8_cast:  # before the first step every rank holds the whole weights
+            self.refresh_fp8_weights()
         for b in self.buckets:
             if b.param_handle is not None:
                 b.param_handle.wait()
@@ -226,13 +265,17 @@ class DistributedDataParallel:
         the step (sharded_buffer.py: what the sharded strategies hold only for a while)."""
         if self.config.shards_grads:
             sizes = [buf.memory_bytes() for buf in self.buffers]
-            return sum(s[0] for s in sizes), sum(s[1] for s in sizes)
+            return sum(s[0] for s in sizes) + self._fp8_bytes(), sum(s[1] for s in sizes)
         grads = sum(buf.grad_data.numel() * buf.grad_data.element_size() for buf in self.buffers)
         if self.config.shards_optimizer:
             params = sum(buf.param_data.numel() * buf.param_data.element_size() for buf in self.buffers)
         else:
             params = sum(p.numel() * p.element_size() for p in self.module.parameters())
-        return params, grads
+        return params + self._fp8_bytes(), grads
+
+    def _fp8_bytes(self):
+        """Bytes of the FP8 weights' copies held across the step: ZeRO-3 the shards, else the full copies."""
+        return sum((fb.shard if self.config.shards_params else fb.full).numel() for fb in self._fp8.values())
 
     # ---- where the optimizer finds its ranges
     def param_view(self, param, lo, hi):

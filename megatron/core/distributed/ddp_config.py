@@ -17,12 +17,14 @@ class DistributedDataParallelConfig:
     optim_grads_params (ZeRO-3); bucket_size: elements per bucket (None: bucket_elements' default);
     overlap_grad_reduce / overlap_param_gather: reduce each bucket as it completes / gather the updated
     parameters during the next forward (with a sharded optimizer only); grad_reduce_in_bf16: keep and
-    reduce the gradients of bf16 parameters in bf16."""
+    reduce the gradients of bf16 parameters in bf16; fp8_param_gather: the FP8 linears' weights in buffers of
+    their own, gathered as FP8 bytes (fp8_param_gather.py; with a sharded optimizer only)."""
     data_parallel_sharding_strategy: str = "no_shard"
     bucket_size: int | None = None
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
     grad_reduce_in_bf16: bool = False
+    fp8_param_gather: bool = False
 
     def __post_init__(self):
         if self.data_parallel_sharding_strategy not in SHARDING_STRATEGIES:

@@ -50,6 +50,7 @@ class Bucket:
         self.params = params
         self.grad = grad_data[layout.start:layout.end]
         self.param = param_data[layout.start:layout.end] if param_data is not None else None
+        self.param_shard = None  # the parameters are whole here (sharded_buffer.ShardedBucket may shard them)
         self.start, self.end = layout.start, layout.end
         self.group = dp_group
         self.grad_handle = self.param_handle = None

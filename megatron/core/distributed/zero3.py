@@ -76,10 +76,14 @@ class ParamGatherer:
 
     chunk_units: per model chunk, [(module, buckets)] in forward order, its root unit first; a unit
     has one bucket per buffer holding some of its parameters (a MoE layer: dense and expert).
+    targets: {id(bucket): (full, shard)} of buckets gathered from another shard into another full tensor
+    than their parameters' (--fp8-param-gather's FP8 bytes, fp8_param_gather.py); after the first step
+    their parameters' full tensor is not gathered again.
     """
 
-    def __init__(self, chunk_units, prefetch):
+    def __init__(self, chunk_units, prefetch, targets=None):
         self.prefetch = prefetch
+        self._targets = targets or {}
         self.order = [b for chunk in chunk_units for _, bs in chunk for b in bs]
         self._units = [[tuple(bs) for _, bs in chunk] for chunk in chunk_units]
         self._seen = {id(b): set() for b in self.order}
@@ -126,12 +130,17 @@ class ParamGatherer:
             for b in nxt:
                 self.start_gather(b)
 
+    def _target(self, bucket):
+        """(the full tensor gathered, this rank's persistent shard of it)."""
+        return self._targets.get(id(bucket), (bucket.param, bucket.param_shard))
+
     def start_gather(self, bucket):
-        if self.initial or bucket.whole or bucket.param_handle is not None or is_allocated(bucket.param):
+        full, shard = self._target(bucket)
+        if self.initial or bucket.whole or bucket.param_handle is not None or is_allocated(full):
             return
-        allocate(bucket.param)
-        bucket.own(bucket.param).copy_(bucket.param_shard)
-        bucket.param_handle = comm.all_gather_inplace_async(bucket.param, bucket.group, tag="dp-params")
+        allocate(full)
+        bucket.own(full).copy_(shard)
+        bucket.param_handle = comm.all_gather_inplace_async(full, bucket.group, tag="dp-params")
 
     def gather(self, unit):
         """Make the unit's full parameter tensors hold the current values (blocking)."""
@@ -153,7 +162,7 @@ class ParamGatherer:
         if bucket.param_handle is not None:
             bucket.param_handle.wait()
             bucket.param_handle = None
-        release(bucket.param)
+        release(self._target(bucket)[0])
         self._seen[id(bucket)].clear()
 
     def grad_ready(self, param):
@@ -174,14 +183,16 @@ class ParamGatherer:
                 b.param_handle = None
             if self.initial and is_allocated(b.param) and not b.whole:
                 b.param_shard.copy_(b.own(b.param))
+                if id(b) in self._targets:  # from now on the other full tensor is gathered instead
+                    release(b.param)
         self.initial = False
         for b in self.order:
             self.release(b)
 
     def working_set_bytes(self):
         """working_set() of these buckets in bytes (a unit's buckets may hold parameters of different dtypes)."""
-        sizes = [[sum((b.end - b.start) * b.param.element_size() for b in unit if not b.whole) for unit in us]
-                 for us in self._units]
+        sizes = [[sum((b.end - b.start) * self._target(b)[0].element_size() for b in unit if not b.whole)
+                  for unit in us] for us in self._units]
         return working_set(sizes, self.prefetch)
 
     def wait_all(self):

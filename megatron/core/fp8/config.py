@@ -1,7 +1,7 @@
 """FP8 flags: Megatron-LM's names, defaults and meanings (its Transformer-Engine argument group). A base of
 TransformerConfig (config.py), so the CLI is generated from these fields; check_fp8() refuses values that do
-not fit, in one line. What is not built (--fp8-param-gather, mxfp8, FP8 through Transformer Engine, FP8
-experts) training/not_built.py refuses with the other features that are not built."""
+not fit, in one line. What is not built (mxfp8, FP8 through Transformer Engine, FP8 experts in some layouts)
+training/not_built.py refuses with the other features that are not built."""
 from dataclasses import dataclass
 
 from ..config_fields import flag_namer, opt
@@ -25,6 +25,11 @@ class Fp8Config:
     fp8_amax_history_len: int = opt(1, "Steps of amax history per tensor (delayed scaling).")
     fp8_amax_compute_algo: str = opt("most_recent", "The amax a delayed scale uses: the history's max or its most "
                                      "recent entry.", choices=["most_recent", "max"])
+    fp8_param_gather: bool = opt(
+        False, "Gather the FP8 linears' weights over data parallelism as FP8 (one byte per element: half a bf16 "
+        "gather): after each step every rank casts its shard of the weights to FP8 with the whole weight's scale, "
+        "and the GEMMs read the gathered FP8 copy. Needs a sharded optimizer (--use-distributed-optimizer or "
+        "--data-parallel-sharding-strategy optim_grads / optim_grads_params) and tensorwise or delayed scaling.")
     first_last_layers_bf16: bool = opt(False, "Run the first and last transformer layers' GEMMs in the model's "
                                        "precision instead of FP8.")
     num_layers_at_start_in_bf16: int = opt(1, "With --first-last-layers-bf16: layers at the start kept out of FP8.")
@@ -62,6 +67,22 @@ def check_fp8(cfg) -> None:
         raise ConfigError(f"{f('fp8_amax_history_len')} must be >= 1, got {cfg.fp8_amax_history_len}")
     if cfg.fp8_recipe == "blockwise":
         _check_blockwise(cfg, f)
+
+
+def check_fp8_param_gather(cfg, shards_optimizer: bool, optimizer_flag: str) -> None:
+    """ConfigError where --fp8-param-gather cannot run: with blockwise scaling (its per-block scales are not
+    gathered), or without a sharded optimizer (nothing is gathered: Megatron-LM's rule). Without --fp8-format it
+    has no weight to gather (the start-up line of flags without effect says so: training/no_effect.py).
+    optimizer_flag: the flag that shards it, for the message."""
+    if not cfg.fp8_param_gather or cfg.fp8_format is None:
+        return
+    f = flag_namer(cfg)
+    if cfg.fp8_recipe == "blockwise":
+        raise ConfigError(f"{f('fp8_param_gather')} with {f('fp8_recipe')} blockwise is not built here (the "
+                          "128x128 block scales are not gathered); use tensorwise or delayed, or drop the flag")
+    if not shards_optimizer:
+        raise ConfigError(f"{f('fp8_param_gather')} changes how a sharded optimizer gathers the updated weights: "
+                          f"it needs {optimizer_flag}; add it or drop {f('fp8_param_gather')}")
 
 
 def _check_blockwise(cfg, f):

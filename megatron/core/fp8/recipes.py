@@ -5,7 +5,10 @@ x and W are cast to the forward format, g to the gradient format (e5m2 with --fp
 Per-tensor recipes (tensorwise, delayed) cast x and g once and transpose the FP8 copy for the backward
 GEMMs (a transpose keeps a tensorwise scale). W is kept as the parameter itself (no FP8 copy per
 microbatch in flight: that would cost the layer's weights in bytes per microbatch) and cast again in the
-backward with the scale the forward used: the same FP8 values, one more elementwise cast. Blockwise tiles
+backward with the scale the forward used: the same FP8 values, one more elementwise cast. With
+--fp8-param-gather the weight's FP8 copy is cast once per step from the DP shards and gathered as bytes
+(distributed/fp8_param_gather.py): the GEMMs read that copy, the same values the cast here would give.
+Blockwise tiles
 run along K, which is another dimension in each GEMM: x and g are cast again in the backward (x is kept
 in its own precision for it, as DeepSeek-V3's recipe keeps both orientations); W's 128x128 blocks
 transpose with their scales.
@@ -36,6 +39,7 @@ class PerTensorRecipe(nn.Module):
             m = settings.fp8_margin
             self._current = (CurrentScaler(fwd, m, act_groups), CurrentScaler(fwd, m, weight_groups),
                              CurrentScaler(bwd, m, act_groups))
+        self._weight_copy = None  # --fp8-param-gather's FP8 copy of the weight (use_weight_copy)
 
     def _scalers(self):
         return self._current if hasattr(self, "_current") else (self.input, self.weight, self.grad)
@@ -43,12 +47,26 @@ class PerTensorRecipe(nn.Module):
     def delayed_scalers(self):
         return [] if hasattr(self, "_current") else [self.input, self.weight, self.grad]
 
+    def weight_scaler(self):
+        """The weight's scaler: its groups are those holding pieces of the weight; scale_of_amax gives the scale."""
+        return self._scalers()[1]
+
+    def use_weight_copy(self, copy):
+        """From now on the GEMMs read the weight's FP8 values from `copy` (.data: FP8 [N, K], .scale: 0-d fp32;
+        distributed/fp8_param_gather.py keeps both current) instead of casting the parameter."""
+        self._weight_copy = copy
+
     def forward_gemm(self, x, w):
         """x [M, K], w [N, K] -> (fp32 y [M, N], what the backward GEMMs need)."""
         sin, sw, _ = self._scalers()
-        s_x, s_w = sin.scale(x), sw.scale(w)
-        xq, wq = quantize(x, s_x, self.fwd), quantize(w, s_w, self.fwd)
-        return tensorwise_mm(xq, 1 / s_x, wq, 1 / s_w), (xq, 1 / s_x, w, s_w)
+        s_x = sin.scale(x)
+        xq = quantize(x, s_x, self.fwd)
+        if self._weight_copy is None:
+            s_w = sw.scale(w)
+            wq = quantize(w, s_w, self.fwd)
+        else:  # the copy's scale is rewritten in place at the next step's cast: the backward keeps its own
+            wq, s_w = self._weight_copy.data, self._weight_copy.scale.clone()
+        return tensorwise_mm(xq, 1 / s_x, wq, 1 / s_w), (xq, 1 / s_x, w if self._weight_copy is None else wq, s_w)
 
     def cast_grad(self, g):
         s_g = self._scalers()[2].scale(g)
@@ -56,8 +74,9 @@ class PerTensorRecipe(nn.Module):
 
     def dgrad(self, gc, saved):
         gq, g_inv = gc
-        _, _, w, s_w = saved
-        return tensorwise_mm(gq, g_inv, quantize(w, s_w, self.fwd).t(), 1 / s_w)
+        _, _, w, s_w = saved  # w: the parameter, or its FP8 copy (--fp8-param-gather)
+        wq = w if w.dtype == self.fwd else quantize(w, s_w, self.fwd)
+        return tensorwise_mm(gq, g_inv, wq.t(), 1 / s_w)
 
     def wgrad(self, gc, saved):
         gq, g_inv = gc

@@ -29,6 +29,10 @@ class CurrentScaler:
     def scale(self, x):
         return scale_from_amax(reduced_amax(x, self.groups), self.dtype, self.margin)
 
+    def scale_of_amax(self, a):
+        """The scale of a tensor whose amax, reduced over its pieces, is `a` (--fp8-param-gather's casts)."""
+        return scale_from_amax(a, self.dtype, self.margin)
+
 
 class DelayedScaler(nn.Module):
     """Delayed scaling: the scale of the amax history (--fp8-amax-history-len steps, newest first; max or
@@ -62,6 +66,17 @@ class DelayedScaler(nn.Module):
             a, s = amax(x), self.scale_
         if self.training:
             self.step_amax = a if self.step_amax is None else torch.maximum(self.step_amax, a)
+        return s
+
+    def scale_of_amax(self, a):
+        """The scale to cast a tensor with whose amax, reduced over its pieces, is `a` (the weights that
+        --fp8-param-gather casts once per step, distributed/fp8_param_gather.py): as scale() would give it;
+        in training `a` joins the step's amaxes as each cast of the tensor in the step would add it."""
+        if not self._has_history:
+            self._has_history = bool(self.updates)
+        s = self.scale_ if self._has_history else scale_from_amax(a, self.dtype, self.margin)
+        if self.training:
+            self.step_amax = a.clone() if self.step_amax is None else torch.maximum(self.step_amax, a)
         return s
 
     def update(self, step_groups):

@@ -1,4 +1,5 @@
-"""After an optimizer step: delayed scaling's amax histories take the step's amaxes (scalers.py)."""
+"""After a step's backward, before its optimizer step (whose gather casts the FP8 weights with the new scales
+under --fp8-param-gather): delayed scaling's amax histories take the step's amaxes (scalers.py)."""
 from .scalers import DelayedScaler
 
 

@@ -68,6 +68,10 @@ class ColumnParallelLinear(nn.Module):
         else:
             self.register_parameter("bias", None)
 
+    def fp8_weights(self):
+        """[(weight, its FP8 recipe)] of the GEMMs run in FP8 here (core/fp8/weights.py)."""
+        return [] if self.fp8 is None else [(self.weight, self.fp8)]
+
     def forward(self, x):
         bias = None if self.skip_bias_add else self.bias
         sp = self.sequence_parallel and self.tp > 1
@@ -122,6 +126,10 @@ class RowParallelLinear(nn.Module):
             set_sequence_parallel(self.bias, sequence_parallel)
         else:
             self.register_parameter("bias", None)
+
+    def fp8_weights(self):
+        """[(weight, its FP8 recipe)] of the GEMMs run in FP8 here (core/fp8/weights.py)."""
+        return [] if self.fp8 is None else [(self.weight, self.fp8)]
 
     def forward(self, x):
         if not self.input_is_parallel:

@@ -7,6 +7,7 @@ from torch import nn
 
 from ...core.distributed import zero3
 from ...core.distributed.buffers import buffer_groups, buffer_layout
+from ...core.fp8.weights import fp8_weight_pairs
 from ...core.models.gpt import GPTModel
 from ..resolve import parallel_layout
 from .activations import kept_activation_bytes
@@ -46,23 +47,26 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
     --overlap-param-gather), 0 otherwise; working: the recomputed chunk's activations."""
     layout = parallel_layout(model_cfg, t, world_size)
     t.validate(layout.dp)
-    ddp = t.ddp_config()
+    ddp = t.ddp_config(model_cfg.fp8_param_gather)
     params, layers = stage_params(model_cfg, t, world_size, pp_rank)
     chunks = stage_chunks(model_cfg, t, world_size, pp_rank)
+    fp8 = {id(p) for p, _ in fp8_weight_pairs(chunks)} if ddp.fp8_param_gather else set()
     chunk_units = zero3.units(nn.ModuleList(chunks)) if ddp.shards_params else None
     bucket_size = ddp.bucket_elements(layout.dp_cp)  # DDP and the distributed optimizer work over DP x CP
     out = {"params": 0, "grads": 0, "optimizer": 0, "gathered": 0}
     unit_bytes = {}  # ZeRO-3: (chunk, unit) -> padded bytes over its buffers (a MoE layer: dense + experts)
-    for (dtype, expert), ps in buffer_groups(params, layout.expert_dp_apart).items():
+    for (dtype, expert, in_fp8), ps in buffer_groups(params, layout.expert_dp_apart, fp8).items():
         shards = layout.edp if expert else layout.dp_cp  # MoE experts (this EP rank's) over expert-DP
         held = out["params"], out["grads"]
         ordered, offsets, buckets, total = buffer_layout(ps, bucket_size, shards, ddp, chunk_units)
         numels = [p.numel() for p in ordered]
         elt = torch.empty((), dtype=dtype).element_size()
+        gathered_elt = 1 if in_fp8 else elt  # --fp8-param-gather: the FP8 weights are gathered as bytes
         grad_elt = 2 if (ddp.grad_reduce_in_bf16 and dtype == torch.bfloat16) else 4
         out["grads"] += total * grad_elt // (shards if ddp.shards_grads else 1)
         if ddp.shards_optimizer:
-            out["params"] += total * elt // (shards if chunk_units is not None else 1)
+            # the FP8 weights' copies (fp8_param_gather.py): ZeRO-3 their shard, ZeRO-1/2 whole, one byte each
+            out["params"] += (total * elt + (total if in_fp8 else 0)) // (shards if chunk_units is not None else 1)
             # padding in a shard holds no parameter: no main copy, no Adam state for it
             owned = _owned_real(offsets, numels, buckets, shards)
         else:
@@ -74,7 +78,7 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
             out["expert_dp"] = (shards, p_bytes + out["params"] - held[0], g_bytes + out["grads"] - held[1])
         if chunk_units is not None and shards > 1:  # over one rank the shard is the whole, never gathered
             for key, n in _unit_sizes(chunk_units, ps, buckets).items():
-                unit_bytes[key] = unit_bytes.get(key, 0) + n * elt
+                unit_bytes[key] = unit_bytes.get(key, 0) + n * gathered_elt
     if chunk_units is not None:
         out["gathered"] = zero3.working_set([[unit_bytes.get((c, u), 0) for u in range(len(chunk))]
                                              for c, chunk in enumerate(chunk_units)], ddp.overlap_param_gather)

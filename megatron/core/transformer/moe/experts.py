@@ -60,6 +60,12 @@ class ExpertMLP(nn.Module):
         for t in [*self.parameters(), *self.buffers()]:  # buffers: FP8 delayed scaling's, per expert too
             set_expert_parallel(t)
 
+    def fp8_weights(self):
+        """[(weight, its FP8 recipe)] of the GEMMs run in FP8 here (core/fp8/weights.py)."""
+        if self.fc1_fp8 is None:
+            return []
+        return [(self.fc1_weight, self.fc1_fp8), (self.fc2_weight, self.fc2_fp8)]
+
     def activation(self, h):
         if self.swiglu:
             gate, up = h.chunk(2, dim=-1)
