@@ -99,23 +99,30 @@ def test_bytes_per_collective_equal_the_counted_traffic():
                                                                                         tp_predicted)
 
 
+FP8_GATHER = ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--fp8-param-gather"]
+
+
 def _run_moe(groups):
-    """ZeRO-1 and ZeRO-3 at EP2 x DP4: dense buffers over d = 4 ranks, experts over expert-DP e = 2."""
+    """ZeRO-1 and ZeRO-3 at EP2 x DP4: dense buffers over d = 4 ranks, experts over expert-DP e = 2; and both
+    with --fp8-param-gather (the FP8 weights' buckets, dense and experts', gathered as one byte an element;
+    the second step counted: ZeRO-1's first also gathers the cast of the initial weights)."""
     groups = parallel_state.initialize_model_parallel(1, 1, expert_model_parallel_size=2)
     out = []
-    for strategy in ("optim", "optim_grads_params"):
+    for strategy, fp8 in [(s, f) for f in ([], FP8_GATHER) for s in ("optim", "optim_grads_params")]:
         flags = TINY + ["--tensor-model-parallel-size", "1", "--global-batch-size", "16", "--num-experts", "4",
                         "--moe-ffn-hidden-size", "24", "--expert-model-parallel-size", "2",
                         "--moe-token-dispatcher-type", "alltoall", "--use-distributed-optimizer",
-                        "--data-parallel-sharding-strategy", strategy]
+                        "--data-parallel-sharding-strategy", strategy] + fp8
         c, t = configs(flags, 4)
         model_parallel_seed(5, groups.tp_rank, groups.pp_rank, "cpu")
         model, ddp, opt, sched = setup_model_and_optimizer(
             c, t, groups, torch.device("cpu"), lambda c_, g, d, **kw: GPTModel(c_, g, device=d, **kw))
-        with debug.count_traffic() as sent:
-            train_step(model, ddp, opt, sched, _batches(groups), _step, groups, 1)
+        for step in range(1, 3 if fp8 else 2):
+            with debug.count_traffic() as sent:
+                train_step(model, ddp, opt, sched, _batches(groups), _step, groups, step)
         mem = estimate(c, t, 4)
-        out.append((strategy, dict(sent), dp_traffic(mem, groups.dp_size, strategy, 2), mem["expert_dp"][0]))
+        out.append((strategy + (" fp8" if fp8 else ""), dict(sent), dp_traffic(mem, groups.dp_size, strategy, 2),
+                    mem["expert_dp"][0]))
     return out
 
 

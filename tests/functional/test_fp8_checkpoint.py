@@ -10,13 +10,20 @@ FP8 = ["--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-
        "--fp8-amax-compute-algo", "max"]
 
 
+# ZeRO-3 at DP2 with --fp8-param-gather: the resumed run casts its FP8 weight shards from the loaded values
+# before its first forward (fp8_param_gather.py), with the loaded histories' scales
+PARAM_GATHER = ["--data-parallel-sharding-strategy", "optim_grads_params", "--fp8-param-gather"]
+
+
 @pytest.mark.slow
-def test_fp8_delayed_resume_is_bitwise_identical(tmp_path):
+@pytest.mark.parametrize("layout,nproc", [([], 1), (PARAM_GATHER, 2)], ids=["one-process", "zero3-dp2-param-gather"])
+def test_fp8_delayed_resume_is_bitwise_identical(tmp_path, layout, nproc):
     straight_dir, d = str(tmp_path / "straight"), str(tmp_path / "ck")
-    straight = losses(run_cli(BASE + FP8 + ["--save", straight_dir]).stdout)
-    first = losses(run_cli(BASE + FP8 + ["--save", d, "--save-interval", "2", "--exit-interval",
-                                         str(ITERS // 2)]).stdout)
-    second = losses(run_cli(BASE + FP8 + ["--save", d, "--load", d]).stdout)
+    flags = BASE + FP8 + layout
+    straight = losses(run_cli(flags + ["--save", straight_dir], nproc=nproc).stdout)
+    first = losses(run_cli(flags + ["--save", d, "--save-interval", "2", "--exit-interval", str(ITERS // 2)],
+                           nproc=nproc).stdout)
+    second = losses(run_cli(flags + ["--save", d, "--load", d], nproc=nproc).stdout)
     assert {**first, **second} == straight
     a, b = params(straight_dir), params(d)
     assert a.keys() == b.keys()

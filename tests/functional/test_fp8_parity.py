@@ -35,6 +35,9 @@ LAYOUTS = {  # name: (processes, flags)
     "pp2-zb-h1": (2, ["--pipeline-model-parallel-size", "2", "--pipeline-schedule", "zb-h1"]),
     "distopt-dp2": (2, ["--use-distributed-optimizer"]),
     "zero3-dp2": (2, ["--data-parallel-sharding-strategy", "optim_grads_params"]),
+    # the FP8 weights cast per shard and gathered as FP8 bytes (ZeRO-3: per unit; ZeRO-1: after the step)
+    "zero3-dp2-param-gather": (2, ["--data-parallel-sharding-strategy", "optim_grads_params", "--fp8-param-gather"]),
+    "distopt-dp2-param-gather": (2, ["--use-distributed-optimizer", "--fp8-param-gather"]),
     "cp2": (2, ["--context-parallel-size", "2"]),
     # each expert's input holds both ranks' micro-batches: each source rank's rows cast with their own scales
     # 4 ranks: expert-DP 2, over which delayed scaling's expert step amaxes reduce
@@ -49,7 +52,10 @@ MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", 
 CASES = [(r, layout) for r in ("tensorwise", "delayed") for layout in LAYOUTS if not layout.startswith("ep")] + \
     [("blockwise", "tp2-sp"), ("blockwise", "distopt-dp2")] + \
     [("moe-" + r, layout) for r in ("tensorwise", "delayed") for layout in ("tp2-sp", "cp2", "distopt-dp2",
-                                                                           "ep2-alltoall")]
+                                                                           "ep2-alltoall")] + \
+    [("moe-delayed", "ep2-alltoall-zero3-param-gather")]
+# experts' FP8 weights in buffers over expert-DP, cast and gathered per unit there
+LAYOUTS["ep2-alltoall-zero3-param-gather"] = (4, LAYOUTS["ep2-alltoall"][1] + LAYOUTS["zero3-dp2-param-gather"][1])
 
 _reference = {}
 

@@ -204,3 +204,34 @@ def test_pieces_are_cast_apart_as_separate_calls(name):
     assert all(torch.equal(a, b) for a, b in zip(apart, joint))
     whole = fp8_linear(x, w, None, build_recipe(_settings(name), (), ()))  # one scale for all: another result
     assert not torch.equal(whole, joint[0])
+
+
+@pytest.mark.parametrize("name", ["tensorwise", "delayed"])
+def test_a_weight_copy_gives_what_the_weights_own_cast_gives(name):
+    """--fp8-param-gather: a recipe reading the weight's FP8 copy (cast from the weight with the scale of its amax,
+    scale_of_amax) gives bitwise the output and gradients of the recipe casting the weight itself, for two steps
+    of delayed scaling (the copy's amax joins the step's, as the forward's cast of the weight adds it); a copy cast
+    with another scale gives another output."""
+    from megatron.core.distributed.fp8_param_gather import WeightCopy
+    from megatron.core.fp8.formats import quantize
+    g = torch.Generator().manual_seed(11)
+    w = torch.randn(32, 64, generator=g) * 0.1
+    plain, copied = build_recipe(_settings(name, history=2), (), ()), build_recipe(_settings(name, history=2), (), ())
+    for step in range(2):
+        x, grad = torch.randn(8, 64, generator=g), torch.randn(8, 32, generator=g)
+        scale = copied.weight_scaler().scale_of_amax(w.abs().amax())
+        copied.use_weight_copy(WeightCopy(quantize(w, scale, E4M3), scale.clone()))
+        outs = []
+        for recipe in (plain, copied):
+            xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+            y = fp8_linear(xs, ws, None, recipe)
+            y.backward(grad)
+            outs.append((y.detach(), xs.grad, ws.grad))
+        assert all(torch.equal(a, b) for a, b in zip(*outs)), step
+        if name == "delayed":
+            assert torch.equal(plain.weight.step_amax, copied.weight.step_amax)
+            plain.weight.update(()), copied.weight.update(())
+            plain.input.update(()), copied.input.update(())
+            plain.grad.update(()), copied.grad.update(())
+    copied.use_weight_copy(WeightCopy(quantize(w, scale * 2, E4M3), scale * 2))
+    assert not torch.equal(fp8_linear(x, w, None, copied), outs[0][0])

@@ -174,25 +174,27 @@ def dp_collectives(mem, strategy, shards=1, micro=1, full_recompute=False) -> di
     reduce-scattered once, then the parameter buffers all-gathered once. optim_grads_params (ZeRO-3):
     the gradients reduce-scattered once, the parameters all-gathered before every microbatch's forward
     and backward (and its recomputed forward under full recompute), docs/zero.md. Sharded buffers are
-    estimate()'s shard bytes x shards."""
+    estimate()'s shard bytes x shards; the parameters gathered are its param_gather bytes (--fp8-param-gather:
+    one byte an element of the FP8 weights)."""
     if not shards_optimizer(strategy):
         return {"dp-grads": ("all_reduce", mem["grads"], 1)}
     grads = mem["grads"] * (shards if shards_grads(strategy) else 1)
+    gathered = mem.get("param_gather", mem["params"])
     if not shards_params(strategy):
-        return {"dp-grads": ("reduce_scatter", grads, 1), "dp-params": ("all_gather", mem["params"], 1)}
+        return {"dp-grads": ("reduce_scatter", grads, 1), "dp-params": ("all_gather", gathered, 1)}
     gathers = (3 if full_recompute else 2) * micro
-    return {"dp-grads": ("reduce_scatter", grads, 1), "dp-params": ("all_gather", mem["params"] * shards, gathers)}
+    return {"dp-grads": ("reduce_scatter", grads, 1), "dp-params": ("all_gather", gathered * shards, gathers)}
 
 
 def dp_groups(mem, dp) -> list:
     """[(ranks, bytes)] of the buffers' DP groups: the dense ones over dp ranks (DP x CP), a MoE's
     expert buffers (estimate()'s expert_dp) over expert-DP e = DP x CP / EP; bytes a dict with the
-    group's 'params' and 'grads' held per rank, as estimate() counts them."""
+    group's 'params', 'grads', 'param_gather' and 'fp8_copies' per rank, as estimate() counts them."""
+    keys = ("params", "grads", "param_gather", "fp8_copies")
     if "expert_dp" not in mem:
         return [(dp, mem)]
-    e, params, grads = mem["expert_dp"]
-    return [(dp, {"params": mem["params"] - params, "grads": mem["grads"] - grads}),
-            (e, {"params": params, "grads": grads})]
+    e, *expert = mem["expert_dp"]
+    return [(dp, {k: mem.get(k, 0) - x for k, x in zip(keys, expert)}), (e, dict(zip(keys, expert)))]
 
 
 def dp_traffic(mem, dp, strategy, micro=1, full_recompute=False) -> dict:
@@ -250,7 +252,8 @@ def step_time(c, t, cluster: Cluster, layout, mems, sp_grad_bytes=0) -> StepTime
         exposed = max(exposed, _dp_exposed(cluster, t, mem, layout.dp_cp, tp, micro, fwd, bwd + rec,
                                            c.recompute_granularity == "full"))
         ddp = t.ddp_config()  # ZeRO-3: the params held are the shard already
-        owned = sum(part["params"] / elt / (n if ddp.shards_optimizer and not ddp.shards_params else 1)
+        owned = sum((part["params"] - part.get("fp8_copies", 0)) / elt
+                    / (n if ddp.shards_optimizer and not ddp.shards_params else 1)
                     for n, part in dp_groups(mem, layout.dp_cp))
         # Adam on fp32 main params: main, m, v read and written, the fp32 grad read, the param written
         optimizer = max(optimizer, memory_time(cluster, owned * (3 * 2 * 4 + 4 + elt)))

@@ -53,11 +53,13 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
     fp8 = {id(p) for p, _ in fp8_weight_pairs(chunks)} if ddp.fp8_param_gather else set()
     chunk_units = zero3.units(nn.ModuleList(chunks)) if ddp.shards_params else None
     bucket_size = ddp.bucket_elements(layout.dp_cp)  # DDP and the distributed optimizer work over DP x CP
-    out = {"params": 0, "grads": 0, "optimizer": 0, "gathered": 0}
+    # param_gather: the parameter buffers' bytes the DP gathers move, counted as params is (FP8 weights' buckets
+    # one byte an element with --fp8-param-gather); fp8_copies: those buckets' FP8 copies held (in params)
+    out = {"params": 0, "grads": 0, "optimizer": 0, "gathered": 0, "param_gather": 0, "fp8_copies": 0}
     unit_bytes = {}  # ZeRO-3: (chunk, unit) -> padded bytes over its buffers (a MoE layer: dense + experts)
     for (dtype, expert, in_fp8), ps in buffer_groups(params, layout.expert_dp_apart, fp8).items():
         shards = layout.edp if expert else layout.dp_cp  # MoE experts (this EP rank's) over expert-DP
-        held = out["params"], out["grads"]
+        held = out["params"], out["grads"], out["param_gather"], out["fp8_copies"]
         ordered, offsets, buckets, total = buffer_layout(ps, bucket_size, shards, ddp, chunk_units)
         numels = [p.numel() for p in ordered]
         elt = torch.empty((), dtype=dtype).element_size()
@@ -65,17 +67,22 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
         grad_elt = 2 if (ddp.grad_reduce_in_bf16 and dtype == torch.bfloat16) else 4
         out["grads"] += total * grad_elt // (shards if ddp.shards_grads else 1)
         if ddp.shards_optimizer:
+            per_rank = shards if chunk_units is not None else 1
             # the FP8 weights' copies (fp8_param_gather.py): ZeRO-3 their shard, ZeRO-1/2 whole, one byte each
-            out["params"] += (total * elt + (total if in_fp8 else 0)) // (shards if chunk_units is not None else 1)
+            copies = total // per_rank if in_fp8 else 0
+            out["params"] += total * elt // per_rank + copies
+            out["fp8_copies"] += copies
+            out["param_gather"] += total * gathered_elt // per_rank
             # padding in a shard holds no parameter: no main copy, no Adam state for it
             owned = _owned_real(offsets, numels, buckets, shards)
         else:
             out["params"] += sum(numels) * elt
             owned = sum(numels)
         out["optimizer"] += owned * (8 + (4 if dtype != torch.float32 else 0))
-        if expert:  # (expert-DP size, params, grads): the planner moves these bytes over expert-DP
-            _, p_bytes, g_bytes = out.get("expert_dp", (shards, 0, 0))
-            out["expert_dp"] = (shards, p_bytes + out["params"] - held[0], g_bytes + out["grads"] - held[1])
+        if expert:  # (expert-DP size, params, grads, param_gather, fp8_copies): the planner moves these over expert-DP
+            before = out.get("expert_dp", (shards, 0, 0, 0, 0))
+            out["expert_dp"] = (shards, *(b + out[k] - h for b, k, h in
+                                          zip(before[1:], ("params", "grads", "param_gather", "fp8_copies"), held)))
         if chunk_units is not None and shards > 1:  # over one rank the shard is the whole, never gathered
             for key, n in _unit_sizes(chunk_units, ps, buckets).items():
                 unit_bytes[key] = unit_bytes.get(key, 0) + n * gathered_elt
