@@ -11,7 +11,8 @@ MOE_BIAS = "tests/functional/test_moe_bias_parity.py::test_expert_biases_split_o
 
 FULL_ONLY = {
     # FP8: the default run keeps tensorwise TP2+SP and ZeRO-3, delayed PP2 zb-h1 and CP2, blockwise TP2+SP,
-    # MoE tensorwise TP2+SP, MoE delayed EP2, delayed ZeRO-3 and ZeRO-1 with --fp8-param-gather (each recipe,
+    # MoE tensorwise TP2+SP, MoE delayed EP2, delayed ZeRO-3 and ZeRO-1 with --fp8-param-gather, the output layer
+    # in FP8 tied at TP2+SP and untied at PP2 (each recipe,
     # each reduction group: TP, SP, CP, DP, expert-DP, the B/W split, the per-source casts, the FP8 gathers;
     # tests/distributed/test_fp8_param_gather.py runs the gathers at TP2 x DP2 for every strategy)
     *(f"{FP8}[{case}]" for case in (
@@ -19,7 +20,8 @@ FULL_ONLY = {
         "delayed-tp2-sp", "delayed-pp2", "delayed-distopt-dp2", "delayed-zero3-dp2", "blockwise-distopt-dp2",
         "moe-tensorwise-cp2", "moe-tensorwise-distopt-dp2", "moe-delayed-tp2-sp", "moe-delayed-cp2",
         "moe-delayed-distopt-dp2", "moe-tensorwise-ep2-alltoall", "tensorwise-zero3-dp2-param-gather",
-        "tensorwise-distopt-dp2-param-gather", "moe-delayed-ep2-alltoall-zero3-param-gather")),
+        "tensorwise-distopt-dp2-param-gather", "moe-delayed-ep2-alltoall-zero3-param-gather",
+        "tensorwise-output-pp2", "delayed-output-untied-tp2-sp")),
     # dense GPT: the default run keeps tp2, tp2-sp, dp2, pp2, pp2-vpp2, tp2-pp2, tp2-pp2-dp2-sp, dp2-overlap,
     # distopt-dp2, distopt-pp2-dp2-overlap (wider groups of the same code: tp4, dp4, pp4)
     *(f"{GPT}[{case}]" for case in ("tp4", "dp4", "dp4-overlap", "pp4", "tp2-dp2", "distopt-tp2-dp2-overlap")),

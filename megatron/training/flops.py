@@ -102,10 +102,11 @@ def lookup_peak(device_name, precision):
     return None
 
 
-def peak_tflops_per_gpu(device, params_dtype, fp8=False):
+def peak_tflops_per_gpu(device, params_dtype, fp8=False, fp8_output=False):
     """(description, peak TFLOP/s) of this rank's GPU for MFU, or None (CPU, unknown GPU). fp8: the
     linear layers' GEMMs run in FP8 (--fp8-format): the FP8 peak, as Megatron-LM and NeMo report FP8 MFU,
-    though attention's and the output layer's GEMMs stay in params_dtype (the description says so)."""
+    though attention's and the output layer's GEMMs stay in params_dtype (the description says so;
+    fp8_output: the output layer's run in FP8 too, --fp8-output-layer)."""
     device = torch.device(device)
     if device.type != "cuda":
         return None
@@ -114,5 +115,6 @@ def peak_tflops_per_gpu(device, params_dtype, fp8=False):
     if found is None:
         return None
     name, peak = found
-    rest = f"; attention and output layer in {matmul_precision(params_dtype)}" if fp8 else ""
+    rest = f"; attention{'' if fp8_output else ' and output layer'} in {matmul_precision(params_dtype)}" \
+        if fp8 else ""
     return f"{name} {precision} dense peak {peak:g} TFLOP/s (datasheet{rest})", float(peak)

@@ -200,7 +200,8 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
     dist.all_gather_object(counts, (groups.tp_rank, groups.dp_rank, groups.pp_rank, count, memory))
     if dist.get_rank() != 0:
         return
-    peak = peak_tflops_per_gpu(device, model_cfg.params_dtype, model_cfg.fp8_format is not None)
+    peak = peak_tflops_per_gpu(device, model_cfg.params_dtype, model_cfg.fp8_format is not None,
+                               model_cfg.fp8_output_layer)
     lines = [
         "> parallel layout: " + groups.describe(),
         f"> sequence parallel: {model_cfg.sequence_parallel} | device: {device} | backend: {dist.get_backend()}",

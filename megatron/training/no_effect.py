@@ -49,6 +49,8 @@ def _rules(m, t, device):
         (t, "empty_unused_memory_level", t.empty_unused_memory_level > 0 and cpu, "no CUDA caching allocator on CPU"),
         (m, "fp8_param_gather", m.fp8_param_gather and m.fp8_format is None,
          "without --fp8-format no weight is FP8 (the FP8 linears' weights are what it gathers)"),
+        (m, "fp8_output_layer", m.fp8_output_layer and m.fp8_format is None,
+         "without --fp8-format no GEMM runs in FP8"),
         (m, "mtp_loss_scaling_factor", not m.mtp_num_layers and m.mtp_loss_scaling_factor != 0.1,
          "without --mtp-num-layers there is no MTP loss"),
     ] + _latent_attention_only(m)

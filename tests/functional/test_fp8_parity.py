@@ -25,6 +25,9 @@ RECIPES = {
                 "--fp8-amax-compute-algo", "max"],
     "blockwise": ["--fp8-format", "hybrid", "--fp8-recipe", "blockwise"],
 }
+# --fp8-output-layer: the tied table's GEMM (a view of it where the embedding shares the rank) or the output layer's
+RECIPES["tensorwise-output"] = RECIPES["tensorwise"] + ["--fp8-output-layer"]
+RECIPES["delayed-output-untied"] = RECIPES["delayed"] + ["--fp8-output-layer", "--untie-embeddings-and-output-weights"]
 # blockwise at TP2: every TP-split dimension a multiple of 128 (QKV 384, projection input 128, fc1/fc2 512)
 BLOCK_SHAPE = ["--hidden-size", "256", "--seq-length", "32", "--micro-batch-size", "1", "--lr", "5e-4"]
 TP2_SP = ["--tensor-model-parallel-size", "2", "--sequence-parallel"]
@@ -53,7 +56,8 @@ CASES = [(r, layout) for r in ("tensorwise", "delayed") for layout in LAYOUTS if
     [("blockwise", "tp2-sp"), ("blockwise", "distopt-dp2")] + \
     [("moe-" + r, layout) for r in ("tensorwise", "delayed") for layout in ("tp2-sp", "cp2", "distopt-dp2",
                                                                            "ep2-alltoall")] + \
-    [("moe-delayed", "ep2-alltoall-zero3-param-gather")]
+    [("moe-delayed", "ep2-alltoall-zero3-param-gather")] + \
+    [(r, layout) for r in ("tensorwise-output", "delayed-output-untied") for layout in ("tp2-sp", "pp2")]
 # experts' FP8 weights in buffers over expert-DP, cast and gathered per unit there
 LAYOUTS["ep2-alltoall-zero3-param-gather"] = (4, LAYOUTS["ep2-alltoall"][1] + LAYOUTS["zero3-dp2-param-gather"][1])
 
@@ -87,8 +91,11 @@ def test_fp8_layout_matches_one_process_fp8(recipe, layout):
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", list(RECIPES))
 def test_fp8_changes_the_result(recipe):
-    """FP8 is on: the one-process FP8 run differs from the same run in fp32 (else parity proves nothing)."""
-    shape = BLOCK_SHAPE if recipe == "blockwise" else []
-    diff = max_relative_differences(reference(shape), reference(_model(recipe)))
+    """FP8 is on: the one-process FP8 run differs from the same run in fp32 (else parity proves nothing);
+    --fp8-output-layer: from the same FP8 run with the output layer in fp32."""
+    base = BLOCK_SHAPE if recipe == "blockwise" else []
+    if "-output" in recipe:
+        base = [f for f in RECIPES[recipe] if f != "--fp8-output-layer"]
+    diff = max_relative_differences(reference(base), reference(_model(recipe)))
     print(f"{recipe} vs fp32: {diff}")
     assert diff["first"] > 1e-5

@@ -123,3 +123,21 @@ def test_moe_fp8_state_is_checkpoint_state_with_layout_free_keys():
     keys = [k for k, _ in non_trained_state(block)]
     assert len(keys) == len(set(keys)) == 2 * (2 + 2 * 2) * 3 * 3  # layers x (QKV, proj, 2 experts x 2) x 3 x 3
     assert "decoder.layers.0.mlp.experts.local_experts.1.fc2_fp8.grad.amax_history" in keys, keys[:3]
+
+
+@pytest.mark.parametrize("untie", [False, True])
+def test_fp8_output_layer_state_has_one_layout_free_key(untie):
+    """--fp8-output-layer (an opt-in addition; off by default as Megatron-LM): the output GEMM's delayed-scaling
+    state is saved as output_layer.fp8.* whether the table is tied (the model's own recipe) or not (the layer's)."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer.model_state import non_trained_state
+    flags = ["--fp8-format", "hybrid", "--num-layers", "1"]
+    flags += ["--untie-embeddings-and-output-weights"] if untie else []
+    assert not _cfgs(flags)[0].fp8_output_layer
+    without = GPTModel(_cfgs(flags)[0], _plan_groups(_cfgs(flags)[0]), device="meta")
+    cfg = _cfgs(flags + ["--fp8-output-layer"])[0]
+    model = GPTModel(cfg, _plan_groups(cfg), device="meta")
+    keys = [k for k, _ in non_trained_state(model)]
+    out = [k for k in keys if k.startswith("output_layer.fp8.")]
+    assert len(out) == 9 and "output_layer.fp8.weight.amax_history" in out, out  # 3 tensors x 3 buffers
+    assert len(keys) == len(non_trained_state(without)) + 9

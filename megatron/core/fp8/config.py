@@ -30,6 +30,10 @@ class Fp8Config:
         "gather): after each step every rank casts its shard of the weights to FP8 with the whole weight's scale, "
         "and the GEMMs read the gathered FP8 copy. Needs a sharded optimizer (--use-distributed-optimizer or "
         "--data-parallel-sharding-strategy optim_grads / optim_grads_params) and tensorwise or delayed scaling.")
+    fp8_output_layer: bool = opt(
+        False, "Run the output layer's GEMMs in FP8 too (the tied word table's, or the output layer's own), with the "
+        "transformer layers' recipe. Not a Megatron-LM flag (it keeps the output layer in the model's precision, "
+        "as this project does by default): an opt-in addition.")
     first_last_layers_bf16: bool = opt(False, "Run the first and last transformer layers' GEMMs in the model's "
                                        "precision instead of FP8.")
     num_layers_at_start_in_bf16: int = opt(1, "With --first-last-layers-bf16: layers at the start kept out of FP8.")
@@ -46,13 +50,22 @@ def fp8_layer(cfg, layer_number) -> Fp8Config | None:
     return cfg
 
 
+def output_layer_fp8(cfg):
+    """The FP8 settings of the output layer's GEMMs (--fp8-output-layer), or None where it keeps the model's
+    precision (the default, as Megatron-LM)."""
+    return cfg if cfg.fp8_format is not None and cfg.fp8_output_layer else None
+
+
 def _sharded_dims(cfg):
     """(what, size per TP rank) of every dimension TP splits in an FP8 GEMM."""
     tp = cfg.tensor_model_parallel_size
     qkv = (cfg.num_attention_heads + 2 * cfg.num_query_groups) * cfg.kv_channels
-    return [("the QKV output", qkv // tp), ("the attention projection's input",
-                                              cfg.num_attention_heads * cfg.kv_channels // tp),
+    dims = [("the QKV output", qkv // tp), ("the attention projection's input",
+                                            cfg.num_attention_heads * cfg.kv_channels // tp),
             ("--ffn-hidden-size", cfg.ffn_hidden_size // tp)]
+    if cfg.fp8_output_layer and cfg.vocab_size:
+        dims.append(("the padded vocabulary (--make-vocab-size-divisible-by)", cfg.padded_vocab_size // tp))
+    return dims
 
 
 def check_fp8(cfg) -> None:

@@ -40,6 +40,8 @@ def non_trained_state(model):
     """
     out = []
     for m in model.modules():
+        if getattr(m, "output_fp8", None) is not None:  # the tied table's FP8 GEMM (language_module.py)
+            out += [("output_layer.fp8." + name, t) for name, t in m.output_fp8.named_buffers()]
         if isinstance(m, TopKRouter):
             out += m.bias_state()
         elif isinstance(m, (ColumnParallelLinear, RowParallelLinear)):

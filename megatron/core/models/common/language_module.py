@@ -12,6 +12,9 @@ import re
 import torch
 from torch import nn
 
+from ...fp8.config import output_layer_fp8
+from ...fp8.linear import fp8_linear
+from ...fp8.recipes import build_recipe
 from ...pipeline_parallel.split import stage_layers
 from ...tensor_parallel import mappings, wgrad_fusion
 from ...tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
@@ -69,11 +72,15 @@ class LanguageModule(nn.Module):
                 config.max_position_embeddings, config.hidden_size, dtype=config.params_dtype, device=device))
             set_init(self.position_embeddings, "normal", config.init_method_std)
         self.decoder = TransformerBlock(config, groups, num_layers, layer_offset, post_process, device)
+        fp8 = output_layer_fp8(config) if post_process else None
+        # --fp8-output-layer with the tied table: the recipe of its GEMM as the output layer (amaxes as a
+        # column-parallel linear's: over TP and CP); model_state.py saves it under output_layer.fp8.
+        self.output_fp8 = build_recipe(fp8, (tp, groups.cp), (tp,)) if fp8 and self.share_embeddings else None
         if post_process and not self.share_embeddings:
             self.output_layer = ColumnParallelLinear(
                 config.hidden_size, config.padded_vocab_size, group=tp, bias=False,
                 init_std=config.init_method_std, sequence_parallel=config.sequence_parallel,
-                params_dtype=config.params_dtype, device=device)
+                params_dtype=config.params_dtype, device=device, fp8=fp8, cp_group=groups.cp)
             set_tensor_parallel(self.output_layer.weight, 0, unpadded_size=config.vocab_size)
             set_embedding_or_output(self.output_layer.weight)
 
@@ -141,6 +148,12 @@ class LanguageModule(nn.Module):
                 hidden = mappings.gather_from_sequence_parallel_region(hidden, self.groups.tp)
             else:
                 hidden = mappings.copy_to_tensor_model_parallel_region(hidden, self.groups.tp)
+            if self.output_fp8 is not None:
+                # where the embedding uses the table too, a view: its FP8 weight gradient then reaches the
+                # table through autograd with the embedding's (DDP counts one gradient per micro-batch)
+                weight = self.word_embeddings.weight
+                return fp8_linear(hidden, weight.view_as(weight) if self.pre_process else weight, None,
+                                  self.output_fp8)
             if not self.pre_process:  # the table's one use here: its gradient may go straight to DDP's buffer
                 return wgrad_fusion.linear_or_fused(hidden, self.word_embeddings.weight)
             return torch.nn.functional.linear(hidden, self.word_embeddings.weight)
