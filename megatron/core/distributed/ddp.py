@@ -74,15 +74,13 @@ class DistributedDataParallel:
                      for buf in fp8_buffers for b in buf.buckets}
         self._fp8_cast = False
         self._buffer_of = {id(p): buf for buf in self.buffers for b in buf.buckets for p in b.params}
-        # a tied word table's gradient is summed over groups.embd before the DP reduction
-        # (finalize_model_grads), so its bucket is not reduced early when the gradients are sharded;
-        # nor with the distributed optimizer when both copies are here (ZB-V's rank 0: summed locally,
-        # since each copy's shard is a different slice of the table)
-        two_copies = sum(param_meta(p).tied_embedding for p in module.parameters()) == 2
-        deferred = self.config.shards_grads or two_copies and self.config.shards_optimizer
+        # with a sharded optimizer a tied word table's gradient is summed over groups.embd before the DP
+        # reduction (finalize_model_grads): the first and the last stage's DP shards of the table are other
+        # slices of it (its buffer offsets differ), and ZB-V's two copies on rank 0 too; so its bucket is not
+        # reduced early
+        deferred = self.config.shards_optimizer
         self._deferred = {id(b) for b in self.buckets
                           if deferred and any(param_meta(p).tied_embedding for p in b.params)}
-        self.tied_reduced_last = bool(self._deferred)  # finalize_model_grads may sum the tied copies first
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self.gatherer = None
         if self.config.shards_params:

@@ -86,15 +86,13 @@ def finalize_model_grads(model, groups, ddp=None, timers=None):
     the DP and TP sums commute. timers: core.timers.Timers (level 1: the three sums under
     Megatron-LM's names all-grads-sync, layernorm-grads-all-reduce, embedding-grads-all-reduce), or None.
     """
-    if ddp is not None and ddp.config.shards_grads:
+    if ddp is not None and ddp.config.shards_optimizer:
         _finalize_sharded(model, groups, ddp, timers)
         return
     if ddp is not None:  # the main grads nothing reached hold the last step's until zeroed
         ddp.zero_unreached_grads()
-    # ZB-V's two tied copies: summed before the DP reduction where it has not started yet (the
-    # distributed optimizer's shards of the two copies are different slices: DDP holds their buckets
-    # back, tied_reduced_last); with overlap and plain all-reduce after it
-    copies_summed = groups.pp_size > 1 and (ddp is None or not ddp.overlap_grad_reduce or ddp.tied_reduced_last) \
+    # ZB-V's two tied copies: summed before the DP all-reduce where it has not started yet, else after it
+    copies_summed = groups.pp_size > 1 and (ddp is None or not ddp.overlap_grad_reduce) \
         and sum_tied_copies_here(model, _grad_of(ddp))
     with phase(timers, "all-grads-sync", 1):
         if ddp is not None:
@@ -114,10 +112,11 @@ def finalize_model_grads(model, groups, ddp=None, timers=None):
 
 
 def _finalize_sharded(model, groups, ddp, timers=None):
-    """With sharded gradients (optim_grads, optim_grads_params) the tied table's sum over
+    """With a sharded optimizer (optim, optim_grads, optim_grads_params) the tied table's sum over
     groups.embd runs on the full gradients, before the DP reduce-scatter (the sums commute; its
-    DP shard differs between the first and the last stage), and the sequence-parallel sum over
-    groups.tp on this rank's reduced shards after it (the same ranges on every TP rank). Timed:
+    DP shard differs between the first and the last stage: summed after, a stage's shard would add
+    the other stage's unreduced values), and the sequence-parallel sum over groups.tp on this rank's
+    reduced shards after it (the same ranges on every TP rank; with optim the whole main grads). Timed:
     all-grads-sync (the tied table's sum included) and layernorm-grads-all-reduce."""
     with phase(timers, "all-grads-sync", 1):
         ddp.finish_grad_sync(before_reduce=lambda: allreduce_tied_embedding_grads(model, groups, _grad_of(ddp)))
