@@ -69,7 +69,8 @@ def test_train_iters_from_samples():
 def _fake_step(updates):
     """train_step's collaborators: an empty model, an optimizer whose step() reports `updates` in turn."""
     steps = iter(updates)
-    ddp = types.SimpleNamespace(start_step=lambda n: None, config=DistributedDataParallelConfig())
+    ddp = types.SimpleNamespace(start_step=lambda n: None, config=DistributedDataParallelConfig(),
+                                refresh_fp8_weights=lambda: None)
     opt = types.SimpleNamespace(loss_scale=None, step=lambda timers=None: (next(steps), None))
     return ddp, opt
 
