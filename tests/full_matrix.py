@@ -8,9 +8,14 @@ tests/unit/test_full_matrix.py checks that every id here still names a collected
 FP8 = "tests/functional/test_fp8_parity.py::test_fp8_layout_matches_one_process_fp8"
 GPT = "tests/functional/test_parity.py::test_gpt_layout_matches_one_process"
 MOE_BIAS = "tests/functional/test_moe_bias_parity.py::test_expert_biases_split_over_tp_match_one_process"
+MLA = "tests/functional/test_mla_parity.py::test_deepseek_shaped_layout_matches_one_process"
+BERT = "tests/functional/test_bert_parity.py::test_bert_layout_matches_one_process"
+RESHARD = "tests/functional/test_checkpoint.py::test_checkpoint_loads_into_another_layout"
+NORMS = "tests/functional/test_observability.py::test_params_norm_and_zeros_match_one_process"
+FP8_GATHER = "tests/distributed/test_fp8_param_gather.py::test_fp8_param_gather_moves_bytes_and_changes_no_loss"
 
 FULL_ONLY = {
-    # FP8: the default run keeps tensorwise TP2+SP and ZeRO-3, delayed PP2 zb-h1 and CP2, blockwise TP2+SP,
+    # FP8: the default run keeps tensorwise TP2+SP, delayed PP2 zb-h1 and CP2, blockwise TP2+SP,
     # MoE tensorwise TP2+SP, MoE delayed EP2, delayed ZeRO-3 and ZeRO-1 with --fp8-param-gather, the output layer
     # in FP8 tied at TP2+SP and untied at PP2 (each recipe,
     # each reduction group: TP, SP, CP, DP, expert-DP, the B/W split, the per-source casts, the FP8 gathers;
@@ -19,12 +24,27 @@ FULL_ONLY = {
         "tensorwise-pp2", "tensorwise-pp2-zb-h1", "tensorwise-distopt-dp2", "tensorwise-cp2",
         "delayed-tp2-sp", "delayed-pp2", "delayed-distopt-dp2", "delayed-zero3-dp2", "blockwise-distopt-dp2",
         "moe-tensorwise-cp2", "moe-tensorwise-distopt-dp2", "moe-delayed-tp2-sp", "moe-delayed-cp2",
-        "moe-delayed-distopt-dp2", "moe-tensorwise-ep2-alltoall", "tensorwise-zero3-dp2-param-gather",
+        "moe-delayed-distopt-dp2", "moe-tensorwise-ep2-alltoall", "tensorwise-zero3-dp2",
+        "tensorwise-zero3-dp2-param-gather",
         "tensorwise-distopt-dp2-param-gather", "moe-delayed-ep2-alltoall-zero3-param-gather",
         "tensorwise-output-pp2", "delayed-output-untied-tp2-sp")),
-    # dense GPT: the default run keeps tp2, tp2-sp, dp2, pp2, pp2-vpp2, tp2-pp2, tp2-pp2-dp2-sp, dp2-overlap,
-    # distopt-dp2, distopt-pp2-dp2-overlap (wider groups of the same code: tp4, dp4, pp4)
-    *(f"{GPT}[{case}]" for case in ("tp4", "dp4", "dp4-overlap", "pp4", "tp2-dp2", "distopt-tp2-dp2-overlap")),
+    # dense GPT: the default run keeps tp2, tp2-sp, pp2-vpp2, tp2-pp2-dp2-sp, dp2-overlap, distopt-dp2,
+    # distopt-pp2-dp2 and its overlapped variant (wider groups of the same code: tp4, dp4, pp4; pp2 and dp2 are
+    # inside pp2-vpp2 / distopt-pp2-dp2 and dp2-overlap, tp2-pp2 inside tp2-pp2-dp2-sp)
+    *(f"{GPT}[{case}]" for case in ("tp4", "dp4", "dp4-overlap", "pp4", "tp2-dp2", "distopt-tp2-dp2-overlap",
+                                    "pp2", "dp2", "tp2-pp2")),
+    # MLA + MoE + MTP: the default run keeps tp2-sp, tp2-sp-recompute-up, cp2, dp2-zero3-recompute, pp2-zb-h1,
+    # ep2-tp2-folded and the chunked pipelines (tp2 is tp2-sp without SP, pp2 is pp2-zb-h1's 1F1B)
+    *(f"{MLA}[{case}]" for case in ("tp2", "pp2")),
+    # BERT: the default run keeps tp2-pp2-dp2, the post-norm TP+SP+VPP layout, dp2 with NSP, the headless TP2xPP2
+    *(f"{BERT}[{case}]" for case in ("tp2", "pp2")),
+    # a checkpoint of TP2 x PP2 x DP2 loaded at one process and at DP4 with the distributed optimizer (default),
+    # at TP4 and PP4 (full): every load reshards from the same global offsets
+    *(f"{RESHARD}[{case}]" for case in ("tp4", "pp4")),
+    # params norm and zeros: the default run keeps ZeRO-1 TP2xPP2xDP2, ZeRO-3 TP2xDP2 + SP, EP2
+    f"{NORMS}[pp2xdp2-zero2]",
+    # --fp8-param-gather at TP2 x DP2: the default run keeps ZeRO-1 tensorwise, ZeRO-2 and ZeRO-3 delayed
+    f"{FP8_GATHER}[optim_grads_params-tensorwise]",
     # expert biases over TP: the default run keeps tp2xep2 alltoall, both folded layouts and the checkpoint
     *(f"{MOE_BIAS}[{case}]" for case in ("tp2xep2-allgather-sp", "tp1xdp2-etp2")),
 }

@@ -24,8 +24,9 @@ def run_cli(args, nproc=1, script="pretrain_gpt.py", timeout=600, check=True, en
     given flags gets PINNED before them (unless not `pinned`). Returns CompletedProcess."""
     if pinned and args and script in ("pretrain_gpt.py", "pretrain_bert.py"):
         args = PINNED + list(args)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               **(env or {}))
+    # one thread per rank (a test's env may say otherwise): ranks share the cores, and references compare alike
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
     if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", script]
     else:

@@ -15,7 +15,9 @@ from .cli import REPO, losses, run_cli
 def test_default_run_builds_its_data_and_trains_within_three_minutes(tmp_path):
     # an empty cache: the one-time build (corpus, SentencePiece model, .bin/.idx, indices) is timed too
     start, cpu_start = time.time(), _children_cpu()
-    proc = run_cli([], timeout=600, env={"XDG_CACHE_HOME": str(tmp_path)})
+    # as a user runs it: torch's threads over every core (not the one thread per rank of the parity runs)
+    threads = os.cpu_count() or 1
+    proc = run_cli([], timeout=600, env={"XDG_CACHE_HOME": str(tmp_path), "OMP_NUM_THREADS": str(threads)})
     elapsed, cpu = time.time() - start, _children_cpu() - cpu_start
     got = losses(proc.stdout)
     assert max(got) == 200
@@ -26,10 +28,11 @@ def test_default_run_builds_its_data_and_trains_within_three_minutes(tmp_path):
     assert "SentencePieceTokenizer" in proc.stdout and "parameters per rank" in proc.stdout
     assert glob.glob(str(tmp_path / "megatron-3d" / "embedded" / "*" / "*_text_document.idx"))
     # The budget is 3 minutes on 2 cores. When other work crowds the cores (load average well above
-    # the CPU count) wall time says little about this run; its CPU time (one thread) then stands in.
+    # the CPU count) wall time says little about this run; its CPU time then stands in (its threads'
+    # together: about 1.4x one thread's on 2 cores, measured).
     load, cores = os.getloadavg()[0], os.cpu_count()
     crowded = load > 1.5 * cores
-    assert elapsed < 180 or (crowded and cpu < 180), \
+    assert elapsed < 180 or (crowded and cpu < 180 * min(threads, 2)), \
         f"took {elapsed:.0f} s wall, {cpu:.0f} s CPU (load average {load:.1f} on {cores} CPUs)"
 
 
