@@ -33,9 +33,10 @@ FULL_ONLY = {
     # inside pp2-vpp2 / distopt-pp2-dp2 and dp2-overlap, tp2-pp2 inside tp2-pp2-dp2-sp)
     *(f"{GPT}[{case}]" for case in ("tp4", "dp4", "dp4-overlap", "pp4", "tp2-dp2", "distopt-tp2-dp2-overlap",
                                     "pp2", "dp2", "tp2-pp2")),
-    # MLA + MoE + MTP: the default run keeps tp2-sp, tp2-sp-recompute-up, cp2, dp2-zero3-recompute, pp2-zb-h1,
-    # ep2-tp2-folded and the chunked pipelines (tp2 is tp2-sp without SP, pp2 is pp2-zb-h1's 1F1B)
-    *(f"{MLA}[{case}]" for case in ("tp2", "pp2")),
+    # MLA + MoE + MTP: the default run keeps tp2-sp-recompute-up, cp2, dp2-zero3-recompute, pp2-zb-h1,
+    # ep2-tp2-folded (TP2 + SP too) and the chunked pipelines (tp2 and tp2-sp are tp2-sp-recompute-up without
+    # recompute, pp2 is pp2-zb-h1's 1F1B)
+    *(f"{MLA}[{case}]" for case in ("tp2", "tp2-sp", "pp2")),
     # BERT: the default run keeps tp2-pp2-dp2, the post-norm TP+SP+VPP layout, dp2 with NSP, the headless TP2xPP2
     *(f"{BERT}[{case}]" for case in ("tp2", "pp2")),
     # a checkpoint of TP2 x PP2 x DP2 loaded at one process and at DP4 with the distributed optimizer (default),
