@@ -58,7 +58,7 @@ def validate(model_cfg, train_cfg, world_size) -> ParallelLayout:
     layout = parallel_layout(model_cfg, train_cfg, world_size)
     pp, vpp, dp = layout.pp, layout.vpp, layout.dp
     train_cfg.validate(dp)
-    check_fp8_param_gather(model_cfg, train_cfg.ddp_config().shards_optimizer, "--use-distributed-optimizer")
+    check_fp8_param_gather(model_cfg, train_cfg.ddp_config().shards_optimizer)
     if model_cfg.context_parallel_size > 1 and train_cfg.reset_attention_mask:
         raise ConfigError("--reset-attention-mask needs --context-parallel-size 1 (no attention mask crosses "
                           "context-parallel ranks); drop one of them")

@@ -80,6 +80,9 @@ def test_mxfp8_without_fp8_changes_nothing():  # as in Megatron-LM: the recipe i
     (["--fp8-recipe", "blockwise", "--tensor-model-parallel-size", "2"], "multiple of 128"),
     (["--fp8-recipe", "blockwise", "--context-parallel-size", "2", "--attention-dropout", "0"],
      "--context-parallel-size > 1 is not built"),
+    # the layers' TP shards are multiples of 128 at hidden 256; the output layer's padded vocabulary is 128 / 2
+    (["--fp8-recipe", "blockwise", "--tensor-model-parallel-size", "2", "--fp8-output-layer", "--hidden-size", "256",
+      "--make-vocab-size-divisible-by", "64"], "the padded vocabulary .* per TP rank \\(64\\)"),
 ])
 def test_values_that_do_not_fit(args, match):
     world = 2 if any(a in args for a in ("--tensor-model-parallel-size", "--context-parallel-size")) else 1

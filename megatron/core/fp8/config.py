@@ -82,11 +82,10 @@ def check_fp8(cfg) -> None:
         _check_blockwise(cfg, f)
 
 
-def check_fp8_param_gather(cfg, shards_optimizer: bool, optimizer_flag: str) -> None:
+def check_fp8_param_gather(cfg, shards_optimizer: bool) -> None:
     """ConfigError where --fp8-param-gather cannot run: with blockwise scaling (its per-block scales are not
     gathered), or without a sharded optimizer (nothing is gathered: Megatron-LM's rule). Without --fp8-format it
-    has no weight to gather (the start-up line of flags without effect says so: training/no_effect.py).
-    optimizer_flag: the flag that shards it, for the message."""
+    has no weight to gather (the start-up line of flags without effect says so: training/no_effect.py)."""
     if not cfg.fp8_param_gather or cfg.fp8_format is None:
         return
     f = flag_namer(cfg)
@@ -95,7 +94,7 @@ def check_fp8_param_gather(cfg, shards_optimizer: bool, optimizer_flag: str) -> 
                           "128x128 block scales are not gathered); use tensorwise or delayed, or drop the flag")
     if not shards_optimizer:
         raise ConfigError(f"{f('fp8_param_gather')} changes how a sharded optimizer gathers the updated weights: "
-                          f"it needs {optimizer_flag}; add it or drop {f('fp8_param_gather')}")
+                          f"it needs --use-distributed-optimizer; add it or drop {f('fp8_param_gather')}")
 
 
 def _check_blockwise(cfg, f):

@@ -55,28 +55,23 @@ class DelayedScaler(nn.Module):
         self.step_amax = None
         self._has_history = False  # cached: reading `updates` is a host sync on a GPU
 
-    def scale(self, x):
-        """The scale to cast x with; in training, x's amax joins the step's (evaluation records nothing)."""
+    def _history(self) -> bool:
         if not self._has_history:  # until the first update, or the first cast after a checkpoint's load
             self._has_history = bool(self.updates)
-        if not self._has_history:
-            a = reduced_amax(x, self.groups)
-            s = scale_from_amax(a, self.dtype, self.margin)
-        else:
-            a, s = amax(x), self.scale_
-        if self.training:
-            self.step_amax = a if self.step_amax is None else torch.maximum(self.step_amax, a)
-        return s
+        return self._has_history
+
+    def scale(self, x):
+        """The scale to cast x with; in training, x's amax joins the step's (evaluation records nothing).
+        With a history the amax is this piece's (update() reduces it); without, the reduced one is needed now."""
+        return self.scale_of_amax(amax(x) if self._history() else reduced_amax(x, self.groups))
 
     def scale_of_amax(self, a):
-        """The scale to cast a tensor with whose amax, reduced over its pieces, is `a` (the weights that
-        --fp8-param-gather casts once per step, distributed/fp8_param_gather.py): as scale() would give it;
-        in training `a` joins the step's amaxes as each cast of the tensor in the step would add it."""
-        if not self._has_history:
-            self._has_history = bool(self.updates)
-        s = self.scale_ if self._has_history else scale_from_amax(a, self.dtype, self.margin)
+        """The scale to cast a tensor with whose amax is `a` (reduced over its pieces where there is no history
+        yet; the weights --fp8-param-gather casts once per step, distributed/fp8_param_gather.py, pass theirs);
+        in training `a` joins the step's amaxes."""
+        s = self.scale_ if self._history() else scale_from_amax(a, self.dtype, self.margin)
         if self.training:
-            self.step_amax = a.clone() if self.step_amax is None else torch.maximum(self.step_amax, a)
+            self.step_amax = a if self.step_amax is None else torch.maximum(self.step_amax, a)
         return s
 
     def update(self, step_groups):

@@ -5,6 +5,7 @@ training by another rule and decides the model's output (the MoE routers' expert
 balancing; FP8 delayed scaling's amax histories and scales) is listed here, so save and load reach it
 through one function rather than by walking module attributes.
 """
+from ..models.common.language_module import LanguageModule
 from ..tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from ..tensor_parallel.param_meta import param_meta
 from .moe.experts import ExpertMLP
@@ -40,7 +41,7 @@ def non_trained_state(model):
     """
     out = []
     for m in model.modules():
-        if getattr(m, "output_fp8", None) is not None:  # the tied table's FP8 GEMM (language_module.py)
+        if isinstance(m, LanguageModule) and m.output_fp8 is not None:  # the tied table's FP8 GEMM
             out += [("output_layer.fp8." + name, t) for name, t in m.output_fp8.named_buffers()]
         if isinstance(m, TopKRouter):
             out += m.bias_state()
