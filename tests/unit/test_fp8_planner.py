@@ -47,6 +47,30 @@ def test_only_the_fp8_layers_and_only_fp8_gpus():
     assert cost.layer_costs(_config(fp8_format="hybrid"), B, a100, 1) == cost.layer_costs(_config(), B, a100, 1)
 
 
+def test_fp8_output_layer_written_out():
+    """--fp8-output-layer: the head's GEMM [S B, h] x [v, h]^T at the FP8 peak less its casts; without the flag,
+    or on a GPU without FP8, the head costs what it costs in bf16."""
+    def head(**kw):
+        c = TransformerConfig(num_layers=4, hidden_size=H, num_attention_heads=A, seq_length=S, ffn_hidden_size=F,
+                              vocab_size=32000, params_dtype=torch.bfloat16, **kw).resolve()
+        return cost.head_costs(c, B, H100, 1), c
+    plain, c = head()
+    m, v = S * B, c.padded_vocab_size
+    faster = gemm_time(H100, m, v, H) * (1 - 989 / 1979)
+    for recipe, amax in (("tensorwise", 2), ("delayed", 0)):
+        fwd_bytes = (2 + amax + 1) * (m * H + v * H)
+        bwd_bytes = (2 + amax + 1) * m * v + 3 * v * H + 2 * (m * H + m * v)
+        got, _ = head(fp8_format="hybrid", fp8_recipe=recipe, fp8_output_layer=True)
+        assert plain.forward - got.forward == pytest.approx(faster - memory_time(H100, fwd_bytes), rel=1e-9)
+        assert plain.backward - got.backward == pytest.approx(2 * faster - memory_time(H100, bwd_bytes), rel=1e-9)
+        assert plain.weight - got.weight == pytest.approx(plain.forward - got.forward, rel=1e-12)
+        assert got.forward < plain.forward
+    assert head(fp8_format="hybrid")[0] == plain  # the output layer in bf16 (Megatron-LM's default)
+    a100 = make_cluster("A100-80GB", 8)
+    c8 = head(fp8_format="hybrid", fp8_output_layer=True)[1]
+    assert cost.head_costs(c8, B, a100, 1) == cost.head_costs(c, B, a100, 1)
+
+
 ARGV = ["--num-layers", "4", "--hidden-size", "4096", "--num-attention-heads", "32", "--seq-length", "2048",
         "--max-position-embeddings", "2048", "--vocab-size", "32000", "--global-batch-size", "16", "--bf16"]
 

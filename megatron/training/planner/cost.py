@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from ...core.distributed.strategy import shards_grads, shards_optimizer, shards_params
 from . import mla_cost
-from .fp8_cost import fp8_savings
+from .fp8_cost import fp8_savings, head_fp8_savings
 from .hardware import Cluster, all_to_all_time, collective_time, gemm_time, memory_time, p2p_time, ring_bytes
 from .moe_cost import expert_parallel_time, moe_fraction, moe_mlp_costs, router_time
 from .pipeline_cost import pipeline_time
@@ -133,12 +133,14 @@ def context_parallel_time(c, b, cluster: Cluster, tp, core):
 
 
 def head_costs(c, b, cluster: Cluster, tp) -> PassCosts:
-    """The output layer and the vocab-parallel cross entropy (last stage); W: the output weight's GEMM."""
+    """The output layer and the vocab-parallel cross entropy (last stage); W: the output weight's GEMM
+    (--fp8-output-layer: in FP8, fp8_cost.head_fp8_savings)."""
     m, h, v = c.seq_length // c.context_parallel_size * b, c.hidden_size, c.padded_vocab_size
     g = gemm_time(cluster, m, v // tp, h)
     ce = memory_time(cluster, 3 * 4 * m * v / tp)  # fp32 logits: max, exp-sum, grad passes
     comm_fwd, comm_bwd = (tp_time(cluster, ops, tp) for ops in head_collectives(c, b, tp))
-    return PassCosts(g + ce + comm_fwd, 2 * g + ce + comm_bwd, weight=g)
+    fp8_fwd, fp8_bwd = head_fp8_savings(c, m, cluster, tp, g)
+    return PassCosts(g + ce + comm_fwd - fp8_fwd, 2 * g + ce + comm_bwd - fp8_bwd, weight=g - fp8_fwd)
 
 
 def mtp_costs(c, b, cluster: Cluster, tp, layer, head, embedding) -> PassCosts:

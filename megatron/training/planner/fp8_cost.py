@@ -10,8 +10,10 @@ recipe casts its operands (bytes streamed through HBM, elt the activation bytes)
     delayed     the same without the amax passes (the scale is the history's): elt + 1 per cast
     blockwise   the casts without the amax passes (per tile), x and g cast again along the other dimension
                 for the weight gradient instead of the transposes
+With --fp8-output-layer the output layer's GEMM (cost.head_costs) gains the same way, with its casts.
 On a GPU without FP8 tensor cores (no peak_fp8_tflops in calibration.toml) nothing is faster.
 """
+from ...core.fp8.config import output_layer_fp8
 from .fp8_memory import fp8_layers
 from .hardware import Cluster, memory_time
 from .traffic import element_bytes
@@ -64,3 +66,14 @@ def fp8_savings(c, m, cluster: Cluster, tp, eligible_gemms, moe) -> tuple[float,
     fwd_bytes, bwd_bytes = cast_bytes(c, linear_shapes(c, m, tp, moe))
     return (share * (faster - memory_time(cluster, fwd_bytes)),
             share * (2 * faster - memory_time(cluster, bwd_bytes)))
+
+
+def head_fp8_savings(c, m, cluster: Cluster, tp, gemm) -> tuple[float, float]:
+    """(forward, backward) seconds --fp8-output-layer takes off the output layer for m tokens: its forward GEMM
+    (gemm seconds in bf16, x [m, h] by the vocabulary's slice [v/tp, h]) at the FP8 peak (backward: twice it),
+    less its casts' streaming. Zero without the flag, as for layers on a GPU without FP8."""
+    if output_layer_fp8(c) is None or cluster.peak_fp8_flops is None:
+        return 0.0, 0.0
+    faster = gemm * (1 - cluster.peak_flops / cluster.peak_fp8_flops)
+    fwd_bytes, bwd_bytes = cast_bytes(c, [(m, c.padded_vocab_size / tp, c.hidden_size)])
+    return faster - memory_time(cluster, fwd_bytes), 2 * faster - memory_time(cluster, bwd_bytes)
