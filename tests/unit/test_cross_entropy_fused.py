@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from megatron.core.comm import PlanGroup
 from megatron.core.tensor_parallel import cross_entropy_fused
 from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from megatron.core.tensor_parallel.cross_entropy_fused import fused_vocab_parallel_cross_entropy
@@ -149,3 +150,57 @@ def _padding_only(groups, fused):
         loss.backward(grad)
         out[name] = _back(loss.detach(), y.grad)
     return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_path_matches_eager(monkeypatch, dtype):
+    """The path CUDA runs (the same two functions under torch.compile, over all tokens at once), compiled
+    here by inductor's CPU backend, against the eager chunked path: loss and gradient within the fp32
+    bounds above (bf16: plus one bf16 rounding of the gradient); padding columns' gradient zero."""
+    logits, target, grad = _problem()
+    logits = logits.to(dtype)
+    single = PlanGroup(1)  # TP 1: no collective is called
+    eager = _run(fused_vocab_parallel_cross_entropy, logits, target, grad, single)
+    calls = []
+    monkeypatch.setattr(cross_entropy_fused, "use_compiled", lambda x: calls.append(x.shape) or True)
+    fused = _run(fused_vocab_parallel_cross_entropy, logits, target, grad, single)
+    assert len(calls) == 2, "the compiled path should run forward and backward"
+    loss_tol, grad_tol = _tolerances(logits.float(), grad)
+    assert fused[1][0] == str(dtype)
+    assert (_t(fused[0]) - _t(eager[0])).abs().max().item() <= loss_tol
+    bound = grad_tol + (2.0 ** -8 * _t(eager[1]).abs() if dtype == torch.bfloat16 else 0.0)
+    assert ((_t(fused[1]) - _t(eager[1])).abs() <= bound).all()
+    assert not _t(fused[1])[..., VOCAB:].any()
+
+
+def test_compiled_functions_with_targets_on_other_ranks():
+    """A TP rank's view: targets outside its columns (inside False) give no target logit and no -1;
+    padding columns out of the log-sum-exp; compiled equals eager within the fp32 bounds."""
+    from megatron.core.fusions._common import compiled
+    logits, target, grad = _problem()
+    x, t, g = logits.reshape(-1, V_PADDED)[:, 8:], target.reshape(-1) - 8, grad.reshape(-1)
+    inside = (t >= 0) & (t < 8)
+    local = t.masked_fill(~inside, 0)
+    valid = VOCAB - 8
+    lse, tl = cross_entropy_fused._lse_and_target(x, local, inside, valid)
+    assert torch.allclose(lse, torch.logsumexp(x[:, :valid].double(), -1).float(), rtol=0, atol=8 * U * 10)
+    assert not tl[~inside].any() and torch.equal(tl[inside], x[inside, local[inside]])
+    c_lse, c_tl = compiled(cross_entropy_fused._lse_and_target)(x, local, inside, valid)
+    loss_tol, grad_tol = _tolerances(logits, grad)
+    assert (c_lse - lse).abs().max().item() <= loss_tol and torch.equal(c_tl, tl)
+    ref = cross_entropy_fused._grad_of(x, lse, local, inside, g, valid)
+    got = compiled(cross_entropy_fused._grad_of)(x, lse, local, inside, g, valid)
+    assert (got - ref).abs().max().item() <= grad_tol and not got[:, valid:].any()
+    rows = torch.nonzero(inside).squeeze(-1)
+    expected = torch.exp(x[:, :valid].double() - lse[:, None].double()) * g[:, None].double()
+    expected[rows, local[rows]] -= g[rows].double()
+    assert torch.allclose(ref[:, :valid].double(), expected, rtol=0, atol=grad_tol)
+
+
+def test_which_path_runs(monkeypatch):
+    assert not cross_entropy_fused.use_compiled(torch.zeros(1))  # CPU: the eager chunks
+    monkeypatch.setattr(cross_entropy_fused, "importable", lambda module: module == "triton")
+    assert "torch.compile" in cross_entropy_fused.implementation("cuda")
+    assert "chunked" in cross_entropy_fused.implementation("cpu")
+    monkeypatch.setattr(cross_entropy_fused, "importable", lambda module: False)
+    assert "chunked" in cross_entropy_fused.implementation("cuda")  # no triton: no GPU compiler

@@ -55,10 +55,10 @@ def describe(config, device):
         device = torch.device(device)
         ops.append(("ring-attention-blocks",
                     choose_kernel(device.type, config.params_dtype, config.kv_channels, usable_kernels(device))))
-    from ..tensor_parallel import wgrad_fusion  # here: tensor_parallel imports this package
+    from ..tensor_parallel import cross_entropy_fused, wgrad_fusion  # here: tensor_parallel imports this package
     ops.append(("weight-gradient accumulation", f"in the GEMM ({wgrad_fusion.impl(device)})"
                 if config.gradient_accumulation_fusion else "off (a .grad, then added)"))
-    ops.append(("cross entropy", "fused (chunked, gradient over the logits)" if config.cross_entropy_loss_fusion
+    ops.append(("cross entropy", cross_entropy_fused.implementation(device) if config.cross_entropy_loss_fusion
                 else "vocab-parallel (torch)"))
     return ops
 
