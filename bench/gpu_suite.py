@@ -5,7 +5,8 @@ the GPU's two ceilings, building the fused kernels, tests/gpu (crash-proof: pyte
 compute-sanitizer over the binding-error test, the kernel table (fused vs eager vs compiled, TB/s),
 then ours vs a plain PyTorch loop vs peers at the GPT-3 1.3B, Llama 1B and small-MoE shapes, with
 the planner's predicted step time and memory next to the measured ones; last (past the default budget:
-`--only fp8`), FP8 against bf16 at the 1.3B GPT and a Llama-3 8B layer stack. A step whose script or
+`--only fp8`), FP8 against bf16 at the 1.3B GPT and a Llama-3 8B layer stack, and (`--only profile`) a
+torch.profiler table of ours and of the compiled plain loop at 1.3B, kernel by kernel. A step whose script or
 flag this checkout lacks is reported as such, so the same suite runs on older commits.
 Everything goes to OUT: suite.log (all output), gpu_<card>.md (the tables), results.json.
 """
@@ -18,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from gpu_suite_report import CE_FUSION, render
+from gpu_suite_report import CE_FUSION, PROFILE_STEP, render
 
 PY = sys.executable
 GPT13 = ("--num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
@@ -103,6 +104,9 @@ def steps(out, help_text):
         ("llama8b-4L ours fp8 delayed", 120,
          f"{pre} {LLAMA8_4L} --vocab-size 32000 --train-iters 15 --fp8-format hybrid --fp8-recipe delayed" if fp8
          else (None, "pretrain_gpt.py has no --fp8-format here")),
+        # where ours and the compiled plain loop spend GPU time, kernel by kernel (`--only profile`: past the budget)
+        (PROFILE_STEP, 200, overhead("gpt-1.3b", " --models ours --compile --profile --rounds 1 --steps-per-round 1")
+         if "--profile" in ovh else (None, "bench/overhead.py has no --profile here")),
     ]
 
 

@@ -8,8 +8,9 @@ CE_FUSION = "--cross-entropy-loss-fusion"
 # bench/gpu_suite.py's steps whose output is a pretrain_gpt.py log, and those printing bench/overhead.py's tables
 PRETRAIN_STEPS = ("gpt1.3b ours", f"gpt1.3b ours {CE_FUSION}", "llama1b ours", "moe ours", "gpt1.3b ours fp8",
                   "fp8 baseline: llama8b-4L ours bf16", "llama8b-4L ours fp8", "llama8b-4L ours fp8 delayed")
+PROFILE_STEP = "profile gpt1.3b ours vs plain compiled"
 OVERHEAD_STEPS = ("gpt1.3b ours vs plain", f"gpt1.3b ours {CE_FUSION} vs plain", "gpt1.3b plain compiled",
-                  "llama1b ours vs plain", "moe ours vs plain")
+                  "llama1b ours vs plain", "moe ours vs plain", PROFILE_STEP)
 
 ITER = re.compile(r"elapsed time per iteration \(ms\): ([\d.]+) \| throughput per GPU \(TFLOP/s/GPU\): ([\d.]+)"
                   r"(?: \| MFU: ([\d.]+)%)?")
@@ -48,6 +49,19 @@ def fmt(x, spec=".1f", none="n/a"):
 def tables_of(text):
     """Markdown table lines and ratio lines a bench printed."""
     return [ln for ln in text.splitlines() if ln.startswith("|") or ln.startswith("ratio ")]
+
+
+def profile_blocks(text, rows=45):
+    """bench/overhead.py --profile's tables (each from its "==== profile" line), indented as code."""
+    out, keep = [], 0
+    for ln in text.splitlines():
+        if ln.startswith("==== profile"):
+            out += ["", f"#### {ln.strip('= ')}", ""]
+            keep = rows
+        elif keep:
+            out.append("    " + ln)
+            keep -= 1
+    return out
 
 
 def render(done, label, out):
@@ -95,7 +109,7 @@ def render(done, label, out):
     for name in OVERHEAD_STEPS:
         text = by.get(name, {}).get("output", "")
         if text:
-            lines += ["", f"### {name}", "", *tables_of(text)]
+            lines += ["", f"### {name}", "", *tables_of(text), *profile_blocks(text)]
     if impls:
         lines += ["", "Implementations (start-up log):", "", *impls]
     return card, "\n".join(lines) + "\n"

@@ -51,6 +51,8 @@ def test_overhead_commands_parse(commands):
         assert not a.no_gradient_accumulation_fusion, name
     assert overhead.parse(_argv_after(runs["gpt1.3b plain compiled"], "overhead.py")).models == ["ours", "compiled"]
     assert overhead.parse(_argv_after(runs["llama1b ours vs plain"], "overhead.py")).shape.arch == "llama"
+    prof = overhead.parse(_argv_after(runs[gpu_suite_report.PROFILE_STEP], "overhead.py"))
+    assert prof.profile and prof.models == ["ours", "compiled"] and prof.rounds == 1 and prof.steps_per_round == 1
 
 
 def test_pretrain_commands_parse(commands):
@@ -76,3 +78,14 @@ def test_a_failing_step_does_not_stop_the_suite(tmp_path, monkeypatch):
     assert done["fails"]["rc"] == 3 and done["works"]["rc"] == 0 and done["missing"]["skipped"] == "not here"
     assert done["works"]["results"][0]["ms_per_step"] == 1.0
     assert "| x | 1.0 |" in (tmp_path / "gpu_h200.md").read_text()
+
+
+def test_profile_tables_reach_the_report(tmp_path):
+    """The profile step's torch.profiler tables (what follows each "==== profile" line) go into the report."""
+    text = ("| ours | 1 |\nratio (median ms/step) ours / plain (compiled): 1.080\n"
+            "\n==== profile: ours (2 steps), sorted by self_cuda_time_total\n----\nName  Self CUDA\n"
+            "sm90_gemm  100ms\n\n==== profile: compiled (2 steps), sorted by self_cuda_time_total\ntriton_red  9ms\n")
+    done = [{"name": gpu_suite_report.PROFILE_STEP, "rc": 0, "seconds": 1.0, "output": text, "results": []}]
+    _, report = gpu_suite_report.render(done, "test", str(tmp_path))
+    assert "#### profile: ours (2 steps), sorted by self_cuda_time_total" in report
+    assert "    sm90_gemm  100ms" in report and "    triton_red  9ms" in report and "| ours | 1 |" in report
