@@ -53,10 +53,10 @@ def test_formula_is_what_autograd_saves(dtype, kw):
 
 def test_estimate_memory_counts_moe_layers():
     est = activations
-    dense = _config(swiglu=True)
+    dense = _config(swiglu=True, attention_backend="unfused")  # the paper's attention core (s x s scores kept)
     dense.num_experts = None
     korthikanti = S * B * H * (34 + 5 * 4 * S / H)
     assert est.activation_bytes_per_layer(dense, B, 1, False) == korthikanti  # dense: unchanged
-    moe = _config(swiglu=True, moe_layer_freq=2)  # layer 1 of 2 is MoE
+    moe = _config(swiglu=True, moe_layer_freq=2, attention_backend="unfused")  # layer 1 of 2 is MoE
     extra = (am.moe_mlp_bytes(moe, T) - 19 * T * H) / 2
     assert est.activation_bytes_per_layer(moe, B, 1, False) == pytest.approx(korthikanti + extra)

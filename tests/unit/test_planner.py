@@ -51,8 +51,8 @@ def test_recompute_shrinks_the_estimate():
 
 
 def test_ranking_puts_what_does_not_fit_last():
-    # 8 GPUs of 6 MB: the toy model fits in some layouts only
-    cluster = make_cluster("H100-SXM", 8, memory_gb=0.006)
+    # 8 GPUs of 2 MB: the toy model fits in some layouts only
+    cluster = make_cluster("H100-SXM", 8, memory_gb=0.002)
     preds, _ = plan(TOY, cluster)
     fits = [p.fits for p in preds]
     assert any(fits) and not all(fits)
@@ -119,15 +119,41 @@ def test_training_log_line():
 
 @pytest.mark.parametrize("tp,sp", [(1, False), (2, False), (2, True)])
 def test_estimator_recompute_is_korthikanti(tp, sp):
-    """The estimator's kept activations under recompute = Korthikanti et al.'s bytes per layer
-    (tests/activation_memory.korthikanti) x layers; full recompute also rebuilds one layer."""
+    """The estimator's kept activations with the paper's layer (--attention-backend unfused: the core keeps
+    the s x s scores) = Korthikanti et al.'s bytes per layer (tests/activation_memory.korthikanti) x layers,
+    without recompute, selective and full; full recompute also rebuilds one layer."""
     from tests.activation_memory import korthikanti
-    for rec in ("selective", "full"):
-        flags = TOY + ["--micro-batch-size", "2", "--tensor-model-parallel-size", str(tp), "--recompute-granularity",
-                       rec] + (["--sequence-parallel"] if sp else [])
+    for rec in (None, "selective", "full"):
+        flags = TOY + ["--micro-batch-size", "2", "--tensor-model-parallel-size", str(tp), "--attention-backend",
+                       "unfused"] + (["--recompute-granularity", rec] if rec else [])
+        flags += ["--sequence-parallel"] if sp else []
         c, t = parse_args(PLAN_DEFAULTS + flags)
         resolve(c, t, tp)
         kept, working = activations.kept_activation_bytes(c, 2, tp, 4)
         s, h, a = c.seq_length, c.hidden_size, c.num_attention_heads
         assert kept == pytest.approx(4 * korthikanti(s, 2, h, a, tp, sp, rec), rel=1e-9)
         assert working == (pytest.approx(korthikanti(s, 2, h, a, tp, sp, None)) if rec == "full" else 0)
+
+
+@pytest.mark.parametrize("backend", ["auto", "sdpa", "flash", "fused"])
+@pytest.mark.parametrize("tp,sp", [(1, False), (2, False), (2, True)])
+def test_estimator_fused_attention_keeps_no_scores(tp, sp, backend):
+    """Every fused core (what --attention-backend auto runs on a GPU) keeps Q, K, V and an fp32 log-sum-exp
+    instead of the s x s scores: tests/activation_memory.ours(core="sdpa-flash") with the paper's other
+    parameters (1-byte masks, no norm statistics), the layer tests/distributed/test_activation_memory.py
+    measures; selective recompute drops the log-sum-exp too; full recompute is unchanged."""
+    from tests.activation_memory import korthikanti, ours
+    for rec in (None, "selective", "full"):
+        flags = TOY + ["--micro-batch-size", "2", "--tensor-model-parallel-size", str(tp), "--attention-backend",
+                       backend] + (["--recompute-granularity", rec] if rec else [])
+        flags += ["--sequence-parallel"] if sp else []
+        c, t = parse_args(PLAN_DEFAULTS + flags)
+        resolve(c, t, tp)
+        kept, _ = activations.kept_activation_bytes(c, 2, tp, 4)
+        s, h, a = c.seq_length, c.hidden_size, c.num_attention_heads
+        want = ours(s, 2, h, a, tp, sp, rec, core="sdpa-flash") if rec != "selective" else korthikanti(
+            s, 2, h, a, tp, sp, rec)
+        assert kept == pytest.approx(4 * want, rel=1e-9), rec
+        if rec is None:  # the paper's unfused layer keeps 5 a s^2 b / t more, less the log-sum-exp
+            assert 4 * korthikanti(s, 2, h, a, tp, sp, None) - kept == pytest.approx(
+                4 * (5 * a * s * s * 2 / tp - 4 * a * s * 2 / tp), rel=1e-9)

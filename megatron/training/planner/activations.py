@@ -8,12 +8,33 @@ from ...core.transformer.moe.activation_memory import moe_extra_bytes_per_layer
 from . import mla_cost
 from .fp8_memory import fp8_delta_bytes
 
+UNFUSED_BACKENDS = ("local", "unfused")  # --attention-backend values whose core keeps the s x s scores
+
+
+def keeps_scores(c) -> bool:
+    """The attention core keeps s x s tensors for backward: only the unfused core (Megatron-LM's local, the layer
+    Korthikanti et al. count). Every fused one (flash-attn, Transformer Engine, SDPA's flash / memory-efficient /
+    cuDNN kernels: what --attention-backend auto runs on a GPU) keeps an fp32 log-sum-exp per query and head."""
+    return c.attention_backend in UNFUSED_BACKENDS
+
+
+def core_bytes(c, micro_batch, tp) -> float:
+    """Bytes the attention core keeps beyond Q, K, V for one microbatch (no CP): the unfused core's softmax
+    output, dropout mask and output, 5 a s^2 b / t in 16 bits (doubled in fp32); a fused core's log-sum-exp,
+    4 a s b / t."""
+    s, b, a = c.seq_length, micro_batch, c.num_attention_heads
+    if keeps_scores(c):
+        return 5 * a * s * s * b / tp * (1 if c.params_dtype != torch.float32 else 2)
+    return 4 * a * s * b / tp
+
 
 def activation_bytes_per_layer(c, micro_batch, tp, sp):
     """Korthikanti et al. eq. 1-3 for 16-bit activations: s b h (34 + 5 a s / h) without TP,
-    s b h (10 + 24/t + 5 a s/(h t)) with TP, s b h/t (34 + 5 a s/h) with TP and SP.
-    fp32 activations (no --bf16/--fp16) double it. With --context-parallel-size C: the same on s / C
-    tokens, with the CP attention's log-sum-exp instead of the s x s terms (context_parallel.py).
+    s b h (10 + 24/t + 5 a s/(h t)) with TP, s b h/t (34 + 5 a s/h) with TP and SP, where the 5 a s / h
+    term is the unfused attention core's (core_bytes: a fused core keeps a log-sum-exp instead, as
+    tests/activation_memory.py's "sdpa-flash" measures). fp32 activations (no --bf16/--fp16) double the rest.
+    With --context-parallel-size C: the same on s / C tokens, with the CP attention's log-sum-exp instead of
+    the s x s terms (context_parallel.py).
     MoE layers replace the MLP's share by theirs (moe/activation_memory.py), averaged over the layers;
     multi-latent attention replaces Q, K, V and the projection input by its latents and heads (mla_cost.py);
     FP8 linears keep FP8 inputs (fp8_memory.py)."""
@@ -35,12 +56,12 @@ def _standard_bytes_per_layer(c, micro_batch, tp, sp):
                                                            2 if c.params_dtype != torch.float32 else 4) \
             + moe_extra_bytes_per_layer(c, s * b / c.context_parallel_size, tp, sp, c.params_dtype.itemsize)
     if tp == 1:
-        per = s * b * h * (34 + 5 * a * s / h)
+        per = s * b * h * 34
     elif sp:
-        per = s * b * h * (34 + 5 * a * s / h) / tp
+        per = s * b * h * 34 / tp
     else:
-        per = s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp))
-    return per * (1 if c.params_dtype != torch.float32 else 2) + moe_extra_bytes_per_layer(
+        per = s * b * h * (10 + 24 / tp)
+    return per * (1 if c.params_dtype != torch.float32 else 2) + core_bytes(c, b, tp) + moe_extra_bytes_per_layer(
         c, s * b, tp, sp, c.params_dtype.itemsize)
 
 
@@ -59,11 +80,11 @@ def kept_activation_bytes(c, micro_batch, tp, layers, mtp_layers=0):
     s, b, h = c.seq_length, micro_batch, c.hidden_size
     rep = s * b * h / (tp if c.sequence_parallel else 1) * (2 if c.params_dtype != torch.float32 else 4)
     if c.recompute_granularity == "selective":
-        scores = s * b * h * 5 * c.num_attention_heads * s / (h * tp)
-        if c.context_parallel_size > 1 or not recomputes(c, "core_attn"):  # the CP attention keeps no s x s scores
-            scores = 0
+        core = core_bytes(c, b, tp)  # what the recomputed core no longer keeps
+        if c.context_parallel_size > 1 or not recomputes(c, "core_attn"):  # (the CP attention: its own terms)
+            core = 0
         norms = 2 * rep if recomputes(c, "layernorm") else 0  # the two norm outputs, freed once read
-        return int((full - scores * (1 if c.params_dtype != torch.float32 else 2) - norms) * layers), 0
+        return int((full - core - norms) * layers), 0
     k = min(c.recompute_num_layers or 1, layers)
     if c.recompute_method == "block":  # the first k layers of the stage recomputed, the rest kept
         return int(rep * k + full * (layers - k)), int(full)

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 from ...core.distributed.strategy import shards_grads, shards_optimizer, shards_params
 from . import mla_cost
+from .activations import keeps_scores
 from .fp8_cost import fp8_savings, head_fp8_savings
 from .hardware import Cluster, all_to_all_time, collective_time, gemm_time, memory_time, p2p_time, ring_bytes
 from .moe_cost import expert_parallel_time, moe_fraction, moe_mlp_costs, router_time
@@ -25,8 +26,6 @@ from .traffic import (
     mtp_projection_collectives,
     ulysses_sent_bytes,
 )
-
-_UNFUSED = ("local", "unfused")
 
 
 @dataclasses.dataclass
@@ -87,7 +86,7 @@ def layer_costs(c, b, cluster: Cluster, tp) -> PassCosts:
     # softmax (read + write) and dropout (read + write + mask) of the s x s scores
     layout_copies = mla_cost.streamed_elements(c, m, tp) if c.multi_latent_attention else 2 * 3 * m * q / tp
     stream = elt * (4 * rep + 6 * rep + layout_copies) + 2 * rep + mlp_stream
-    unfused = c.attention_backend in _UNFUSED and cp == 1  # the CP attention runs flash-style blocks
+    unfused = keeps_scores(c) and cp == 1  # the CP attention runs flash-style blocks
     att_stream = (4 * elt + 1) * att if unfused else 0.0
     stream += att_stream
     comm_fwd, comm_bwd = (tp_time(cluster, ops, tp) for ops in layer_collectives(c, b, tp))
