@@ -65,6 +65,16 @@ def _standard_bytes_per_layer(c, micro_batch, tp, sp):
         c, s * b, tp, sp, c.params_dtype.itemsize)
 
 
+def loss_bytes(c, micro_batch, tp) -> float:
+    """Bytes the cross entropy keeps for backward per microbatch, [s/C b, V_padded/t] on the last stage (each
+    multi-token prediction module's loss keeps as much): the vocab-parallel one (cross_entropy.py) its fp32
+    softmax; --cross-entropy-loss-fusion the logits themselves, in the model's dtype (they take the gradient).
+    The per-token vectors beside them (target ids, log-sum-exps) are left out."""
+    rows = c.seq_length // c.context_parallel_size * micro_batch
+    elt = 4 if not c.cross_entropy_loss_fusion else c.params_dtype.itemsize
+    return elt * rows * c.padded_vocab_size / tp
+
+
 def kept_activation_bytes(c, micro_batch, tp, layers, mtp_layers=0):
     """(bytes kept per microbatch in flight, bytes of the one recomputed chunk being worked on) for
     `layers` layers, after --recompute-granularity: full keeps each chunk's 16-bit input (2 s b h, /t

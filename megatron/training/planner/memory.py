@@ -10,7 +10,7 @@ from ...core.distributed.buffers import buffer_groups, buffer_layout
 from ...core.fp8.weights import fp8_weight_pairs
 from ...core.models.gpt import GPTModel
 from ..resolve import parallel_layout
-from .activations import kept_activation_bytes
+from .activations import kept_activation_bytes, loss_bytes
 
 _built = {}  # (config, world, stage) -> its meta chunks: a planner asks for the same stage many times
 
@@ -42,7 +42,8 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
     a rank of pipeline stage pp_rank (DP rank 0, TP rank 0: other TP ranks hold the same). params,
     grads and optimizer: bytes held across the step (with --data-parallel-sharding-strategy
     optim_grads the gradient shard, optim_grads_params the parameter shard too); expert_dp (MoE with
-    its own expert buffers only): (expert-DP size, the experts' part of params, of grads); gathered: ZeRO-3's
+    its own expert buffers only): (expert-DP size, the experts' part of params, of grads); activations: the layers'
+    and, on the last stage, the cross entropy's (activations.loss_bytes); gathered: ZeRO-3's
     largest working set of full parameters (a chunk's root unit and one layer, two with
     --overlap-param-gather), 0 otherwise; working: the recomputed chunk's activations."""
     layout = parallel_layout(model_cfg, t, world_size)
@@ -92,6 +93,9 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
     out["layers"] = layers
     mtp = sum(len(c.mtp.layers) for c in chunks if c.mtp is not None)  # outside the decoder's full recompute
     out["activations"], out["working"] = kept_activation_bytes(model_cfg, t.micro_batch_size, layout.tp, layers, mtp)
+    # the cross entropy's kept tensor on the last stage, once per loss (the model's and each MTP module's)
+    losses = sum(1 + (len(c.mtp.layers) if c.mtp is not None else 0) for c in chunks if c.post_process)
+    out["activations"] += int(losses * loss_bytes(model_cfg, t.micro_batch_size, layout.tp))
     num_micro = t.global_batch_size // (t.micro_batch_size * layout.dp)
     out["in_flight"] = min(layout.pp - pp_rank, num_micro) if layout.pp > 1 else 1  # 1F1B warm-up depth
     return out
