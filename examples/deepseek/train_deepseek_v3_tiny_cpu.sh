@@ -18,10 +18,10 @@
 #   --norm-epsilon 1e-6 --make-vocab-size-divisible-by 3232 --mtp-num-layers 1 --bf16
 # tools/plan.py's first choice for it on 256 H100-SXM (global batch 2048; docs/deepseek.md has the command
 # and its top three; the cost model counts MLA's GEMMs, activations and collectives and the MTP module):
-#   --tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 1
+#   --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1
 #   --expert-model-parallel-size 16 --moe-token-dispatcher-type alltoall --micro-batch-size 1
 #   --use-distributed-optimizer --data-parallel-sharding-strategy optim_grads_params --overlap-grad-reduce
-#   --overlap-param-gather --recompute-granularity full   (predicted 74.7 s/iteration, 169 TFLOP/s per GPU, 69.0 GB)
+#   --overlap-param-gather --recompute-granularity full   (predicted 46.0 s/iteration, 274 TFLOP/s per GPU, 69.7 GB)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
