@@ -2,7 +2,8 @@
 
 Steps, in order of value, each under its own time cap and all under one budget (default 470 s):
 the GPU's two ceilings, building the fused kernels, tests/gpu (crash-proof: pytest-xdist workers),
-compute-sanitizer over the binding-error test, the kernel table (fused vs eager vs compiled, TB/s),
+compute-sanitizer over the binding-error test, the kernel table (fused vs eager vs compiled, TB/s), the
+cross entropy's implementations (bench/cross_entropy.py),
 then ours vs a plain PyTorch loop vs peers at the GPT-3 1.3B, Llama 1B and small-MoE shapes, with
 the planner's predicted step time and memory next to the measured ones; last (past the default budget:
 `--only fp8`), FP8 against bf16 at the 1.3B GPT and a Llama-3 8B layer stack, and (`--only profile`) a
@@ -81,6 +82,9 @@ def steps(out, help_text):
                                else "tests/gpu/test_kernels.py -k errors"))
                            if sanitizer else (None, "no compute-sanitizer")),
         ("kernels", 150, f"{PY} bench/kernels.py --out {out}/kernels.md{kernel_args}"),
+        # the loss's three implementations at the 1.3B step's logits, each checked against the unfused one first
+        ("cross entropy", 90, f"{PY} bench/cross_entropy.py" if has("bench/cross_entropy.py")
+         else (None, "no bench/cross_entropy.py here")),
         ("gpt1.3b ours", 120, f"{pre} {GPT13} --vocab-size 50304 --train-iters 15"),
         ("gpt1.3b ours vs plain", 150, overhead("gpt-1.3b")),
         (f"gpt1.3b ours {CE_FUSION}", 120, f"{pre} {GPT13} --vocab-size 50304 --train-iters 15 {CE_FUSION}"

@@ -91,6 +91,10 @@ def render(done, label, out):
     if os.path.exists(kmd):
         with open(kmd) as f:
             lines += ["", "## Kernels", ""] + [ln for ln in f.read().splitlines() if not ln.startswith("# ")]
+    ce = by.get("cross entropy", {}).get("output", "")
+    if ce:
+        lines += ["", "## Cross entropy (bench/cross_entropy.py)", "",
+                  *[ln for ln in ce.splitlines() if ln.startswith("- ")], *tables_of(ce)]
     lines += ["", "## End to end (bf16, one GPU)", "",
               "| run | ms/step | TFLOP/s | MFU % | max allocated GB | planner ms | planner GB |",
               "|---|---:|---:|---:|---:|---:|---:|"]

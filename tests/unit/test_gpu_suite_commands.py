@@ -89,3 +89,17 @@ def test_profile_tables_reach_the_report(tmp_path):
     _, report = gpu_suite_report.render(done, "test", str(tmp_path))
     assert "#### profile: ours (2 steps), sorted by self_cuda_time_total" in report
     assert "    sm90_gemm  100ms" in report and "    triton_red  9ms" in report and "| ours | 1 |" in report
+
+
+def test_cross_entropy_bench_checks_every_implementation_on_cpu():
+    """bench/cross_entropy.py's rows agree with the unfused loss before they are timed (the compiled row through
+    inductor's CPU backend here; on a GPU the same check runs the CUDA path the flag uses), and its table reaches
+    the report."""
+    import cross_entropy
+    rows, bandwidth = cross_entropy.run("cpu", tokens=64, vocab=300, repeats=1)
+    assert [r["name"] for r in rows] == ["vocab-parallel", "fused, chunked", "fused, compiled"] and bandwidth is None
+    for r in rows:  # bf16 logits: losses in fp32 within a few ulps of log(vocab); gradients within a bf16 rounding
+        assert r["max_loss_diff"] <= 1e-5 and r["max_grad_diff"] <= 2.0 ** -8 / 64 and r["ms"] > 0
+    text = cross_entropy.markdown(rows, "cpu", 64, 300, None)
+    done = [{"name": "cross entropy", "rc": 0, "seconds": 1.0, "output": text, "results": []}]
+    assert "| fused, compiled |" in gpu_suite_report.render(done, "test", "/nonexistent")[1]
