@@ -161,10 +161,12 @@ def test_compiled_path_matches_eager(monkeypatch, dtype):
     logits = logits.to(dtype)
     single = PlanGroup(1)  # TP 1: no collective is called
     eager = _run(fused_vocab_parallel_cross_entropy, logits, target, grad, single)
-    calls = []
-    monkeypatch.setattr(cross_entropy_fused, "use_compiled", lambda x: calls.append(x.shape) or True)
+    ran = []
+    compile_ = cross_entropy_fused.compiled
+    monkeypatch.setattr(cross_entropy_fused, "use_compiled", lambda x: True)
+    monkeypatch.setattr(cross_entropy_fused, "compiled", lambda fn: ran.append(fn.__name__) or compile_(fn))
     fused = _run(fused_vocab_parallel_cross_entropy, logits, target, grad, single)
-    assert len(calls) == 2, "the compiled path should run forward and backward"
+    assert ran == ["_lse_and_target", "_grad_of"], "the compiled path should run forward and backward"
     loss_tol, grad_tol = _tolerances(logits.float(), grad)
     assert fused[1][0] == str(dtype)
     assert (_t(fused[0]) - _t(eager[0])).abs().max().item() <= loss_tol
