@@ -206,3 +206,23 @@ def test_which_path_runs(monkeypatch):
     assert "chunked" in cross_entropy_fused.implementation("cpu")
     monkeypatch.setattr(cross_entropy_fused, "importable", lambda module: False)
     assert "chunked" in cross_entropy_fused.implementation("cuda")  # no triton: no GPU compiler
+
+
+def _compiled_tp2(groups):
+    cross_entropy_fused.use_compiled = lambda x: True  # this spawned process only: the CUDA path, on CPU
+    logits, target, grad = _problem()
+    shard = logits.chunk(groups.tp_size, dim=-1)[groups.tp_rank]
+    return _run(fused_vocab_parallel_cross_entropy, shard, target, grad, groups.tp)
+
+
+def test_compiled_path_at_tp2():
+    """The compiled path's TP combination (each rank's log-sum-exp and target logit, two all-reduces, then the
+    global softmax read per rank) against the unfused loss at TP 1; rank 1 holds the padding."""
+    ranks = spawn(2, _compiled_tp2, tp=2)
+    logits, target, grad = _problem()
+    ref_loss, ref_grad = _run(vocab_parallel_cross_entropy, logits, target, grad, PlanGroup(1))
+    loss_tol, grad_tol = _tolerances(logits, grad)
+    assert (_t(ranks[0][0]) - _t(ref_loss)).abs().max().item() <= loss_tol
+    assert torch.equal(_t(ranks[0][0]), _t(ranks[1][0]))
+    full = torch.cat([_t(r[1]) for r in ranks], dim=-1)
+    assert (full - _t(ref_grad)).abs().max().item() <= grad_tol and not full[..., VOCAB:].any()
