@@ -86,13 +86,18 @@ def _chunks(rows, cols):
     return [(r, min(r + step, rows)) for r in range(0, rows, step)]
 
 
-def _local_targets(t, start, per_rank, tp):
-    """(each target's column on this rank (0 where another rank holds it), where this rank holds it: None at TP 1)."""
-    local = t - start
+def _this_rank(logits, target, vocab_size, group):
+    """(logits as [tokens, V/TP], TP size, real (unpadded) columns here, each target's column here (0 where another
+    rank holds it), where this rank holds it (None at TP 1))."""
+    x = logits.reshape(-1, logits.shape[-1])
+    per_rank, tp = x.shape[-1], comm.world(group)
+    start = per_rank * comm.rank(group) if tp > 1 else 0
+    valid = per_rank if vocab_size is None else max(0, min(per_rank, vocab_size - start))
+    local = target.reshape(-1) - start
     if tp == 1:
-        return local, None
+        return x, tp, valid, local, None
     inside = (local >= 0) & (local < per_rank)
-    return local.masked_fill(~inside, 0), inside
+    return x, tp, valid, local.masked_fill(~inside, 0), inside
 
 
 def _combine(lse_rank, target_logit, group):
@@ -111,13 +116,8 @@ class _FusedVocabParallelCE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, target, vocab_size, group):
-        x = logits.reshape(-1, logits.shape[-1])
-        t = target.reshape(-1)
-        per_rank, tp = x.shape[-1], comm.world(group)
-        start = per_rank * comm.rank(group) if tp > 1 else 0
-        valid = per_rank if vocab_size is None else max(0, min(per_rank, vocab_size - start))
+        x, tp, valid, local, inside = _this_rank(logits, target, vocab_size, group)
         xv = x[:, :valid]
-        local, inside = _local_targets(t, start, per_rank, tp)
         rows = torch.arange(x.shape[0], device=x.device)
         loss = torch.empty(x.shape[0], dtype=torch.float32, device=x.device)
         if valid == 0:  # a rank holding padding only: no mass
@@ -163,11 +163,7 @@ class _CompiledVocabParallelCE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, target, vocab_size, group):
-        x = logits.reshape(-1, logits.shape[-1])
-        per_rank, tp = x.shape[-1], comm.world(group)
-        start = per_rank * comm.rank(group) if tp > 1 else 0
-        valid = per_rank if vocab_size is None else max(0, min(per_rank, vocab_size - start))
-        local, inside = _local_targets(target.reshape(-1), start, per_rank, tp)
+        x, tp, valid, local, inside = _this_rank(logits, target, vocab_size, group)
         lse, target_logit = compiled(_lse_and_target)(x, local, inside, valid)
         if tp > 1:
             lse, loss = _combine(lse, target_logit, group)
