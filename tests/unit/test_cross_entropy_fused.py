@@ -170,7 +170,8 @@ def test_compiled_path_matches_eager(monkeypatch, dtype):
     loss_tol, grad_tol = _tolerances(logits.float(), grad)
     assert fused[1][0] == str(dtype)
     assert (_t(fused[0]) - _t(eager[0])).abs().max().item() <= loss_tol
-    bound = grad_tol + (2.0 ** -8 * _t(eager[1]).abs() if dtype == torch.bfloat16 else 0.0)
+    # bf16: the two may round a near-tie apart, one ulp: up to 2^-7 of the value (8 significant bits)
+    bound = grad_tol + (2.0 ** -7 * _t(eager[1]).abs() if dtype == torch.bfloat16 else 0.0)
     assert ((_t(fused[1]) - _t(eager[1])).abs() <= bound).all()
     assert not _t(fused[1])[..., VOCAB:].any()
 
