@@ -2,9 +2,14 @@
 import json
 import os
 import re
+import select
+import signal
 import subprocess
 import sys
 import tempfile
+import time
+
+from .zygote import import_time_environment
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The trainer's defaults these tests were written against; Megatron-LM's defaults differ (issue 14). Prepended
@@ -19,23 +24,91 @@ PINNED += os.environ.get("MEGATRON_TEST_FLAGS", "").split()
 LOSS_RE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?\| lm loss: ([0-9.Ee+-]+|nan) \|")
 
 
+def run_environment(extra=None):
+    """The environment a run gets: this process's, one thread per rank (ranks share the cores, and
+    references compare alike), the repository importable, then the test's own variables."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            **(extra or {})}
+
+
 def run_cli(args, nproc=1, script="pretrain_gpt.py", timeout=600, check=True, env=None, pinned=True):
     """Run the script; nproc > 1 goes through torchrun --standalone. env: extra variables. A trainer
     given flags gets PINNED before them (unless not `pinned`). Returns CompletedProcess."""
     if pinned and args and script in ("pretrain_gpt.py", "pretrain_bert.py"):
         args = PINNED + list(args)
-    # one thread per rank (a test's env may say otherwise): ranks share the cores, and references compare alike
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
+    env = run_environment(env)
     if nproc > 1:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", script]
     else:
         cmd = [sys.executable, script]
-    proc = subprocess.run(cmd + list(args), cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and _ZYGOTE.accepts(env):
+        proc = _ZYGOTE.run(cmd + list(args), script, list(args), nproc, env, timeout)
+    else:
+        proc = subprocess.run(cmd + list(args), cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd + list(args))} exited {proc.returncode}\n"
                              f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-8000:]}")
     return proc
+
+
+class _Zygote:
+    """tests/functional/zygote.py, started at the first run that can use it and ended with the test process
+    (its stdin closes). Runs expected to fail keep torchrun and fresh interpreters: their exit codes and
+    one-line errors are what users see."""
+
+    def __init__(self):
+        self.proc = None
+
+    def accepts(self, env):
+        if os.environ.get("MEGATRON_TEST_LAUNCHER", "zygote") == "torchrun":
+            return False
+        if self.proc is None or self.proc.poll() is not None:
+            self.env = run_environment()
+            self.proc = subprocess.Popen([sys.executable, "-m", "tests.functional.zygote"], cwd=REPO, env=self.env,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            self.pending = b""
+        return import_time_environment(env) == import_time_environment(self.env)
+
+    def _read(self, timeout):
+        """The next reply, or None after `timeout` seconds (the pipe read by hand: select cannot see a
+        file object's buffer)."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.pending:
+            ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                return None
+            chunk = os.read(self.proc.stdout.fileno(), 65536)
+            if not chunk:
+                raise RuntimeError(f"the test launcher (tests/functional/zygote.py) ended with {self.proc.wait()}")
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return json.loads(line)
+
+    def run(self, cmd, script, args, nproc, env, timeout):
+        """-> CompletedProcess of the command line, as subprocess.run(capture_output=True, text=True) gives."""
+        with tempfile.TemporaryDirectory() as d:
+            out, err = os.path.join(d, "stdout"), os.path.join(d, "stderr")
+            request = {"script": script, "args": args, "nproc": nproc, "env": env, "cwd": REPO,
+                       "stdout": out, "stderr": err}
+            for path in (out, err):
+                open(path, "w").close()
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            pid = self._read(60)["pid"]
+            reply = self._read(timeout)
+            if reply is None:
+                os.killpg(pid, signal.SIGKILL)
+                self._read(60)
+            texts = []
+            for path in (out, err):
+                with open(path, errors="replace") as f:
+                    texts.append(f.read())
+        if reply is None:
+            raise subprocess.TimeoutExpired(cmd, timeout, output=texts[0], stderr=texts[1])
+        return subprocess.CompletedProcess(cmd, reply["code"], texts[0], texts[1])
+
+
+_ZYGOTE = _Zygote()
 
 
 def term_losses(stdout, name):
