@@ -6,8 +6,10 @@
         ...                       # runs on every rank; may return a picklable value
     results = spawn(4, body, 3.0, tp=2, pp=2)   # -> [value of rank 0, value of rank 1, ...]
 
-Every rank is a fresh process (start method "spawn"), so `fn` must be importable by
-reference: a module-level function of an importable module (a test module is fine).
+Every rank is a fresh process forked from multiprocessing's fork server, which has imported torch and
+megatron once (a spawned interpreter would import them again per rank, 2-3 s each), with the calling
+process's environment of the moment; `fn` must be importable by reference: a module-level function of
+an importable module (a test module is fine).
 If any rank raises, spawn raises AssertionError with that rank's full traceback; it never
 hangs: after `timeout` seconds every rank still running is killed and spawn raises.
 """
@@ -35,7 +37,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world_size, port, tp, pp, timeout, fn, args, results, sizes):
+# imported once by the fork server; everything a rank imports beyond these it imports itself
+PRELOAD = ["torch", "numpy", "pytest", "tests.harness", "megatron.core.parallel_layout", "megatron.core.models.gpt",
+           "megatron.training.training"]
+
+
+def _context():
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
+
+
+def _worker(rank, world_size, port, tp, pp, timeout, fn, args, results, sizes, environ):
+    os.environ.clear()  # the caller's variables now, not the fork server's at its start
+    os.environ.update(environ)
+
     def cleanup():
         if dist.is_initialized():
             dist.destroy_process_group()  # the default group and every sub-group
@@ -79,11 +95,11 @@ def spawn(world_size, fn, *args, tp=1, pp=1, timeout=DEFAULT_TIMEOUT, **sizes):
 
 
 def _spawn_once(world_size, fn, args, tp, pp, timeout, sizes):
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_worker, daemon=True,
-                         args=(r, world_size, port, tp, pp, timeout, fn, args, results, sizes))
+                         args=(r, world_size, port, tp, pp, timeout, fn, args, results, sizes, dict(os.environ)))
              for r in range(world_size)]
     for p in procs:
         p.start()

@@ -60,14 +60,25 @@ class _Zygote:
         self.proc = None
 
     def accepts(self, env):
+        """Whether a run with this environment can start here: not where the test set variables read at
+        import (those get a fresh interpreter). A zygote started before this process's own such
+        variables changed is replaced."""
         if os.environ.get("MEGATRON_TEST_LAUNCHER", "zygote") == "torchrun":
             return False
-        if self.proc is None or self.proc.poll() is not None:
-            self.env = run_environment()
+        base = run_environment()
+        if import_time_environment(env) != import_time_environment(base):
+            return False
+        if self.proc is not None and (self.proc.poll() is not None or
+                                      import_time_environment(self.env) != import_time_environment(base)):
+            self.proc.stdin.close()
+            self.proc.wait()
+            self.proc = None
+        if self.proc is None:
+            self.env = base
             self.proc = subprocess.Popen([sys.executable, "-m", "tests.functional.zygote"], cwd=REPO, env=self.env,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             self.pending = b""
-        return import_time_environment(env) == import_time_environment(self.env)
+        return True
 
     def _read(self, timeout):
         """The next reply, or None after `timeout` seconds (the pipe read by hand: select cannot see a

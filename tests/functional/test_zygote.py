@@ -29,13 +29,16 @@ def test_a_run_past_its_limit_is_killed_and_the_next_runs():
     long = BASE + ["--train-iters", "100000"]
     with pytest.raises(subprocess.TimeoutExpired) as raised:
         cli.run_cli(long, timeout=6)
-    assert "iteration" in raised.value.output
+    assert isinstance(raised.value.output, str) and "iteration" in raised.value.output  # the zygote's, not subprocess's
     assert cli.run_cli(BASE + ["--train-iters", "1"]).returncode == 0
 
 
-def test_import_time_variables_send_a_run_to_a_fresh_interpreter():
-    env = cli.run_environment()
-    assert cli._ZYGOTE.accepts(env)
+def test_import_time_variables_send_a_run_to_a_fresh_interpreter(monkeypatch):
+    assert cli._ZYGOTE.accepts(cli.run_environment())
     assert cli._ZYGOTE.accepts(cli.run_environment({"XDG_CACHE_HOME": "/tmp/elsewhere"}))
     assert not cli._ZYGOTE.accepts(cli.run_environment({"OMP_NUM_THREADS": "2"}))
     assert not cli._ZYGOTE.accepts(cli.run_environment({"TORCH_SHOW_CPP_STACKTRACES": "1"}))
+    started = cli._ZYGOTE.proc
+    monkeypatch.setenv("TORCH_SHOW_CPP_STACKTRACES", "1")  # this process's own: the zygote is started again
+    assert cli._ZYGOTE.accepts(cli.run_environment()) and cli._ZYGOTE.proc is not started
+    assert started.poll() is not None
