@@ -209,6 +209,10 @@ class _Net(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.linear = ColumnParallelLinear(6, 8, group=ONE)
+        with torch.no_grad():  # the layer allocates uninitialised memory (set_init names what to fill it with)
+            gen = torch.Generator().manual_seed(1)
+            self.linear.weight.copy_(torch.randn(8, 6, generator=gen))
+            self.linear.bias.copy_(torch.randn(8, generator=gen))
         self.unused = torch.nn.Parameter(torch.ones(3))  # no gradient ever: its main grad must be zeroed
 
     def forward(self, x):
