@@ -1,5 +1,6 @@
 """tests/harness.py itself: per-rank return values on the built grid, a failing rank's traceback
 reported without hanging, and the timeout."""
+import os
 import time
 
 import pytest
@@ -22,6 +23,16 @@ def _hangs(groups):
 
 def _grid(groups):
     return (groups.rank, groups.tp_rank, groups.dp_rank, groups.pp_rank, torch.get_num_threads())
+
+
+def _environment(groups):
+    return os.environ.get("HARNESS_PROBE")
+
+
+def test_ranks_see_the_callers_environment_of_the_moment(monkeypatch):
+    spawn(1, _grid, timeout=60)  # the fork server is running before the variable is set
+    monkeypatch.setenv("HARNESS_PROBE", "now")
+    assert spawn(1, _environment, timeout=60) == ["now"]
 
 
 def test_harness_returns_per_rank_values():

@@ -12,13 +12,13 @@ and a fresh rendezvous port, ending the others when one fails, as torchrun does.
 through the interpreter's normal exit (atexit handlers, non-daemon threads, flushes).
 
 What differs from fresh interpreters: the ranks share the zygote's string-hash seed, and what torch or
-megatron read from the environment at import is the zygote's. cli.py sends only requests whose
-import-time variables match the zygote's, and MEGATRON_TEST_LAUNCHER=torchrun sends none; the
-failure-path tests (bad input, hangs, crashes) always run through torchrun.
+megatron read from the environment at import is the zygote's. So cli.py sends a run here only when the
+test set no variable read at import (IMPORT_TIME_PREFIXES), starts a new zygote when its own process's
+such variables change, and sends nothing with MEGATRON_TEST_LAUNCHER=torchrun; the failure-path tests
+(bad input, hangs, crashes) always run through torchrun.
 """
 import json
 import os
-import random
 import runpy
 import signal
 import socket
@@ -44,8 +44,7 @@ def _free_port():
 def _run_script(script, args):
     """Become `python script args`; ends the process by SystemExit through the interpreter's exit."""
     import numpy as np
-    random.seed()  # a fresh interpreter seeds these from the OS; a fork would copy the zygote's state
-    np.random.seed()
+    np.random.seed()  # a fresh interpreter seeds it from the OS; a fork copies it (`random` reseeds itself)
     sys.argv = [script] + list(args)
     runpy.run_path(os.path.join(REPO, script), run_name="__main__")
     sys.exit(0)
