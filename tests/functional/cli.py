@@ -51,6 +51,11 @@ def run_cli(args, nproc=1, script="pretrain_gpt.py", timeout=600, check=True, en
     return proc
 
 
+def port_taken(stderr):
+    """Whether a failed run's stderr says its rendezvous port was in use (c10d's TCPStore, EADDRINUSE)."""
+    return "address already in use" in stderr.lower()
+
+
 class _Zygote:
     """tests/functional/zygote.py, started at the first run that can use it and ended with the test process
     (its stdin closes). Runs expected to fail keep torchrun and fresh interpreters: their exit codes and
@@ -96,7 +101,15 @@ class _Zygote:
         return json.loads(line)
 
     def run(self, cmd, script, args, nproc, env, timeout):
-        """-> CompletedProcess of the command line, as subprocess.run(capture_output=True, text=True) gives."""
+        """-> CompletedProcess of the command line, as subprocess.run(capture_output=True, text=True) gives.
+        Once more if the rendezvous port was taken between the zygote's pick and rank 0's bind (torchrun's
+        own store binds it, so a torchrun run has no such window)."""
+        proc = self._run_once(cmd, script, args, nproc, env, timeout)
+        if nproc > 1 and proc.returncode != 0 and port_taken(proc.stderr):
+            proc = self._run_once(cmd, script, args, nproc, env, timeout)
+        return proc
+
+    def _run_once(self, cmd, script, args, nproc, env, timeout):
         with tempfile.TemporaryDirectory() as d:
             out, err = os.path.join(d, "stdout"), os.path.join(d, "stderr")
             request = {"script": script, "args": args, "nproc": nproc, "env": env, "cwd": REPO,

@@ -42,3 +42,19 @@ def test_import_time_variables_send_a_run_to_a_fresh_interpreter(monkeypatch):
     monkeypatch.setenv("TORCH_SHOW_CPP_STACKTRACES", "1")  # this process's own: the zygote is started again
     assert cli._ZYGOTE.accepts(cli.run_environment()) and cli._ZYGOTE.proc is not started
     assert started.poll() is not None
+
+
+def test_a_world_whose_port_was_taken_runs_again(monkeypatch):
+    calls = []
+
+    def once(*a):
+        calls.append(a)
+        if len(calls) == 1:  # what rank 0 prints when its TCPStore cannot bind the port it was given
+            return subprocess.CompletedProcess(a[0], 1, "", "RuntimeError: ... EADDRINUSE: address already in use")
+        return subprocess.CompletedProcess(a[0], 0, "done", "")
+    monkeypatch.setattr(cli._ZYGOTE, "_run_once", once)
+    assert cli._ZYGOTE.run(["cmd"], "pretrain_gpt.py", [], 2, {}, 60).stdout == "done" and len(calls) == 2
+    calls.clear()
+    monkeypatch.setattr(cli._ZYGOTE, "_run_once", lambda *a: calls.append(a) or subprocess.CompletedProcess(
+        a[0], 1, "", "error: --hidden-size (64) is not divisible"))
+    assert cli._ZYGOTE.run(["cmd"], "pretrain_gpt.py", [], 2, {}, 60).returncode == 1 and len(calls) == 1
