@@ -62,7 +62,7 @@ class _Zygote:
     one-line errors are what users see."""
 
     def __init__(self):
-        self.proc = None
+        self.proc, self.env, self.pending = None, None, b""
 
     def accepts(self, env):
         """Whether a run with this environment can start here: not where the test set variables read at

@@ -21,9 +21,10 @@ import json
 import os
 import runpy
 import signal
-import socket
 import sys
 import time
+
+from tests.harness import free_port
 
 from .forked import PRELOAD, REPO
 
@@ -33,12 +34,6 @@ IMPORT_TIME_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "TORCH", "PYTORCH_", "P
 
 def import_time_environment(env):
     return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES)}
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_script(script, args):
@@ -79,7 +74,7 @@ def _launch(request):
     script, args, nproc = request["script"], request["args"], request["nproc"]
     if nproc == 1:
         _run_script(script, args)
-    port = str(_free_port())
+    port = str(free_port())
     ranks = {}
     for rank in range(nproc):
         pid = os.fork()
