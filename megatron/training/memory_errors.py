@@ -1,6 +1,8 @@
 """An allocation that fails while the model, its gradient buffers or its optimizer state are built
 (a --hidden-size too large for the host or GPU, a memory limit) becomes one line saying what was being
-built and how much memory this rank's parameters need, instead of the allocator's traceback.
+built and how much memory this rank's parameters need, instead of the allocator's traceback; one that
+fails in a training or evaluation step (activations) becomes one line naming the iteration, the memory
+estimator's figure for the rank and the flags that lower activation memory (exit code 2, as bad input).
 
 The parameter count comes from the same model built again on the meta device (no memory), so the
 figure is exact for this rank's pipeline stage and TP shard; the bytes per parameter beyond the
@@ -51,3 +53,24 @@ def building(what, count_params, dtype, rank):
                           f"gradients and optimizer state ({_failed(e)}); lower --hidden-size or --num-layers, "
                           "or spread the model with --tensor-model-parallel-size / --pipeline-model-parallel-size "
                           "(tools/estimate_memory.py predicts the memory per rank)") from None
+
+
+@contextlib.contextmanager
+def running(where, rank, estimate):
+    """Run one training or evaluation step; an allocation failure in it (activations that do not fit:
+    a micro batch or sequence too large for the device) raises ConfigError naming where (e.g. "iteration
+    3"), the rank, the allocation refused, the estimator's peak for this rank (estimate(): bytes, or why
+    there is none) and the flags that lower activation memory. A failed step has saved nothing, so every
+    checkpoint written before it stays as it was."""
+    try:
+        yield
+    except (RuntimeError, MemoryError) as e:
+        if not is_out_of_memory(e):
+            raise
+        peak = estimate()
+        peak = f"{_gib(peak)}" if isinstance(peak, int) else f"n/a: {peak}"
+        raise ConfigError(f"out of memory in {where} on rank {rank} ({_failed(e)}; the estimated peak of this rank is "
+                          f"{peak}, tools/estimate_memory.py); lower --micro-batch-size or --seq-length, recompute "
+                          "activations (--recompute-granularity selective, or full), or spread them with "
+                          "--tensor-model-parallel-size and --sequence-parallel, --context-parallel-size or "
+                          "--pipeline-model-parallel-size") from None

@@ -22,8 +22,8 @@ from .checkpointing import Checkpointer
 from .data import end_of_training_sets, microbatches, validation_window
 from .flops import num_floating_point_operations
 from .log import print_rank_0, print_rank_last, startup_summary
-from .memory_errors import building
-from .memory_report import report_memory
+from .memory_errors import building, running
+from .memory_report import estimated_peak, report_memory
 from .metrics_log import MetricsLog
 from .model_spec import ModelSpec
 from .numerics import check_finite
@@ -192,6 +192,9 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     # +2: past first-call costs
     trace_iter = min(iteration + 2, train_cfg.train_iters) if train_cfg.pipeline_trace else None
     start, memory_reported = iteration, False
+    # activations that do not fit: one line with the estimator's figure and the flags that help (memory_errors.py)
+    out_of_memory = functools.partial(running, rank=groups.rank, estimate=lambda: estimated_peak(
+        model_cfg, train_cfg, groups.world_size, groups.pp_rank))
     for iteration in range(start + 1, (start if train_cfg.skip_train else train_cfg.train_iters) + 1):
         fault_point("train.iteration", iteration, groups.rank)
         profiler.before(iteration)
@@ -201,11 +204,12 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                                    groups.dp_rank, groups.dp_size, device, spec.collate, cp_slice(groups))
         trace = [] if iteration == trace_iter else None
         fb = forward_backward_func if trace is None else functools.partial(forward_backward_func, trace=trace)
-        losses, grad_norm, lr, updated = train_step(model, ddp, optimizer, scheduler, batches, spec.forward_step,
-                                                    groups, iteration, fb, spec.loss_terms, model_cfg, timers=timers,
-                                                    lr_increment=global_batch,
-                                                    empty_cache_level=train_cfg.empty_unused_memory_level,
-                                                    router_losses=router_losses)
+        with out_of_memory(f"iteration {iteration}"):
+            losses, grad_norm, lr, updated = train_step(model, ddp, optimizer, scheduler, batches, spec.forward_step,
+                                                        groups, iteration, fb, spec.loss_terms, model_cfg,
+                                                        timers=timers, lr_increment=global_batch,
+                                                        empty_cache_level=train_cfg.empty_unused_memory_level,
+                                                        router_losses=router_losses)
         stats = step_stats(optimizer, train_cfg, updated, timers)
         if trace is not None:
             write_pipeline_trace(train_cfg.pipeline_trace, trace, groups, model_cfg, len(batches), iteration,
@@ -230,7 +234,9 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                 print_rank_last(f" iteration {iteration:8d} |{balance}")
         if train_cfg.eval_iters > 0 and train_cfg.eval_interval and iteration % train_cfg.eval_interval == 0:
             collector.before_evaluation()
-            valid = evaluate(model, validation_window(valid_ds, iteration, train_cfg), spec, groups, train_cfg, device)
+            with out_of_memory(f"the evaluation at iteration {iteration}"):
+                valid = evaluate(model, validation_window(valid_ds, iteration, train_cfg), spec, groups, train_cfg,
+                                 device)
             collector.after_evaluation()
             logger.log_validation(iteration, valid, consumed=consumed)
             metrics.validation(iteration, valid)
@@ -250,7 +256,8 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     ddp.finish_param_sync()
     ckpt.finish(iteration, consumed)
     for split, ds in end_of_training_sets(datasets, iteration, train_cfg):
-        losses = evaluate(model, ds, spec, groups, train_cfg, device)
+        with out_of_memory(f"the {split} evaluation after iteration {iteration}"):
+            losses = evaluate(model, ds, spec, groups, train_cfg, device)
         logger.log_validation(iteration, losses, split, consumed)
         metrics.validation(iteration, losses, split)
     logger.close()

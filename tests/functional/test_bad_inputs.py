@@ -340,3 +340,49 @@ def test_a_model_larger_than_the_memory_limit_is_one_line_saying_what_and_how_mu
     assert_one_error_line(proc, f"out of memory building the model on rank 0: its {n:,} parameters need "
                                 f"{n * 4 / 2 ** 30:,.1f} GiB as float32")
     assert "--hidden-size" in proc.stderr
+
+
+# activations past a 4 GiB address-space limit: the unfused scores of a 4096-token sequence at micro batch 64
+# need 8 GiB ([64, 2, 4096, 4096] fp32); at micro batch 1, 128 MiB
+BIG_ACTIVATIONS = MOCK + ["--seq-length", "4096", "--max-position-embeddings", "4096", "--attention-backend", "unfused"]
+
+
+def _limited(limit):
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _tree(path):
+    """{relative path: bytes} of every file under path."""
+    return {os.path.relpath(os.path.join(d, f), path): open(os.path.join(d, f), "rb").read()
+            for d, _, names in os.walk(path) for f in names}
+
+
+def test_activations_past_the_memory_limit_are_one_line_and_keep_the_checkpoints(files, tmp_path):
+    """A run saved at iteration 2 resumes with --micro-batch-size 64 under a 4 GiB address-space limit: the
+    attention scores of iteration 3 fail to allocate; one line names the iteration, the estimator's figure and
+    the flags that help, exit 2, and the checkpoint directory is byte for byte what the first run left."""
+    save = tmp_path / "ckpt"
+    args = PINNED + BIG_ACTIVATIONS + ["--save", str(save), "--save-interval", "2"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               **_env(files))
+    first = subprocess.run([sys.executable, GPT] + args + ["--micro-batch-size", "1"], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    saved = _tree(save)
+    proc = subprocess.run([sys.executable, GPT] + args + ["--load", str(save), "--micro-batch-size", "64",
+                                                          "--train-iters", "4"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300, preexec_fn=_limited(4 << 30))
+    assert_one_error_line(proc, "out of memory in iteration 3 on rank 0 (an allocation of 8.0 GiB failed; the "
+                                "estimated peak of this rank is ", ran=True)
+    assert "--micro-batch-size" in proc.stderr and "--recompute-granularity" in proc.stderr
+    assert _tree(save) == saved
+
+
+def test_activations_past_the_memory_limit_under_torchrun_are_printed_once(files):
+    """Both ranks of a DP2 world run out of memory in iteration 1: the line is printed once."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               **_env(files))
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           GPT] + PINNED + BIG_ACTIVATIONS + ["--micro-batch-size", "64"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300, preexec_fn=_limited(4 << 30))
+    assert_one_error_line(proc, "out of memory in iteration 1 on rank ", torchrun=True)

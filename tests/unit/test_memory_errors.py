@@ -1,10 +1,10 @@
-"""An allocation failure while building (megatron/training/memory_errors.py): one ConfigError line
-for the CPU allocator's and CUDA's messages; any other error passes through unchanged."""
+"""An allocation failure while building or in a step (megatron/training/memory_errors.py): one
+ConfigError line for the CPU allocator's and CUDA's messages; any other error passes through unchanged."""
 import pytest
 import torch
 
 from megatron.core.errors import ConfigError
-from megatron.training.memory_errors import building
+from megatron.training.memory_errors import building, running
 
 CPU = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
        "allocate 120000000000 bytes. Error code 12 (Cannot allocate memory)")
@@ -24,4 +24,21 @@ def test_out_of_memory_is_one_line_naming_what_and_how_much(error, failed):
 
 def test_other_errors_pass_through():
     with pytest.raises(RuntimeError, match="shape mismatch"), building("the model", lambda: 1, torch.float32, 0):
+        raise RuntimeError("shape mismatch")
+
+
+@pytest.mark.parametrize("estimate,said", [(5 << 29, "is 2.5 GiB,"), ("no GPU figures", "is n/a: no GPU figures,")])
+def test_out_of_memory_in_a_step_names_the_step_the_estimate_and_the_flags(estimate, said):
+    with pytest.raises(ConfigError) as info, running("iteration 7", 2, lambda: estimate):
+        raise torch.OutOfMemoryError(CUDA)
+    msg = str(info.value)
+    assert msg.startswith("out of memory in iteration 7 on rank 2 (an allocation of 2.00 GiB failed; ")
+    assert "the estimated peak of this rank " + said in msg
+    assert "--micro-batch-size" in msg and "--recompute-granularity" in msg and "\n" not in msg
+
+
+def test_a_step_passes_other_errors_through_without_estimating():
+    def estimate():
+        raise AssertionError("estimated for an error that is not out of memory")
+    with pytest.raises(RuntimeError, match="shape mismatch"), running("iteration 1", 0, estimate):
         raise RuntimeError("shape mismatch")
