@@ -37,11 +37,19 @@ def test_fp8_delayed_resume_is_bitwise_identical(tmp_path, layout, nproc):
     assert all(v.item() == ITERS for (key, _), v in fp8.items() if key.endswith("updates"))
 
 
+EP2 = ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"]
+
+
 @pytest.mark.slow
-def test_expert_amax_histories_under_ep_are_one_process(tmp_path):
-    """Delayed scaling at EP2 x DP4 (alltoall): after a step each expert's amax histories (its input, weight and
-    gradient, reduced over the pieces cast apart and over expert-DP, the ranks holding the same expert) are the
-    one-process run's. Reducing them over DP x CP instead mixes the experts that share a local index."""
+@pytest.mark.parametrize("layout", [EP2, EP2 + ["--tensor-model-parallel-size", "2", "--sequence-parallel"]],
+                         ids=["ep2-dp4", "ep2-tp2-sp"])
+def test_expert_amax_histories_under_ep_are_one_process(tmp_path, layout):
+    """Delayed scaling at EP2 x DP4, and at EP2 x TP2 (+ SP, DP2) (alltoall): after a step each expert's amax
+    histories (its input, weight and gradient, reduced over the pieces cast apart, over expert TP for the split
+    tensors and over expert-DP, the ranks holding the same expert) are the one-process run's. Reducing them over
+    DP x CP instead mixes the experts that share a local index. At TP2 the gradients' amaxes are held to 1e-3:
+    TP's partial sums move fp32 values by an ulp, which flips a few FP8 casts upstream in the backward already in
+    iteration 1 (the same 1.2e-4 at TP2 + SP without EP; test_fp8_parity.py's docstring)."""
     from megatron.core.checkpointing import CheckpointReader, find_checkpoint
 
     from .test_fp8_parity import MOE
@@ -49,11 +57,11 @@ def test_expert_amax_histories_under_ep_are_one_process(tmp_path):
     flags = NO_DROPOUT + FP8 + MOE + ["--train-iters", "1", "--save-interval", "1", "--global-batch-size", "16"]
     one, ep = str(tmp_path / "one"), str(tmp_path / "ep")
     run_cli(flags + ["--save", one])
-    run_cli(flags + ["--save", ep, "--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"],
-            nproc=4)
+    run_cli(flags + ["--save", ep] + layout, nproc=4)
     a, b = CheckpointReader(find_checkpoint(one)), CheckpointReader(find_checkpoint(ep))
     found = [(key, state) for (key, state) in a.index if "local_experts" in key and key.endswith("amax_history")]
     assert len(found) == 2 * 4 * 2 * 3  # layers x experts x (fc1, fc2) x (input, weight, grad)
     for key, state in found:
         x, y = a.global_tensor(key, state), b.global_tensor(key, state)
-        assert x[0] > 0 and torch.allclose(x, y, rtol=1e-5, atol=0), (key, x, y)
+        tol = 1e-3 if "--tensor-model-parallel-size" in layout and ".grad." in key else 1e-5
+        assert x[0] > 0 and torch.allclose(x, y, rtol=tol, atol=0), (key, x, y)

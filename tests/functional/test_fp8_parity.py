@@ -45,17 +45,20 @@ LAYOUTS = {  # name: (processes, flags)
     # each expert's input holds both ranks' micro-batches: each source rank's rows cast with their own scales
     # 4 ranks: expert-DP 2, over which delayed scaling's expert step amaxes reduce
     "ep2-alltoall": (4, ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"]),
+    # and TP2 + SP (DP2): the pieces line up over TP (the same tokens, the same routing), so each piece's amaxes
+    # reduce over expert TP as well
+    "ep2-tp2-sp": (4, ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"] + TP2_SP),
 }
 # MoE: each expert's input is its micro-batch's tokens, replicated over TP and split over CP, so its amaxes
-# reduce over those groups as the dense linears'; under EP2 (alltoall, TP 1, CP 1: what is built) an expert's
+# reduce over those groups as the dense linears'; under EP2 (alltoall, CP 1: what is built) an expert's
 # input holds two ranks' micro-batches, cast apart (per source rank), and delayed step amaxes reduce over
-# expert-DP'
+# expert-DP
 MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "96", "--moe-aux-loss-coeff", "1e-2",
        "--disable-bias-linear", "--moe-shared-expert-intermediate-size", "64"]
 CASES = [(r, layout) for r in ("tensorwise", "delayed") for layout in LAYOUTS if not layout.startswith("ep")] + \
     [("blockwise", "tp2-sp"), ("blockwise", "distopt-dp2")] + \
     [("moe-" + r, layout) for r in ("tensorwise", "delayed") for layout in ("tp2-sp", "cp2", "distopt-dp2",
-                                                                           "ep2-alltoall")] + \
+                                                                           "ep2-alltoall", "ep2-tp2-sp")] + \
     [("moe-delayed", "ep2-alltoall-zero3-param-gather")] + \
     [(r, layout) for r in ("tensorwise-output", "delayed-output-untied") for layout in ("tp2-sp", "pp2")]
 # experts' FP8 weights in buffers over expert-DP, cast and gathered per unit there

@@ -54,7 +54,7 @@ def _plan_groups(cfg):
     (["--fp8-format", "hybrid", "--transformer-impl", "transformer_engine"], "fp8_te"),
     (["--fp8-format", "hybrid", "--num-experts", "4", "--expert-model-parallel-size", "2"], "fp8_moe"),
     (["--fp8-format", "hybrid", "--num-experts", "4", "--expert-model-parallel-size", "2",
-      "--moe-token-dispatcher-type", "alltoall", "--tensor-model-parallel-size", "2"], "fp8_moe"),
+      "--moe-token-dispatcher-type", "alltoall", "--context-parallel-size", "2"], "fp8_moe"),
     (["--fp8-format", "hybrid", "--num-experts", "4", "--expert-model-parallel-size", "2",
       "--moe-token-dispatcher-type", "alltoall", "--moe-expert-capacity-factor", "1.0"], "fp8_moe"),
 ])
@@ -64,10 +64,11 @@ def test_not_built_is_refused_in_one_line(args, feature):
     assert [k for k, _ in e.value.features] == [feature] and "\n" not in str(e.value)
 
 
-def test_fp8_experts_under_ep_with_alltoall_are_built():
+@pytest.mark.parametrize("tp", [1, 2])
+def test_fp8_experts_under_ep_with_alltoall_are_built(tp):
     m, _ = _cfgs(["--fp8-format", "hybrid", "--num-experts", "4", "--expert-model-parallel-size", "2",
-                  "--moe-token-dispatcher-type", "alltoall"], world=2)
-    assert m.fp8_format == "hybrid" and m.expert_model_parallel_size == 2
+                  "--moe-token-dispatcher-type", "alltoall", "--tensor-model-parallel-size", str(tp)], world=2 * tp)
+    assert m.fp8_format == "hybrid" and m.expert_model_parallel_size == 2 and m.tensor_model_parallel_size == tp
 
 
 def test_mxfp8_without_fp8_changes_nothing():  # as in Megatron-LM: the recipe is read only with a format
