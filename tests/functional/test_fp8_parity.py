@@ -48,9 +48,13 @@ LAYOUTS = {  # name: (processes, flags)
     # and TP2 + SP (DP2): the pieces line up over TP (the same tokens, the same routing), so each piece's amaxes
     # reduce over expert TP as well
     "ep2-tp2-sp": (4, ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"] + TP2_SP),
+    # the allgather dispatcher names each expert's rows per source as well (test_moe_dispatch_pieces.py)
+    "ep2-allgather": (4, ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "allgather"]),
+    "ep2-allgather-tp2-sp": (4, ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "allgather"]
+                             + TP2_SP),
 }
 # MoE: each expert's input is its micro-batch's tokens, replicated over TP and split over CP, so its amaxes
-# reduce over those groups as the dense linears'; under EP2 (alltoall, CP 1: what is built) an expert's
+# reduce over those groups as the dense linears'; under EP2 (CP 1: what is built) an expert's
 # input holds two ranks' micro-batches, cast apart (per source rank), and delayed step amaxes reduce over
 # expert-DP
 MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "96", "--moe-aux-loss-coeff", "1e-2",
@@ -59,6 +63,7 @@ CASES = [(r, layout) for r in ("tensorwise", "delayed") for layout in LAYOUTS if
     [("blockwise", "tp2-sp"), ("blockwise", "distopt-dp2")] + \
     [("moe-" + r, layout) for r in ("tensorwise", "delayed") for layout in ("tp2-sp", "cp2", "distopt-dp2",
                                                                            "ep2-alltoall", "ep2-tp2-sp")] + \
+    [("moe-tensorwise", "ep2-allgather-tp2-sp"), ("moe-delayed", "ep2-allgather")] + \
     [("moe-delayed", "ep2-alltoall-zero3-param-gather")] + \
     [(r, layout) for r in ("tensorwise-output", "delayed-output-untied") for layout in ("tp2-sp", "pp2")]
 # experts' FP8 weights in buffers over expert-DP, cast and gathered per unit there

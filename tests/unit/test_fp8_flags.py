@@ -52,7 +52,7 @@ def _plan_groups(cfg):
 @pytest.mark.parametrize("args,feature", [
     (["--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"], "mxfp8"),
     (["--fp8-format", "hybrid", "--transformer-impl", "transformer_engine"], "fp8_te"),
-    (["--fp8-format", "hybrid", "--num-experts", "4", "--expert-model-parallel-size", "2"], "fp8_moe"),
+    (["--fp8-format", "hybrid", "--num-experts", "4", "--expert-tensor-parallel-size", "2"], "fp8_moe"),
     (["--fp8-format", "hybrid", "--num-experts", "4", "--expert-model-parallel-size", "2",
       "--moe-token-dispatcher-type", "alltoall", "--context-parallel-size", "2"], "fp8_moe"),
     (["--fp8-format", "hybrid", "--num-experts", "4", "--expert-model-parallel-size", "2",
@@ -65,9 +65,10 @@ def test_not_built_is_refused_in_one_line(args, feature):
 
 
 @pytest.mark.parametrize("tp", [1, 2])
-def test_fp8_experts_under_ep_with_alltoall_are_built(tp):
+@pytest.mark.parametrize("dispatcher", ["alltoall", "allgather"])
+def test_fp8_experts_under_ep_are_built(tp, dispatcher):
     m, _ = _cfgs(["--fp8-format", "hybrid", "--num-experts", "4", "--expert-model-parallel-size", "2",
-                  "--moe-token-dispatcher-type", "alltoall", "--tensor-model-parallel-size", str(tp)], world=2 * tp)
+                  "--moe-token-dispatcher-type", dispatcher, "--tensor-model-parallel-size", str(tp)], world=2 * tp)
     assert m.fp8_format == "hybrid" and m.expert_model_parallel_size == 2 and m.tensor_model_parallel_size == tp
 
 

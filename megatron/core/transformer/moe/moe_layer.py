@@ -34,9 +34,9 @@ class MoELayer(nn.Module):
     reaching the experts), for the capacity rule and the padded expert input.
     fp8: FP8 settings (core/fp8/config.py) or None. Each expert's input holds this micro-batch's tokens
     routed to it, replicated over TP and split over CP: its amaxes are reduced over both, the TP-split
-    weights' and hidden activations' over TP. Under EP (CP 1, alltoall, dropless; not folded: refused
-    otherwise) it holds each EP source's tokens, cast apart (experts.py); those pieces are the same rows
-    on every TP rank, so each piece's amaxes reduce over TP as well.
+    weights' and hidden activations' over TP. Under EP (CP 1, dropless; not folded: refused otherwise) it
+    holds each EP source's tokens, cast apart (experts.py); those pieces are the same rows on every TP
+    rank, so each piece's amaxes reduce over TP as well.
     """
 
     def __init__(self, config, tp_group, layer_number, ep_group=None, ep_rank=0, device=None, cp_group=None,

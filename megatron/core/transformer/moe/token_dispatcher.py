@@ -46,11 +46,13 @@ class AllGatherDispatcher:
 
     def __init__(self, num_experts, first, count, ep_group):
         self.num_experts, self.first, self.count, self.group = num_experts, first, count, ep_group
+        self.ep = comm.world(ep_group) if ep_group is not None else 1
 
     def dispatch(self, x, probs, indices, dropless=False):
         """x [T, h], probs / indices [T, k] -> (tokens [N, h] sorted by local expert, TokenCounts).
         dropless (no capacity factor): every pair is kept, so with all experts here nothing is read
-        on the host; else the local run's bounds are (one .tolist())."""
+        on the host; else the local run's bounds are (one .tolist()), with EP each expert's rows per
+        source rank too (TokenCounts.by_source)."""
         k = indices.shape[1]
         if self.group is not None:
             x = gather_from_sequence_parallel_region(x, self.group)
@@ -60,11 +62,25 @@ class AllGatherDispatcher:
         if dropless and self.count == self.num_experts:
             counts = TokenCounts(ends[1:])
         else:
-            host = ends.tolist()
+            tally = self._by_source(order, indices, k, x.shape[0]) if self.group is not None else ends[:0]
+            host = torch.cat([ends, tally]).tolist()  # the dispatch's one host read
+            host, tally = host[:self.count + 1], host[self.count + 1:]
+            by_source = [tally[e * self.ep:(e + 1) * self.ep] for e in range(self.count)] if tally else None
             order = order[host[0]:host[-1]]
-            counts = TokenCounts(ends[1:] - ends[0], [b - a for a, b in zip(host[:-1], host[1:])])
+            counts = TokenCounts(ends[1:] - ends[0], [b - a for a, b in zip(host[:-1], host[1:])], by_source)
         self.rows, self.weights, self.total = order // k, probs.reshape(-1)[order], x.shape[0]
         return x[self.rows], counts
+
+    def _by_source(self, order, indices, k, total):
+        """[count x EP] on the device: the pairs each source rank sends each local expert, (expert, source)
+        order. The gathered tokens are in source order and the sort is stable, so within an expert's run
+        the rows stand in that order: these are its consecutive pieces."""
+        source = (order // k) // (total // self.ep)
+        local = indices.reshape(-1)[order] - self.first
+        mine = (local >= 0) & (local < self.count)
+        slot = torch.where(mine, local * self.ep + source, torch.full_like(local, self.count * self.ep))
+        return torch.zeros(self.count * self.ep + 1, dtype=torch.int64, device=order.device) \
+            .scatter_add_(0, slot, torch.ones_like(slot))[:-1]
 
     def combine(self, y):
         """y [N, h] (dispatch's order) -> [T, h]: sum over choices of prob x expert output."""
