@@ -165,6 +165,18 @@ class ParallelLayout:
         buffers of their own, reduced over it."""
         return self.ep > 1 or self.experts_folded
 
+    @property
+    def ep_sources_per_micro_batch(self) -> int | None:
+        """Consecutive ranks of an EP group that hold chunks of one micro-batch (experts not folded): EP re-splits
+        CP x DP with CP fastest, so an EP group lies inside a CP group when EP divides CP (all its sources share a
+        micro-batch) and covers whole CP groups when CP divides EP. None where neither divides (the groups then
+        cut micro-batches apart), or folded. FP8 experts cast each micro-batch's rows with one scale."""
+        if self.experts_folded:
+            return None
+        if self.cp % self.ep == 0:
+            return self.ep
+        return self.cp if self.ep % self.cp == 0 else None
+
     def sizes(self, grid: str) -> dict:
         return ({"tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp} if grid == DENSE
                 else {"etp": self.etp, "ep": self.ep, "edp": self.edp, "pp": self.pp})
@@ -179,6 +191,9 @@ class ParallelLayout:
         if name in ("embd", "pp_grad"):
             pp = self.rank_lists("pp")
             return [sorted({r[0], r[-1]}) for r in pp] if name == "embd" else pp
+        if name == "ecp":  # the CP ranks that hold the same experts: a CP group cut by the expert-DP groups
+            edp = [set(r) for r in self.rank_lists("edp")]
+            return sorted(sorted(set(c) & e) for c in self.rank_lists("cp") for e in edp if set(c) & e)
         grid, dims = GROUPS[name]
         return rank_lists(grid, self.sizes(grid), dims)
 
@@ -192,7 +207,7 @@ class ParallelLayout:
         if self.experts_folded:
             names += ["etp", "ep", "edp", "tp_cp"]
         elif self.ep > 1:
-            names += ["ep", "edp"]
+            names += ["ep", "edp"] + (["ecp"] if self.ep < self.cp and self.cp % self.ep == 0 else [])
         return names + (["pp_grad"] if self.v_shape and self.pp > 1 else [])
 
     def build_groups(self) -> ProcessGroups:
@@ -221,6 +236,8 @@ class ParallelLayout:
         for name, same in SAME_RANKS.items():
             if name not in made:
                 made[name] = made[same]
+        if "ecp" not in made:  # all of CP at EP 1; else one rank (EP covers whole CP groups), or not defined
+            made["ecp"] = made.get("cp") if self.ep == 1 and not self.experts_folded else None
         return ProcessGroups(self, rank, **{name: made.get(name) for name in ProcessGroups.NAMES})
 
     def describe(self) -> str:

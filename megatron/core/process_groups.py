@@ -11,6 +11,8 @@ nothing reads groups from a global. The sizes and ranks are the layout's; the gr
     etp, ep, edp        the experts' TP, EP and expert-DP groups (etp = tp unless folded; ep None at EP 1
                         unless folded; edp = dp_cp at EP 1 unless folded)
     tp_cp               folded experts only: the TP x CP ranks that share each sequence
+    ecp                 experts not folded: the CP ranks holding the same experts (cp at EP 1; inside a CP
+                        group when EP divides CP; None when EP spans whole CP groups)
     pp_grad             ZB-V only: a second group of the pipeline's ranks, for the gradients
 """
 from __future__ import annotations
@@ -35,8 +37,9 @@ class ProcessGroups:
     edp: object = None
     tp_cp: object = None
     pp_grad: object = None
+    ecp: object = None
 
-    NAMES = ("tp", "cp", "dp", "pp", "mp", "embd", "dp_cp", "etp", "ep", "edp", "tp_cp", "pp_grad")
+    NAMES = ("tp", "cp", "dp", "pp", "mp", "embd", "dp_cp", "etp", "ep", "edp", "tp_cp", "pp_grad", "ecp")
 
     @functools.cached_property
     def position(self):

@@ -52,11 +52,19 @@ LAYOUTS = {  # name: (processes, flags)
     "ep2-allgather": (4, ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "allgather"]),
     "ep2-allgather-tp2-sp": (4, ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "allgather"]
                              + TP2_SP),
+    # with CP, EP re-splits CP x DP with CP fastest: at EP2 x CP2 an EP group is a CP pair (its pieces are one
+    # micro-batch, cast together); at EP2 x CP4 also the CP ranks holding the same experts reduce (groups.ecp);
+    # at EP4 x CP2 an EP group holds two micro-batches, two chunks each
+    "ep2-cp2": (4, ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall",
+                    "--context-parallel-size", "2"]),
+    "ep2-cp4": (4, ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall",
+                    "--context-parallel-size", "4"]),
+    "ep4-cp2": (4, ["--expert-model-parallel-size", "4", "--moe-token-dispatcher-type", "alltoall",
+                    "--context-parallel-size", "2"]),
 }
 # MoE: each expert's input is its micro-batch's tokens, replicated over TP and split over CP, so its amaxes
-# reduce over those groups as the dense linears'; under EP2 (CP 1: what is built) an expert's
-# input holds two ranks' micro-batches, cast apart (per source rank), and delayed step amaxes reduce over
-# expert-DP
+# reduce over those groups as the dense linears'; under EP2 an expert's input holds two ranks' micro-batches
+# (or chunks of one, with CP), cast apart per micro-batch, and delayed step amaxes reduce over expert-DP
 MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "96", "--moe-aux-loss-coeff", "1e-2",
        "--disable-bias-linear", "--moe-shared-expert-intermediate-size", "64"]
 CASES = [(r, layout) for r in ("tensorwise", "delayed") for layout in LAYOUTS if not layout.startswith("ep")] + \
@@ -64,6 +72,7 @@ CASES = [(r, layout) for r in ("tensorwise", "delayed") for layout in LAYOUTS if
     [("moe-" + r, layout) for r in ("tensorwise", "delayed") for layout in ("tp2-sp", "cp2", "distopt-dp2",
                                                                            "ep2-alltoall", "ep2-tp2-sp")] + \
     [("moe-tensorwise", "ep2-allgather-tp2-sp"), ("moe-delayed", "ep2-allgather")] + \
+    [("moe-" + r, layout) for r in ("tensorwise", "delayed") for layout in ("ep2-cp2", "ep2-cp4", "ep4-cp2")] + \
     [("moe-delayed", "ep2-alltoall-zero3-param-gather")] + \
     [(r, layout) for r in ("tensorwise-output", "delayed-output-untied") for layout in ("tp2-sp", "pp2")]
 # experts' FP8 weights in buffers over expert-DP, cast and gathered per unit there

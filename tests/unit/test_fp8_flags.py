@@ -54,7 +54,7 @@ def _plan_groups(cfg):
     (["--fp8-format", "hybrid", "--transformer-impl", "transformer_engine"], "fp8_te"),
     (["--fp8-format", "hybrid", "--num-experts", "4", "--expert-tensor-parallel-size", "2"], "fp8_moe"),
     (["--fp8-format", "hybrid", "--num-experts", "4", "--expert-model-parallel-size", "2",
-      "--moe-token-dispatcher-type", "alltoall", "--context-parallel-size", "2"], "fp8_moe"),
+      "--moe-token-dispatcher-type", "alltoall", "--context-parallel-size", "3"], "fp8_moe"),
     (["--fp8-format", "hybrid", "--num-experts", "4", "--expert-model-parallel-size", "2",
       "--moe-token-dispatcher-type", "alltoall", "--moe-expert-capacity-factor", "1.0"], "fp8_moe"),
 ])

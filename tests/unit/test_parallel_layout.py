@@ -94,16 +94,19 @@ def test_the_parity_suites_layouts_build_the_groups_written_down(monkeypatch, na
             assert getattr(g, group) == (tuple(mine[0]) if mine else None), (rank, group)
 
 
+NEWER = {"ecp"}  # groups the old grid did not have (test_expert_cp_groups_hold_the_same_experts_and_micro_batch)
+
+
 def test_every_layout_up_to_16_ranks_has_the_old_grids_groups_and_positions():
     checked = 0
     for kw, ref_kw in _layouts():
         layout, ref = ParallelLayout(**kw), reference(**ref_kw)
-        assert set(layout.built()) == set(ref["lists"]), kw
+        assert set(layout.built()) - NEWER == set(ref["lists"]), kw
         for group, lists in ref["lists"].items():
             assert sorted(layout.rank_lists(group)) == sorted(lists), (kw, group)
         for rank, want in enumerate(ref["ranks"]):
             g = layout.plan_groups(rank)
-            for name in g.NAMES:  # membership: the group's size and this rank's index in it, or None
+            for name in set(g.NAMES) - NEWER:  # membership: the group's size and this rank's index in it, or None
                 h, ranks = getattr(g, name), want[name]
                 assert (h is None) == (ranks is None), (kw, rank, name)
                 assert h is None or (h.size, h.rank) == (len(ranks), ranks.index(rank)), (kw, rank, name)
@@ -113,6 +116,35 @@ def test_every_layout_up_to_16_ranks_has_the_old_grids_groups_and_positions():
             assert g.expert_folded == want["expert_folded"]
         checked += 1
     assert checked > 4000  # every (world, tp, cp, pp, ep, etp, ZB-V) the old grid accepted
+
+
+def test_expert_cp_groups_hold_the_same_experts_and_micro_batch():
+    """ecp (FP8 experts reduce an expert input's amaxes over it): the ranks of the same TP, DP and PP position and
+    EP rank (the same experts, the same micro-batches' chunks); no group of one; none where EP and CP do not divide
+    one another (FP8 experts are refused there). ep_sources_per_micro_batch: an EP group's members in runs of that
+    many share a DP position (a micro-batch), and the runs do not."""
+    checked = 0
+    for kw, _ in _layouts():
+        layout = ParallelLayout(**kw)
+        if layout.experts_folded:
+            assert layout.plan_groups(0).ecp is None and layout.ep_sources_per_micro_batch is None
+            continue
+        pos, g = [layout.position(r) for r in range(layout.world)], layout.ep_sources_per_micro_batch
+        for rank in range(layout.world if g else 0):
+            p = pos[rank]
+            same = [q for q in range(layout.world)
+                    if (pos[q].tp, pos[q].dp, pos[q].pp, pos[q].ep) == (p.tp, p.dp, p.pp, p.ep)]
+            h = layout.plan_groups(rank).ecp
+            assert (None if len(same) == 1 else (len(same), same.index(rank))) == (h and (h.size, h.rank)), (kw, rank)
+        assert g or all(layout.plan_groups(r).ecp is None for r in range(layout.world)), kw
+
+        def fits(n):  # every EP group in runs of n: one micro-batch per run, another for each run
+            runs = [[[pos[q].dp for q in m[i:i + n]] for i in range(0, len(m), n)] for m in layout.rank_lists("ep")]
+            return all(len(set(r)) == 1 for rs in runs for r in rs) and all(len({r[0] for r in rs}) == len(rs)
+                                                                            for rs in runs)
+        assert fits(g) if g else not any(fits(n) for n in range(1, layout.ep + 1) if layout.ep % n == 0), kw
+        checked += 1
+    assert checked > 1000
 
 
 def test_aliases_are_the_same_handles(monkeypatch):

@@ -92,13 +92,15 @@ class LocalExperts(nn.Module):
     checkpoints) do not depend on the expert-parallel size. first_tp_rank: whether this rank is the
     first of the expert-TP group (split over tp_size > 1 ranks, it adds the fc2 biases). fp8: as
     ExpertMLP's; FP8 experts run one at a time (each with its own scales), not as a grouped matmul, and
-    under expert parallelism cast each source rank's rows apart (counts.by_source), as one process casts
+    under expert parallelism cast each micro-batch's rows apart (counts.by_source: the rows per source rank,
+    sources_per_micro_batch consecutive sources holding chunks of one micro-batch), as one process casts
     each micro-batch.
     """
 
-    def __init__(self, config, first, count, tp_size, device=None, first_tp_rank=True, fp8=None):
+    def __init__(self, config, first, count, tp_size, device=None, first_tp_rank=True, fp8=None,
+                 sources_per_micro_batch=1):
         super().__init__()
-        self.first, self.count = first, count
+        self.first, self.count, self.sources_per_micro_batch = first, count, sources_per_micro_batch
         self.grouped = config.moe_grouped_gemm and fp8 is None
         self.split_fc2_bias = tp_size > 1 and config.add_bias_linear
         self.first_tp_rank = first_tp_rank
@@ -114,7 +116,9 @@ class LocalExperts(nn.Module):
             out = grouped_experts(experts, x, counts, fc2_bias=not self.split_fc2_bias)
         else:
             sources = counts.by_source if experts and experts[0].fc1_fp8 is not None else None
-            outs = [expert(chunk, None if sources is None else sources[i])
+            g = self.sources_per_micro_batch
+            pieces = None if sources is None else [[sum(s[j:j + g]) for j in range(0, len(s), g)] for s in sources]
+            outs = [expert(chunk, None if pieces is None else pieces[i])
                     for i, (expert, chunk) in enumerate(zip(experts, x.split(counts.sizes())))]
             out = torch.cat(outs) if outs else x[:0]
         if self.split_fc2_bias and experts:

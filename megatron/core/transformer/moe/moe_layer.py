@@ -34,13 +34,16 @@ class MoELayer(nn.Module):
     reaching the experts), for the capacity rule and the padded expert input.
     fp8: FP8 settings (core/fp8/config.py) or None. Each expert's input holds this micro-batch's tokens
     routed to it, replicated over TP and split over CP: its amaxes are reduced over both, the TP-split
-    weights' and hidden activations' over TP. Under EP (CP 1, dropless; not folded: refused otherwise) it
-    holds each EP source's tokens, cast apart (experts.py); those pieces are the same rows on every TP
-    rank, so each piece's amaxes reduce over TP as well.
+    weights' and hidden activations' over TP. Under EP (dropless; not folded: refused otherwise) it holds
+    each EP source's tokens; the sources holding chunks of one micro-batch (`sources_per_micro_batch`
+    consecutive ones, ParallelLayout.ep_sources_per_micro_batch) are cast together, each micro-batch apart
+    (experts.py), and each such piece's amaxes reduce over TP (the same rows on every TP rank) and over
+    `expert_cp` (the CP ranks holding the same experts, with the micro-batch's other chunks; default
+    cp_group, right at EP 1).
     """
 
     def __init__(self, config, tp_group, layer_number, ep_group=None, ep_rank=0, device=None, cp_group=None,
-                 etp_group=None, share=None, fp8=None):
+                 etp_group=None, share=None, fp8=None, expert_cp=None, sources_per_micro_batch=1):
         super().__init__()
         self.config, self.tp_group = config, tp_group
         self.tp_size = comm.world(tp_group)
@@ -55,10 +58,11 @@ class MoELayer(nn.Module):
         self.router = TopKRouter(config, layer_number, device, cp_group)
         expert_tp_size = comm.world(etp_group) if self.folded else self.tp_size if self.expert_tp else 1
         expert_tp_group = etp_group if self.folded else self.expert_tp
-        expert_fp8 = None if fp8 is None else (fp8, (self.expert_tp, cp_group), (self.expert_tp,))
+        expert_cp = cp_group if ep == 1 else expert_cp
+        expert_fp8 = None if fp8 is None else (fp8, (self.expert_tp, expert_cp), (self.expert_tp,))
         self.experts = LocalExperts(config, ep_rank * count, count, expert_tp_size, device,
                                     first_tp_rank=expert_tp_size == 1 or comm.rank(expert_tp_group) == 0,
-                                    fp8=expert_fp8)
+                                    fp8=expert_fp8, sources_per_micro_batch=sources_per_micro_batch)
         if self.folded:  # each TP rank routes other tokens: the router's gradient is summed over TP
             set_sequence_parallel(self.router.weight)
         self.dispatcher = build_dispatcher(config.moe_token_dispatcher_type, config.num_experts, ep_rank * count,
@@ -139,4 +143,5 @@ def build_mlp(config, groups, layer_number, device=None):
     # another rank routes part of the tokens
     share = token_share(groups, folded) if ep_group is not None or cp_group is not None else None
     return MoELayer(config, groups.tp, layer_number, ep_group, groups.ep_rank, device, cp_group,
-                    groups.etp if folded else None, share, fp8_layer(config, layer_number))
+                    groups.etp if folded else None, share, fp8_layer(config, layer_number), groups.ecp,
+                    groups.layout.ep_sources_per_micro_batch or 1)
