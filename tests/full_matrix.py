@@ -17,7 +17,7 @@ FP8_GATHER = "tests/distributed/test_fp8_param_gather.py::test_fp8_param_gather_
 FULL_ONLY = {
     # FP8: the default run keeps tensorwise TP2+SP, delayed PP2 zb-h1 and CP2, blockwise TP2+SP,
     # MoE tensorwise TP2+SP, MoE delayed EP2, MoE tensorwise EP2 x TP2 + SP (both dispatchers), MoE tensorwise
-    # EP2 x CP2, MoE delayed EP2 x CP4, delayed ZeRO-3
+    # EP2 x CP2, MoE delayed EP2 x CP4, MoE with a capacity factor tensorwise EP2 x TP2 + SP, delayed ZeRO-3
     # and ZeRO-1 with --fp8-param-gather, the output layer in FP8 tied at TP2+SP and untied at PP2 (each recipe,
     # each reduction group: TP, SP, CP, DP, expert-DP, the B/W split, the per-source casts, the FP8 gathers;
     # tests/distributed/test_fp8_param_gather.py runs the gathers at TP2 x DP2 for every strategy)
@@ -27,6 +27,7 @@ FULL_ONLY = {
         "moe-tensorwise-cp2", "moe-tensorwise-distopt-dp2", "moe-delayed-tp2-sp", "moe-delayed-cp2",
         "moe-delayed-distopt-dp2", "moe-tensorwise-ep2-alltoall", "moe-delayed-ep2-tp2-sp", "moe-delayed-ep2-allgather",
         "moe-delayed-ep2-cp2", "moe-tensorwise-ep2-cp4", "moe-tensorwise-ep4-cp2", "moe-delayed-ep4-cp2",
+        "moecap-delayed-ep2-allgather", "moecap-tensorwise-ep2-cp2",
         "tensorwise-zero3-dp2",
         "tensorwise-zero3-dp2-param-gather",
         "tensorwise-distopt-dp2-param-gather", "moe-delayed-ep2-alltoall-zero3-param-gather",

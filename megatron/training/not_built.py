@@ -18,8 +18,9 @@ FEATURES = {  # key -> (what a user reads, who builds it)
     "fp8_te": ("FP8 through Transformer Engine (fp8_autocast; our FP8 runs with --transformer-impl local)",
                "issue 28"),
     "mxfp8": ("MXFP8 scaling (Blackwell's MX formats)", "issue 28"),
-    "fp8_moe": ("FP8 experts under expert folding, or under expert parallelism with a capacity factor or with EP and"
-                " CP where neither divides the other (built: EP with either dispatcher, dropless, any TP and CP)",
+    "fp8_moe": ("FP8 experts under expert folding, or under expert parallelism with inputs padded to capacity or"
+                " with EP and CP where neither divides the other (built: EP with either dispatcher, dropless or a "
+                "capacity factor, any TP and CP)",
                 "issue 28"),
     "qk_norm": ("per-head query/key layer norms without --multi-latent-attention", "not built"),
     "yarn": ("YaRN RoPE without --multi-latent-attention", "not built"),
@@ -76,11 +77,12 @@ def _value_rules(model_cfg):
             yield "mxfp8", "--fp8-recipe mxfp8"
         folded = experts_folded(c.tensor_model_parallel_size, c.expert_tensor_parallel_size)
         ep, cp = c.expert_model_parallel_size, c.context_parallel_size
-        # an EP group must hold whole micro-batches or parts of one (parallel_layout.ep_sources_per_micro_batch)
-        beyond = ep > 1 and (c.moe_expert_capacity_factor is not None or (cp % ep and ep % cp))
+        # an EP group must hold whole micro-batches or parts of one (parallel_layout.ep_sources_per_micro_batch);
+        # padded to capacity, an expert's zero rows are not any source's
+        beyond = ep > 1 and (c.moe_pad_expert_input_to_capacity or (cp % ep and ep % cp))
         if c.num_experts is not None and (folded or beyond):
             yield "fp8_moe", "--fp8-format with --expert-tensor-parallel-size, or --expert-model-parallel-size > 1 " \
-                "with --moe-expert-capacity-factor or a --context-parallel-size it does not divide or divide into"
+                "with --moe-pad-expert-input-to-capacity or a --context-parallel-size it does not divide or divide into"
     if c.moe_token_dispatcher_type == "flex":
         yield "flex", "--moe-token-dispatcher-type flex"
     if c.rope_type == "yarn" and not c.multi_latent_attention:

@@ -65,6 +65,8 @@ LAYOUTS = {  # name: (processes, flags)
 # MoE: each expert's input is its micro-batch's tokens, replicated over TP and split over CP, so its amaxes
 # reduce over those groups as the dense linears'; under EP2 an expert's input holds two ranks' micro-batches
 # (or chunks of one, with CP), cast apart per micro-batch, and delayed step amaxes reduce over expert-DP
+# a capacity factor under EP: the pieces are the kept rows per source (the dispatchers count after the drop)
+CAPACITY = ["--moe-expert-capacity-factor", "0.5"]
 MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "96", "--moe-aux-loss-coeff", "1e-2",
        "--disable-bias-linear", "--moe-shared-expert-intermediate-size", "64"]
 CASES = [(r, layout) for r in ("tensorwise", "delayed") for layout in LAYOUTS if not layout.startswith("ep")] + \
@@ -73,6 +75,7 @@ CASES = [(r, layout) for r in ("tensorwise", "delayed") for layout in LAYOUTS if
                                                                            "ep2-alltoall", "ep2-tp2-sp")] + \
     [("moe-tensorwise", "ep2-allgather-tp2-sp"), ("moe-delayed", "ep2-allgather")] + \
     [("moe-" + r, layout) for r in ("tensorwise", "delayed") for layout in ("ep2-cp2", "ep2-cp4", "ep4-cp2")] + \
+    [("moecap-tensorwise", "ep2-tp2-sp"), ("moecap-delayed", "ep2-allgather"), ("moecap-tensorwise", "ep2-cp2")] + \
     [("moe-delayed", "ep2-alltoall-zero3-param-gather")] + \
     [(r, layout) for r in ("tensorwise-output", "delayed-output-untied") for layout in ("tp2-sp", "pp2")]
 # experts' FP8 weights in buffers over expert-DP, cast and gathered per unit there
@@ -84,6 +87,8 @@ _reference = {}
 def _model(recipe):
     if recipe.startswith("moe-"):
         return RECIPES[recipe[4:]] + MOE
+    if recipe.startswith("moecap-"):
+        return RECIPES[recipe[7:]] + MOE + CAPACITY
     return RECIPES[recipe] + (BLOCK_SHAPE if recipe == "blockwise" else [])
 
 

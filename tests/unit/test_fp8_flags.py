@@ -56,7 +56,8 @@ def _plan_groups(cfg):
     (["--fp8-format", "hybrid", "--num-experts", "4", "--expert-model-parallel-size", "2",
       "--moe-token-dispatcher-type", "alltoall", "--context-parallel-size", "3"], "fp8_moe"),
     (["--fp8-format", "hybrid", "--num-experts", "4", "--expert-model-parallel-size", "2",
-      "--moe-token-dispatcher-type", "alltoall", "--moe-expert-capacity-factor", "1.0"], "fp8_moe"),
+      "--moe-token-dispatcher-type", "alltoall", "--moe-expert-capacity-factor", "1.0",
+      "--moe-pad-expert-input-to-capacity"], "fp8_moe"),
 ])
 def test_not_built_is_refused_in_one_line(args, feature):
     with pytest.raises(not_built.NotBuiltError) as e:
