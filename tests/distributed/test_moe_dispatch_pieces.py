@@ -21,9 +21,11 @@ def _dispatch(groups, dropless):
     count = E // ep
     out = {}
     for kind in ("allgather", "alltoall"):
-        d = build_dispatcher(kind, E, rank * count, count, groups.ep)
+        d = build_dispatcher(kind, E, rank * count, count, groups.ep, by_source=True)
         x, counts = d.dispatch(tokens[rank], torch.ones(T, K), indices[rank], dropless)
         out[kind] = (x, counts.by_source, counts.sizes())
+    unasked = build_dispatcher("allgather", E, rank * count, count, groups.ep)  # without FP8: nothing counted
+    out["unasked"] = unasked.dispatch(tokens[rank], torch.ones(T, K), indices[rank], dropless)[1].by_source
     # written out: the rows of each of my experts from each source, in the source's token order
     expected_rows, expected = [], []
     for e in range(rank * count, (rank + 1) * count):
@@ -39,6 +41,7 @@ def _dispatch(groups, dropless):
 def test_both_dispatchers_name_each_experts_rows_per_source_in_order():
     for dropless in (True, False):
         for out, expected, rows in spawn(2, _dispatch, dropless, ep=2):
+            assert out.pop("unasked") is None
             for kind, (x, by_source, sizes) in out.items():
                 assert by_source == expected, (kind, dropless, by_source, expected)
                 assert sizes == [sum(s) for s in expected], (kind, dropless)
