@@ -5,9 +5,12 @@ import re
 import statistics
 
 CE_FUSION = "--cross-entropy-loss-fusion"
+RN_FUSION = "--residual-norm-fusion"
 # bench/gpu_suite.py's steps whose output is a pretrain_gpt.py log, and those printing bench/overhead.py's tables
 PRETRAIN_STEPS = ("gpt1.3b ours", f"gpt1.3b ours {CE_FUSION}", "llama1b ours", "moe ours", "gpt1.3b ours fp8",
-                  "fp8 baseline: llama8b-4L ours bf16", "llama8b-4L ours fp8", "llama8b-4L ours fp8 delayed")
+                  "fp8 baseline: llama8b-4L ours bf16", "llama8b-4L ours fp8", "llama8b-4L ours fp8 delayed",
+                  "fusion baseline: gpt1.3b ours", f"fusion: gpt1.3b ours {RN_FUSION}",
+                  "fusion baseline: llama1b ours", f"fusion: llama1b ours {RN_FUSION}")
 PROFILE_STEP = "profile gpt1.3b ours vs plain compiled"
 OVERHEAD_STEPS = ("gpt1.3b ours vs plain", f"gpt1.3b ours {CE_FUSION} vs plain", "gpt1.3b plain compiled",
                   "llama1b ours vs plain", "moe ours vs plain", PROFILE_STEP)

@@ -105,6 +105,10 @@ class TransformerConfig(ModelParallelConfig, MoEConfig, MLAConfig, MTPConfig, Mo
         True, "Megatron-LM's fused bias-dropout-add; here the row-parallel bias is added inside its GEMM and the "
         "dropout-add is torch's either way: --no-bias-dropout-fusion is accepted, no effect.",
         flag="--no-bias-dropout-fusion")
+    residual_norm_fusion: bool = opt(
+        False, "This project's (not in Megatron-LM): in a pre-norm layer, add the attention's output to the residual "
+        "and apply the MLP's norm in one torch.compile'd kernel (CUDA with triton; elsewhere the add, then the norm): "
+        "one pass over the activations less forward, two backward. Off by default until a GPU measures it.")
     cross_entropy_loss_fusion: bool = opt(
         False, "Fuse the vocabulary-parallel cross entropy: read the logits once per pass in chunks of tokens, "
         "no fp32 copy of [tokens, vocab], the gradient written over the logits (Megatron-LM's flag; off by "

@@ -61,6 +61,7 @@ def test_pretrain_commands_parse(commands):
     for name, cmd in runs.items():
         model_cfg, train_cfg, _ = parse_args(_argv_after(cmd, "pretrain_gpt.py"), extra=[EMBEDDED])
         assert model_cfg.cross_entropy_loss_fusion == (CE in name), name
+        assert model_cfg.residual_norm_fusion == ("--residual-norm-fusion" in name), name
         assert model_cfg.gradient_accumulation_fusion and train_cfg.bf16, name
 
 

@@ -18,7 +18,7 @@ report the choices the same way, for the start-up log.
 """
 import torch
 
-from . import _ext, activations, attention, kernel_table, norm, rope, softmax
+from . import _common, _ext, activations, attention, kernel_table, norm, rope, softmax
 
 
 def explain(config, device):
@@ -60,6 +60,15 @@ def describe(config, device):
                 if config.gradient_accumulation_fusion else "off (a .grad, then added)"))
     ops.append(("cross entropy", cross_entropy_fused.implementation(device) if config.cross_entropy_loss_fusion
                 else "vocab-parallel (torch)"))
+    if config.residual_norm_fusion:
+        from ..transformer.model_options import recomputes  # here: transformer imports this package
+        fits = torch.device(device).type == "cuda" and _common.importable("triton")
+        if config.post_norm or recomputes(config, "layernorm"):
+            how = "the add, then the norm (--residual-norm-fusion: pre-norm layers without norm recompute only)"
+        else:
+            how = "one kernel (torch.compile; --residual-norm-fusion)" if fits else \
+                "the add, then the norm (--residual-norm-fusion compiles on CUDA with triton only)"
+        ops.append(("residual add + norm", how))
     return ops
 
 

@@ -36,6 +36,23 @@ def torch_layer_norm(x, weight, bias, eps):
     return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
 
 
+def residual_layer_norm(x, residual, weight, bias, eps):
+    """(residual + x, its LayerNorm): compiled, one kernel each way (the backward adds the residual's gradient)."""
+    s = residual + x
+    return s, F.layer_norm(s, s.shape[-1:], weight, bias, eps)
+
+
+def residual_rms_norm(x, residual, weight, eps):
+    """(residual + x, its RMSNorm), as residual_layer_norm."""
+    s = residual + x
+    return s, torch_rms_norm(s, weight, eps)
+
+
+def residual_fusion_fits(*tensors):
+    """--residual-norm-fusion runs compiled: CUDA tensors and triton (torch.compile's GPU backend)."""
+    return compiled_fits(*tensors) and importable("triton")
+
+
 class _CsrcNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps, rms):

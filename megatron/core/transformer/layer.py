@@ -63,5 +63,6 @@ class TransformerLayer(nn.Module):
         if self.recompute_norms and self.training:
             x = x + self._dropout(norm_then(norm1, x, self.self_attention, rope, attn_mask, kv_cache))
             return x + self._dropout(norm_then(norm2, x, self._mlp))
-        x = x + self._dropout(self.self_attention(norm1(x), rope, attn_mask, kv_cache))
-        return x + self._dropout(self._mlp(norm2(x)))
+        # the residual add and the MLP's norm: one compiled kernel with --residual-norm-fusion (transformer/norm.py)
+        x, y = norm2.residual_then(self._dropout(self.self_attention(norm1(x), rope, attn_mask, kv_cache)), x)
+        return x + self._dropout(self._mlp(y))

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..fusions import norm as norm_front
+from ..fusions._common import compiled
 from ..tensor_parallel.param_meta import set_init, set_sequence_parallel
 
 
@@ -21,13 +22,24 @@ def _scale(module):
     return module.weight + 1 if module.zero_centered else module.weight
 
 
-class LayerNorm(nn.Module):
+class _ResidualNorm:
+    """residual_then(x, residual) -> (residual + x, this norm of it); with residual_fusion (--residual-norm-fusion)
+    one compiled function where it runs (fusions/norm.residual_fusion_fits), else the add, then forward()."""
+
+    def residual_then(self, x, residual):
+        if self.residual_fusion and norm_front.residual_fusion_fits(x, residual, self.weight):
+            return self._fused(x, residual)
+        s = residual + x
+        return s, self(s)
+
+
+class LayerNorm(_ResidualNorm, nn.Module):
     """[..., h] -> same. fusion=False forces the torch implementation, force="csrc" our kernel."""
 
     def __init__(self, hidden_size, eps=1e-5, sequence_parallel=False, params_dtype=torch.float32, device=None,
-                 fusion=True, force="auto", zero_centered=False):
+                 fusion=True, force="auto", zero_centered=False, residual_fusion=False):
         super().__init__()
-        self.eps, self.zero_centered = eps, zero_centered
+        self.eps, self.zero_centered, self.residual_fusion = eps, zero_centered, residual_fusion
         self.impl = norm_front.select(fusion, device or "cpu", params_dtype, rms=False, force=force)
         self.weight = nn.Parameter(torch.empty(hidden_size, dtype=params_dtype, device=device))
         self.bias = nn.Parameter(torch.empty(hidden_size, dtype=params_dtype, device=device))
@@ -39,14 +51,17 @@ class LayerNorm(nn.Module):
     def forward(self, x):
         return norm_front.layer_norm(x, _scale(self), self.bias, self.eps, self.impl)
 
+    def _fused(self, x, residual):
+        return compiled(norm_front.residual_layer_norm)(x, residual, _scale(self), self.bias, self.eps)
 
-class RMSNorm(nn.Module):
+
+class RMSNorm(_ResidualNorm, nn.Module):
     """[..., h] -> same: x / sqrt(mean(x^2) + eps) * weight, statistics in fp32."""
 
     def __init__(self, hidden_size, eps=1e-5, sequence_parallel=False, params_dtype=torch.float32, device=None,
-                 fusion=True, force="auto", zero_centered=False):
+                 fusion=True, force="auto", zero_centered=False, residual_fusion=False):
         super().__init__()
-        self.eps, self.zero_centered = eps, zero_centered
+        self.eps, self.zero_centered, self.residual_fusion = eps, zero_centered, residual_fusion
         self.impl = norm_front.select(fusion, device or "cpu", params_dtype, rms=True, force=force)
         self.weight = nn.Parameter(torch.empty(hidden_size, dtype=params_dtype, device=device))
         set_init(self.weight, "zeros" if zero_centered else "ones")
@@ -55,9 +70,12 @@ class RMSNorm(nn.Module):
     def forward(self, x):
         return norm_front.rms_norm(x, _scale(self), self.eps, self.impl)
 
+    def _fused(self, x, residual):
+        return compiled(norm_front.residual_rms_norm)(x, residual, _scale(self), self.eps)
+
 
 def build_norm(config, device=None):
     cls = {"LayerNorm": LayerNorm, "RMSNorm": RMSNorm}[config.normalization]
     return cls(config.hidden_size, config.norm_epsilon, config.sequence_parallel, config.params_dtype, device,
                fusion=config.norm_fusion, force=config.fused_kernels,
-               zero_centered=config.layernorm_zero_centered_gamma)
+               zero_centered=config.layernorm_zero_centered_gamma, residual_fusion=config.residual_norm_fusion)
