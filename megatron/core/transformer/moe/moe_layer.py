@@ -34,7 +34,7 @@ class MoELayer(nn.Module):
     reaching the experts), for the capacity rule and the padded expert input.
     fp8: FP8 settings (core/fp8/config.py) or None. Each expert's input holds this micro-batch's tokens
     routed to it, replicated over TP and split over CP: its amaxes are reduced over both, the TP-split
-    weights' and hidden activations' over TP. Under EP (dropless; not folded: refused otherwise) it holds
+    weights' and hidden activations' over TP. Under EP (not folded, not padded to capacity: refused) it holds
     each EP source's tokens; the sources holding chunks of one micro-batch (`sources_per_micro_batch`
     consecutive ones, ParallelLayout.ep_sources_per_micro_batch) are cast together, each micro-batch apart
     (experts.py), and each such piece's amaxes reduce over TP (the same rows on every TP rank) and over
