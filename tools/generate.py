@@ -103,8 +103,9 @@ def main(argv=None):
 
 def _run(a):
     metadata = read_metadata(find_checkpoint(a.load))
-    if a.max_new_tokens < 0 or (a.temperature is not None and a.temperature <= 0) or not 0 < a.top_p <= 1:
-        raise ConfigError("need --max-new-tokens >= 0, --temperature > 0 and 0 < --top-p <= 1")
+    if a.max_new_tokens < 0 or (a.temperature is not None and a.temperature <= 0) or not 0 < a.top_p <= 1 \
+            or a.top_k < 0:
+        raise ConfigError("need --max-new-tokens >= 0, --temperature > 0, --top-k >= 0 (0: off) and 0 < --top-p <= 1")
     tok = tokenizer_of(metadata)
     prompts = prompts_of(a, tok)
     vocab = metadata["args"]["model"]["vocab_size"]

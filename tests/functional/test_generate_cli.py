@@ -72,6 +72,8 @@ def test_readme_flow_prompt_file_and_parallel_layouts(ckpt, tmp_path):
 def test_refusals_are_one_line(ckpt):
     too_long = _generate(["--load", ckpt, "--prompt", PROMPTS[0], "--max-new-tokens", str(SEQ)], check=False)
     _one_error_line(too_long, f"exceeds the model's {SEQ} positions", "--max-new-tokens")
+    negative_k = _generate(["--load", ckpt, "--prompt", PROMPTS[0], "--top-k", "-1"], check=False)
+    _one_error_line(negative_k, "--top-k >= 0")
     wrong_world = _generate(["--load", ckpt, "--prompt", "x", "--pipeline-model-parallel-size", "2"], check=False)
     _one_error_line(wrong_world, "launch exactly")
 
