@@ -71,6 +71,18 @@ def experts_folded(tp: int, etp: int | None) -> bool:
     return etp is not None and etp != tp
 
 
+def ep_sources_per_micro_batch(ep: int, cp: int, folded: bool) -> int | None:
+    """Consecutive ranks of an EP group that hold chunks of one micro-batch (experts not folded): EP re-splits
+    CP x DP with CP fastest, so an EP group lies inside a CP group when EP divides CP (all its sources share a
+    micro-batch) and covers whole CP groups when CP divides EP. None where neither divides (the groups then
+    cut micro-batches apart), or folded. FP8 experts cast each micro-batch's rows with one scale."""
+    if folded:
+        return None
+    if cp % ep == 0:
+        return ep
+    return cp if ep % cp == 0 else None
+
+
 def data_parallel_size(world: int, tp: int, cp: int = 1, pp: int = 1) -> int:
     """world / (TP x CP x PP), at least 1 (ParallelLayout refuses a world they do not divide)."""
     return max(1, world // (tp * cp * pp))
@@ -167,15 +179,8 @@ class ParallelLayout:
 
     @property
     def ep_sources_per_micro_batch(self) -> int | None:
-        """Consecutive ranks of an EP group that hold chunks of one micro-batch (experts not folded): EP re-splits
-        CP x DP with CP fastest, so an EP group lies inside a CP group when EP divides CP (all its sources share a
-        micro-batch) and covers whole CP groups when CP divides EP. None where neither divides (the groups then
-        cut micro-batches apart), or folded. FP8 experts cast each micro-batch's rows with one scale."""
-        if self.experts_folded:
-            return None
-        if self.cp % self.ep == 0:
-            return self.ep
-        return self.cp if self.ep % self.cp == 0 else None
+        """ep_sources_per_micro_batch() of this layout."""
+        return ep_sources_per_micro_batch(self.ep, self.cp, self.experts_folded)
 
     def sizes(self, grid: str) -> dict:
         return ({"tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp} if grid == DENSE

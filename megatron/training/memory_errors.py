@@ -37,40 +37,44 @@ def _failed(e):
 
 
 @contextlib.contextmanager
-def building(what, count_params, dtype, rank):
-    """Run the block; an allocation failure in it raises ConfigError naming `what` (e.g. "the model"),
-    this rank's parameter count (count_params(): the model on the meta device) and the memory it needs."""
+def _refused_as(message):
+    """Run the block; an allocation failure in it raises ConfigError(message(the error)), one line; any other
+    error passes through."""
     try:
         yield
     except (RuntimeError, MemoryError) as e:
         if not is_out_of_memory(e):
             raise
+        raise ConfigError(message(e)) from None
+
+
+def building(what, count_params, dtype, rank):
+    """Run the block; an allocation failure in it raises ConfigError naming `what` (e.g. "the model"),
+    this rank's parameter count (count_params(): the model on the meta device) and the memory it needs."""
+    def message(e):
         n = count_params()
         size = torch.empty((), dtype=dtype).element_size()
         extra = 4 + 8 + (4 if size != 4 else 0)  # fp32 gradients, Adam's two moments, an fp32 main copy
-        raise ConfigError(f"out of memory building {what} on rank {rank}: its {n:,} parameters need {_gib(n * size)} "
-                          f"as {str(dtype).replace('torch.', '')}, and training adds about {_gib(n * extra)} of "
-                          f"gradients and optimizer state ({_failed(e)}); lower --hidden-size or --num-layers, "
-                          "or spread the model with --tensor-model-parallel-size / --pipeline-model-parallel-size "
-                          "(tools/estimate_memory.py predicts the memory per rank)") from None
+        return (f"out of memory building {what} on rank {rank}: its {n:,} parameters need {_gib(n * size)} "
+                f"as {str(dtype).replace('torch.', '')}, and training adds about {_gib(n * extra)} of "
+                f"gradients and optimizer state ({_failed(e)}); lower --hidden-size or --num-layers, "
+                "or spread the model with --tensor-model-parallel-size / --pipeline-model-parallel-size "
+                "(tools/estimate_memory.py predicts the memory per rank)")
+    return _refused_as(message)
 
 
-@contextlib.contextmanager
 def running(where, rank, estimate):
     """Run one training or evaluation step; an allocation failure in it (activations that do not fit:
     a micro batch or sequence too large for the device) raises ConfigError naming where (e.g. "iteration
     3"), the rank, the allocation refused, the estimator's peak for this rank (estimate(): bytes, or why
     there is none) and the flags that lower activation memory. A failed step has saved nothing, so every
     checkpoint written before it stays as it was."""
-    try:
-        yield
-    except (RuntimeError, MemoryError) as e:
-        if not is_out_of_memory(e):
-            raise
+    def message(e):
         peak = estimate()
         peak = f"{_gib(peak)}" if isinstance(peak, int) else f"n/a: {peak}"
-        raise ConfigError(f"out of memory in {where} on rank {rank} ({_failed(e)}; the estimated peak of this rank is "
-                          f"{peak}, tools/estimate_memory.py); lower --micro-batch-size or --seq-length, recompute "
-                          "activations (--recompute-granularity selective, or full), or spread them with "
-                          "--tensor-model-parallel-size and --sequence-parallel, --context-parallel-size or "
-                          "--pipeline-model-parallel-size") from None
+        return (f"out of memory in {where} on rank {rank} ({_failed(e)}; the estimated peak of this rank is "
+                f"{peak}, tools/estimate_memory.py); lower --micro-batch-size or --seq-length, recompute "
+                "activations (--recompute-granularity selective, or full), or spread them with "
+                "--tensor-model-parallel-size and --sequence-parallel, --context-parallel-size or "
+                "--pipeline-model-parallel-size")
+    return _refused_as(message)

@@ -11,7 +11,7 @@ its rows then). Value rules read the parsed configs (e.g. --moe-token-dispatcher
 from typing import NamedTuple
 
 from ..core.errors import ConfigError
-from ..core.parallel_layout import experts_folded
+from ..core.parallel_layout import ep_sources_per_micro_batch, experts_folded
 from ..core.transformer.model_options import RECOMPUTE_NOT_BUILT
 
 FEATURES = {  # key -> (what a user reads, who builds it)
@@ -76,10 +76,10 @@ def _value_rules(model_cfg):
         if c.fp8_recipe == "mxfp8":
             yield "mxfp8", "--fp8-recipe mxfp8"
         folded = experts_folded(c.tensor_model_parallel_size, c.expert_tensor_parallel_size)
-        ep, cp = c.expert_model_parallel_size, c.context_parallel_size
-        # an EP group must hold whole micro-batches or parts of one (parallel_layout.ep_sources_per_micro_batch);
-        # padded to capacity, an expert's zero rows are not any source's
-        beyond = ep > 1 and (c.moe_pad_expert_input_to_capacity or (cp % ep and ep % cp))
+        # an EP group must hold whole micro-batches or parts of one; padded to capacity, an expert's zero rows
+        # are not any source's
+        beyond = c.expert_model_parallel_size > 1 and (c.moe_pad_expert_input_to_capacity or ep_sources_per_micro_batch(
+            c.expert_model_parallel_size, c.context_parallel_size, folded) is None)
         if c.num_experts is not None and (folded or beyond):
             yield "fp8_moe", "--fp8-format with --expert-tensor-parallel-size, or --expert-model-parallel-size > 1 " \
                 "with --moe-pad-expert-input-to-capacity or a --context-parallel-size it does not divide or divide into"
