@@ -31,7 +31,16 @@ FULL_ONLY = {
         "tensorwise-zero3-dp2",
         "tensorwise-zero3-dp2-param-gather",
         "tensorwise-distopt-dp2-param-gather", "moe-delayed-ep2-alltoall-zero3-param-gather",
-        "tensorwise-output-pp2", "delayed-output-untied-tp2-sp")),
+        "tensorwise-output-pp2", "delayed-output-untied-tp2-sp",
+        # folded and EP x CP dividing neither way: the default run keeps MoE tensorwise TP2 + SP with expert TP 1
+        # at EP2, MoE delayed expert TP 2 at EP2 (gathered rows of four micro-batches) and MoE tensorwise EP2 x CP3
+        "moe-tensorwise-tp2-sp-etp1", "moe-delayed-tp2-sp-etp1", "moe-delayed-tp2-sp-etp1-ep2",
+        "moe-tensorwise-tp2-sp-etp1-ep4-allgather", "moe-delayed-tp2-sp-etp1-ep4-allgather",
+        "moe-tensorwise-tp2-etp1-ep4", "moe-delayed-tp2-etp1-ep4", "moe-tensorwise-etp2-ep2",
+        "moe-tensorwise-tp2-sp-etp4-ep2", "moe-delayed-tp2-sp-etp4-ep2", "moe48-delayed-ep2-cp3",
+        "moecap-tensorwise-tp2-sp-etp1-ep4-allgather",
+        # blockwise MoE: the default run keeps EP2 (and blockwise CP2, dense)
+        "moe-blockwise-tp2-sp", "moe-blockwise-tp2-sp-etp1-ep2", "moe-blockwise-etp2-ep2")),
     # dense GPT: the default run keeps tp2, tp2-sp, pp2-vpp2, tp2-pp2-dp2-sp, dp2-overlap, distopt-dp2,
     # distopt-pp2-dp2 and its overlapped variant (wider groups of the same code: tp4, dp4, pp4; pp2 and dp2 are
     # inside pp2-vpp2 / distopt-pp2-dp2 and dp2-overlap, tp2-pp2 inside tp2-pp2-dp2-sp)

@@ -20,6 +20,7 @@ PP [0,4] [1,5] [2,6] [3,7], MP (TP x PP, one model replica) [0,1,4,5] [2,3,6,7].
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch.distributed as dist
 
@@ -69,18 +70,6 @@ def coordinates(order: str, sizes: dict, rank: int) -> dict:
 def experts_folded(tp: int, etp: int | None) -> bool:
     """An expert TP given and other than TP: the expert grid re-splits TP (MoE parallel folding)."""
     return etp is not None and etp != tp
-
-
-def ep_sources_per_micro_batch(ep: int, cp: int, folded: bool) -> int | None:
-    """Consecutive ranks of an EP group that hold chunks of one micro-batch (experts not folded): EP re-splits
-    CP x DP with CP fastest, so an EP group lies inside a CP group when EP divides CP (all its sources share a
-    micro-batch) and covers whole CP groups when CP divides EP. None where neither divides (the groups then
-    cut micro-batches apart), or folded. FP8 experts cast each micro-batch's rows with one scale."""
-    if folded:
-        return None
-    if cp % ep == 0:
-        return ep
-    return cp if ep % cp == 0 else None
 
 
 def data_parallel_size(world: int, tp: int, cp: int = 1, pp: int = 1) -> int:
@@ -177,10 +166,59 @@ class ParallelLayout:
         buffers of their own, reduced over it."""
         return self.ep > 1 or self.experts_folded
 
+    # ---- where an expert's rows come from (FP8 experts cast each micro-batch's rows with one scale)
+    def expert_row_sources(self, rank: int) -> list[int]:
+        """The ranks whose tokens reach `rank`'s experts, in the order their rows stand in each expert's input:
+        its EP group (itself at EP 1); folded, each expert-TP peer's EP group in turn (folding.ExpertTPGather
+        gathers them in that order). Not folded, the TP peers hold the same rows (tokens replicated over TP)."""
+        return self._expert_rows[0][rank]
+
+    def expert_row_micro_batches(self, rank: int) -> list[int]:
+        """The micro-batch of each of expert_row_sources(rank), as its DP position (the TP and CP ranks of one
+        DP position hold parts of one micro-batch)."""
+        return self._expert_rows[1][rank]
+
+    @functools.cached_property
+    def _expert_rows(self) -> tuple[list[list[int]], list[list[int]]]:
+        """expert_row_sources and expert_row_micro_batches of every rank (computed once: O(world x sources))."""
+        ep_of, etp_of = {}, {}
+        for kind, table in (("ep", ep_of), ("etp", etp_of)):
+            for ranks in self.rank_lists(kind):
+                for r in ranks:
+                    table[r] = ranks
+        dp = [coordinates(DENSE, self.sizes(DENSE), r)["dp"] for r in range(self.world)]
+        sources = [[s for p in (etp_of[r] if self.experts_folded else [r]) for s in ep_of[p]]
+                   for r in range(self.world)]
+        return sources, [[dp[s] for s in row] for row in sources]
+
+    @functools.cached_property
+    def _ecp_lists(self) -> list[list[int]]:
+        """Each expert-DP group (the ranks holding the same experts) cut into the sets of ranks whose experts
+        receive rows of a common micro-batch, closed under sharing: one micro-batch's rows of an expert lie
+        on the ranks of one set, so FP8 experts reduce each micro-batch's amax over it."""
+        out = []
+        for ranks in self.rank_lists("edp"):
+            batches = {r: set(self.expert_row_micro_batches(r)) for r in ranks}
+            parts = []
+            for r in ranks:
+                joined = [p for p in parts if any(batches[r] & batches[q] for q in p)]
+                parts = [p for p in parts if p not in joined] + [sorted({r}.union(*joined))]
+            out += parts
+        return sorted(out)
+
     @property
-    def ep_sources_per_micro_batch(self) -> int | None:
-        """ep_sources_per_micro_batch() of this layout."""
-        return ep_sources_per_micro_batch(self.ep, self.cp, self.experts_folded)
+    def experts_hold_whole_micro_batches(self) -> bool:
+        """Each micro-batch's rows of an expert all reach one rank (no ecp partner anywhere): blockwise FP8
+        experts need it, their weight-gradient tiles running along the rows."""
+        return all(len(r) == 1 for r in self._ecp_lists)
+
+    def _ecp_alias(self, built) -> str | None:
+        """Where ecp is not a group of its own: "" when every set is one rank, else the name of the built group
+        (cp, tp_cp) with the same ranks; None when ecp must be built."""
+        if all(len(r) == 1 for r in self._ecp_lists):
+            return ""
+        return next((n for n in ("cp", "tp_cp") if n in built and sorted(self.rank_lists(n)) == self._ecp_lists),
+                    None)
 
     def sizes(self, grid: str) -> dict:
         return ({"tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp} if grid == DENSE
@@ -196,9 +234,8 @@ class ParallelLayout:
         if name in ("embd", "pp_grad"):
             pp = self.rank_lists("pp")
             return [sorted({r[0], r[-1]}) for r in pp] if name == "embd" else pp
-        if name == "ecp":  # the CP ranks that hold the same experts: a CP group cut by the expert-DP groups
-            edp = [set(r) for r in self.rank_lists("edp")]
-            return sorted(sorted(set(c) & e) for c in self.rank_lists("cp") for e in edp if set(c) & e)
+        if name == "ecp":
+            return self._ecp_lists
         grid, dims = GROUPS[name]
         return rank_lists(grid, self.sizes(grid), dims)
 
@@ -212,7 +249,8 @@ class ParallelLayout:
         if self.experts_folded:
             names += ["etp", "ep", "edp", "tp_cp"]
         elif self.ep > 1:
-            names += ["ep", "edp"] + (["ecp"] if self.ep < self.cp and self.cp % self.ep == 0 else [])
+            names += ["ep", "edp"]
+        names += ["ecp"] if self._ecp_alias(names) is None else []
         return names + (["pp_grad"] if self.v_shape and self.pp > 1 else [])
 
     def build_groups(self) -> ProcessGroups:
@@ -241,8 +279,8 @@ class ParallelLayout:
         for name, same in SAME_RANKS.items():
             if name not in made:
                 made[name] = made[same]
-        if "ecp" not in made:  # all of CP at EP 1; else one rank (EP covers whole CP groups), or not defined
-            made["ecp"] = made.get("cp") if self.ep == 1 and not self.experts_folded else None
+        if "ecp" not in made:  # the same ranks as cp (EP 1) or tp_cp (folded, EP 1), or one rank each
+            made["ecp"] = made.get(self._ecp_alias(made) or "", None)
         return ProcessGroups(self, rank, **{name: made.get(name) for name in ProcessGroups.NAMES})
 
     def describe(self) -> str:

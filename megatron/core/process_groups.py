@@ -11,8 +11,9 @@ nothing reads groups from a global. The sizes and ranks are the layout's; the gr
     etp, ep, edp        the experts' TP, EP and expert-DP groups (etp = tp unless folded; ep None at EP 1
                         unless folded; edp = dp_cp at EP 1 unless folded)
     tp_cp               folded experts only: the TP x CP ranks that share each sequence
-    ecp                 experts not folded: the CP ranks holding the same experts (cp at EP 1; inside a CP
-                        group when EP divides CP; None when EP spans whole CP groups)
+    ecp                 the ranks holding the same experts whose inputs share micro-batches (FP8 experts reduce
+                        each micro-batch's amaxes over it; ParallelLayout.expert_row_sources): cp at EP 1, tp_cp
+                        folded at EP 1, None where each rank's experts hold whole micro-batches
     pp_grad             ZB-V only: a second group of the pipeline's ranks, for the gradients
 """
 from __future__ import annotations

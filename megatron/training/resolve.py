@@ -12,7 +12,7 @@ query groups, max positions) are filled when the config is made (TransformerConf
 Sizes are checked positive before anything divides by them. Nothing here needs a process group.
 """
 from ..core.config import ConfigError
-from ..core.fp8.config import check_fp8_param_gather
+from ..core.fp8.config import check_fp8_layout, check_fp8_param_gather
 from ..core.fusions import check_config as check_fusions
 from ..core.parallel_layout import ParallelLayout, data_parallel_size
 from ..core.pipeline_parallel.schedule_flag import check_v_layout, schedule_for_flag
@@ -59,6 +59,7 @@ def validate(model_cfg, train_cfg, world_size) -> ParallelLayout:
     pp, vpp, dp = layout.pp, layout.vpp, layout.dp
     train_cfg.validate(dp)
     check_fp8_param_gather(model_cfg, train_cfg.ddp_config().shards_optimizer)
+    check_fp8_layout(model_cfg, layout, train_cfg.micro_batch_size)
     if model_cfg.context_parallel_size > 1 and train_cfg.reset_attention_mask:
         raise ConfigError("--reset-attention-mask needs --context-parallel-size 1 (no attention mask crosses "
                           "context-parallel ranks); drop one of them")

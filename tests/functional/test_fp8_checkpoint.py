@@ -38,16 +38,21 @@ def test_fp8_delayed_resume_is_bitwise_identical(tmp_path, layout, nproc):
 
 
 EP2 = ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"]
+FOLDED_EP4 = ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--expert-tensor-parallel-size", "1",
+              "--expert-model-parallel-size", "4", "--moe-token-dispatcher-type", "allgather"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", [EP2, EP2 + ["--tensor-model-parallel-size", "2", "--sequence-parallel"],
-                                    EP2 + ["--context-parallel-size", "4"]], ids=["ep2-dp4", "ep2-tp2-sp", "ep2-cp4"])
+                                    EP2 + ["--context-parallel-size", "4"],
+                                    EP2 + ["--expert-tensor-parallel-size", "2"], FOLDED_EP4],
+                         ids=["ep2-dp4", "ep2-tp2-sp", "ep2-cp4", "folded-etp2-ep2", "folded-tp2-sp-etp1-ep4"])
 def test_expert_amax_histories_under_ep_are_one_process(tmp_path, layout):
-    """Delayed scaling at EP2 x DP4, EP2 x TP2 (+ SP, DP2) and EP2 x CP4 (alltoall): after a step each expert's
-    amax histories (its input, weight and gradient, reduced over the pieces cast apart, over expert TP for the split
-    tensors, over the CP ranks holding the same experts and over expert-DP, the ranks holding the same expert) are
-    the one-process run's. Reducing them over
+    """Delayed scaling at EP2 x DP4, EP2 x TP2 (+ SP, DP2) and EP2 x CP4 (alltoall), and folded: expert TP 2 over DP
+    ranks at EP2, TP2 + SP with expert TP 1 at EP4 (allgather): after a step each expert's amax histories (its
+    input, weight and gradient, reduced over the pieces cast apart, over expert TP for the split tensors, over the
+    ranks holding the same experts and rows of the same micro-batches and over expert-DP, the ranks holding the
+    same expert) are the one-process run's. Reducing them over
     DP x CP instead mixes the experts that share a local index. At TP2 the gradients' amaxes are held to 1e-3:
     TP's partial sums move fp32 values by an ulp, which flips a few FP8 casts upstream in the backward already in
     iteration 1 (the same 1.2e-4 at TP2 + SP without EP; test_fp8_parity.py's docstring)."""

@@ -61,6 +61,27 @@ LAYOUTS = {  # name: (processes, flags)
                     "--context-parallel-size", "4"]),
     "ep4-cp2": (4, ["--expert-model-parallel-size", "4", "--moe-token-dispatcher-type", "alltoall",
                     "--context-parallel-size", "2"]),
+    # folded (expert TP != TP): each TP rank routes its own sequence slice, so one micro-batch's rows of an expert
+    # arrive from TP ranks (cast together); at EP4 two micro-batches' (cast apart); at EP 1 they stay on the TP
+    # ranks (reduced over groups.ecp = tp_cp)
+    "tp2-sp-etp1": (2, TP2_SP + ["--expert-tensor-parallel-size", "1"]),
+    "tp2-sp-etp1-ep2": (2, TP2_SP + ["--expert-tensor-parallel-size", "1", "--expert-model-parallel-size", "2",
+                                     "--moe-token-dispatcher-type", "alltoall"]),
+    "tp2-sp-etp1-ep4-allgather": (4, TP2_SP + ["--expert-tensor-parallel-size", "1", "--expert-model-parallel-size",
+                                               "4", "--moe-token-dispatcher-type", "allgather"]),
+    "tp2-etp1-ep4": (4, ["--tensor-model-parallel-size", "2", "--expert-tensor-parallel-size", "1",
+                         "--expert-model-parallel-size", "4", "--moe-token-dispatcher-type", "alltoall"]),
+    # expert TP 2 over DP ranks: each expert's rows gathered over expert TP hold four micro-batches (sources
+    # [0, 2, 1, 3]), its weights split over it
+    "etp2-ep2": (4, ["--expert-tensor-parallel-size", "2", "--expert-model-parallel-size", "2",
+                     "--moe-token-dispatcher-type", "alltoall"]),
+    # 8 ranks: gathered over expert TP 4, micro-batches [0, 2, 0, 2, 1, 3, 1, 3]: one micro-batch's rows apart
+    "tp2-sp-etp4-ep2": (8, TP2_SP + ["--expert-tensor-parallel-size", "4", "--expert-model-parallel-size", "2",
+                                     "--moe-token-dispatcher-type", "alltoall"]),
+    # EP2 x CP3 (neither divides the other): an EP group holds one micro-batch's two chunks, or chunks of two;
+    # each micro-batch's amax reduces over the expert-DP ranks sharing it (groups.ecp, one call for all)
+    "ep2-cp3": (6, ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall",
+                    "--context-parallel-size", "3"]),
 }
 # MoE: each expert's input is its micro-batch's tokens, replicated over TP and split over CP, so its amaxes
 # reduce over those groups as the dense linears'; under EP2 an expert's input holds two ranks' micro-batches
@@ -69,7 +90,8 @@ LAYOUTS = {  # name: (processes, flags)
 CAPACITY = ["--moe-expert-capacity-factor", "0.5"]
 MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "96", "--moe-aux-loss-coeff", "1e-2",
        "--disable-bias-linear", "--moe-shared-expert-intermediate-size", "64"]
-CASES = [(r, layout) for r in ("tensorwise", "delayed") for layout in LAYOUTS if not layout.startswith("ep")] + \
+DENSE = [layout for layout in LAYOUTS if not layout.startswith("ep") and "etp" not in layout]
+CASES = [(r, layout) for r in ("tensorwise", "delayed") for layout in DENSE] + \
     [("blockwise", "tp2-sp"), ("blockwise", "distopt-dp2")] + \
     [("moe-" + r, layout) for r in ("tensorwise", "delayed") for layout in ("tp2-sp", "cp2", "distopt-dp2",
                                                                            "ep2-alltoall", "ep2-tp2-sp")] + \
@@ -77,6 +99,13 @@ CASES = [(r, layout) for r in ("tensorwise", "delayed") for layout in LAYOUTS if
     [("moe-" + r, layout) for r in ("tensorwise", "delayed") for layout in ("ep2-cp2", "ep2-cp4", "ep4-cp2")] + \
     [("moecap-tensorwise", "ep2-tp2-sp"), ("moecap-delayed", "ep2-allgather"), ("moecap-tensorwise", "ep2-cp2")] + \
     [("moe-delayed", "ep2-alltoall-zero3-param-gather")] + \
+    [("moe-" + r, layout) for r in ("tensorwise", "delayed") for layout in ("tp2-sp-etp1", "tp2-sp-etp1-ep2",
+                                                                           "tp2-sp-etp1-ep4-allgather", "tp2-etp1-ep4",
+                                                                           "etp2-ep2", "tp2-sp-etp4-ep2")] + \
+    [("moe48-" + r, "ep2-cp3") for r in ("tensorwise", "delayed")] + \
+    [("moecap-tensorwise", "tp2-sp-etp1-ep4-allgather")] + \
+    [("blockwise-long", "cp2")] + \
+    [("moe-blockwise", layout) for layout in ("tp2-sp", "ep2-alltoall", "tp2-sp-etp1-ep2", "etp2-ep2")] + \
     [(r, layout) for r in ("tensorwise-output", "delayed-output-untied") for layout in ("tp2-sp", "pp2")]
 # experts' FP8 weights in buffers over expert-DP, cast and gathered per unit there
 LAYOUTS["ep2-alltoall-zero3-param-gather"] = (4, LAYOUTS["ep2-alltoall"][1] + LAYOUTS["zero3-dp2-param-gather"][1])
@@ -85,6 +114,13 @@ _reference = {}
 
 
 def _model(recipe):
+    if recipe == "blockwise-long":  # CP2 chunks of 256 / 4 positions x 2 sequences: whole 128-token tiles
+        return RECIPES["blockwise"] + ["--seq-length", "256"]
+    if recipe == "moe-blockwise":  # every split FFN (experts over TP or expert TP 2, shared expert) 128 a rank
+        return RECIPES["blockwise"] + BLOCK_SHAPE + MOE + ["--moe-ffn-hidden-size", "256",
+                                                           "--moe-shared-expert-intermediate-size", "256"]
+    if recipe.startswith("moe48-"):  # a sequence CP3 splits into 2 x 3 chunks
+        return RECIPES[recipe[6:]] + MOE + ["--seq-length", "48"]
     if recipe.startswith("moe-"):
         return RECIPES[recipe[4:]] + MOE
     if recipe.startswith("moecap-"):
@@ -105,8 +141,9 @@ def test_fp8_layout_matches_one_process_fp8(recipe, layout):
     nproc, flags = LAYOUTS[layout]
     got = run_metrics(BASE + _model(recipe) + flags, nproc=nproc)[1]
     ref = reference(_model(recipe))
-    print(f"{recipe} {layout}: max relative differences {max_relative_differences(ref, got)}")
     first = abs(got["train"][1]["losses"]["lm loss"] / ref["train"][1]["losses"]["lm loss"] - 1)
+    print(f"{recipe} {layout}: iteration 1 loss {first:.1e}; max relative differences "
+          f"{max_relative_differences(ref, got)}")
     assert first <= FIRST_TOL, f"iteration 1 loss: relative {first:.2e} > {FIRST_TOL}"
 
 

@@ -52,11 +52,11 @@ def _plan_groups(cfg):
 @pytest.mark.parametrize("args,feature", [
     (["--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"], "mxfp8"),
     (["--fp8-format", "hybrid", "--transformer-impl", "transformer_engine"], "fp8_te"),
-    (["--fp8-format", "hybrid", "--num-experts", "4", "--expert-tensor-parallel-size", "2"], "fp8_moe"),
-    (["--fp8-format", "hybrid", "--num-experts", "4", "--expert-model-parallel-size", "2",
-      "--moe-token-dispatcher-type", "alltoall", "--context-parallel-size", "3"], "fp8_moe"),
     (["--fp8-format", "hybrid", "--num-experts", "4", "--expert-model-parallel-size", "2",
       "--moe-token-dispatcher-type", "alltoall", "--moe-expert-capacity-factor", "1.0",
+      "--moe-pad-expert-input-to-capacity"], "fp8_moe"),
+    (["--fp8-format", "hybrid", "--num-experts", "4", "--tensor-model-parallel-size", "2",
+      "--sequence-parallel", "--expert-tensor-parallel-size", "1", "--moe-expert-capacity-factor", "1.0",
       "--moe-pad-expert-input-to-capacity"], "fp8_moe"),
 ])
 def test_not_built_is_refused_in_one_line(args, feature):
@@ -77,20 +77,53 @@ def test_mxfp8_without_fp8_changes_nothing():  # as in Megatron-LM: the recipe i
     assert _cfgs(["--fp8-recipe", "mxfp8"])[0].fp8_format is None
 
 
+BLOCK_MOE = ["--num-experts", "4", "--moe-token-dispatcher-type", "alltoall", "--moe-ffn-hidden-size", "256",
+             "--disable-bias-linear"]
+
+
 @pytest.mark.parametrize("args,match", [
     (["--fp8-margin", "-1"], "--fp8-margin must be >= 0"),
     (["--fp8-amax-history-len", "0"], "--fp8-amax-history-len must be >= 1"),
     (["--fp8-recipe", "blockwise", "--tensor-model-parallel-size", "2"], "multiple of 128"),
+    # a CP chunk of 16 / 4 positions x 2 sequences is not whole 128-token tiles
     (["--fp8-recipe", "blockwise", "--context-parallel-size", "2", "--attention-dropout", "0"],
-     "--context-parallel-size > 1 is not built"),
+     "2 x CP sequence chunks \\(4 positions x --micro-batch-size 2 = 8 tokens\\)"),
     # the layers' TP shards are multiples of 128 at hidden 256; the output layer's padded vocabulary is 128 / 2
     (["--fp8-recipe", "blockwise", "--tensor-model-parallel-size", "2", "--fp8-output-layer", "--hidden-size", "256",
-      "--make-vocab-size-divisible-by", "64"], "the padded vocabulary .* per TP rank \\(64\\)"),
+      "--make-vocab-size-divisible-by", "64"], "the padded vocabulary .* per rank splitting it \\(64, over 2\\)"),
+    # the experts' and the shared expert's FFN split over (expert) TP
+    (["--fp8-recipe", "blockwise", "--tensor-model-parallel-size", "2", "--sequence-parallel", "--hidden-size", "256"]
+     + BLOCK_MOE + ["--moe-ffn-hidden-size", "128"], "each expert's FFN .* \\(64, over 2\\)"),
+    (["--fp8-recipe", "blockwise", "--expert-tensor-parallel-size", "2", "--hidden-size", "256"] + BLOCK_MOE
+     + ["--moe-ffn-hidden-size", "128"], "each expert's FFN .* \\(64, over 2\\)"),
+    (["--fp8-recipe", "blockwise", "--tensor-model-parallel-size", "2", "--sequence-parallel", "--hidden-size", "256"]
+     + BLOCK_MOE + ["--moe-shared-expert-intermediate-size", "128"], "--moe-shared-expert-intermediate-size .* \\(64"),
+    # blockwise experts: a micro-batch's rows of an expert split over CP chunks, or over TP ranks that each route
+    # their own tokens to replicated experts (folded at EP 1)
+    (["--fp8-recipe", "blockwise", "--context-parallel-size", "2", "--attention-dropout", "0", "--seq-length", "512",
+      "--hidden-size", "256"] + BLOCK_MOE, "blockwise experts need .* --context-parallel-size 2"),
+    (["--fp8-recipe", "blockwise", "--tensor-model-parallel-size", "2", "--sequence-parallel", "--hidden-size", "256",
+      "--expert-tensor-parallel-size", "1"] + BLOCK_MOE, "blockwise experts need .* --expert-tensor-parallel-size 1"),
 ])
 def test_values_that_do_not_fit(args, match):
-    world = 2 if any(a in args for a in ("--tensor-model-parallel-size", "--context-parallel-size")) else 1
+    world = 2 if any(a in args for a in ("--tensor-model-parallel-size", "--context-parallel-size",
+                                         "--expert-tensor-parallel-size")) else 1
     with pytest.raises(ConfigError, match=match):
         _cfgs(["--fp8-format", "hybrid"] + args, world)
+
+
+@pytest.mark.parametrize("args,world", [
+    (["--context-parallel-size", "2", "--attention-dropout", "0", "--seq-length", "512"], 2),  # chunks of 128
+    (["--context-parallel-size", "2", "--attention-dropout", "0", "--seq-length", "256", "--micro-batch-size", "2"],
+     2),
+    (BLOCK_MOE + ["--expert-model-parallel-size", "2"], 2),
+    (BLOCK_MOE + ["--tensor-model-parallel-size", "2", "--sequence-parallel"], 2),
+    (BLOCK_MOE + ["--tensor-model-parallel-size", "2", "--sequence-parallel", "--expert-tensor-parallel-size", "1",
+                  "--expert-model-parallel-size", "2"], 2),
+])
+def test_blockwise_layouts_whose_tiles_are_one_process_tiles(args, world):
+    m, _ = _cfgs(["--fp8-format", "hybrid", "--fp8-recipe", "blockwise", "--hidden-size", "256"] + args, world)
+    assert m.fp8_recipe == "blockwise"
 
 
 @pytest.mark.parametrize("args,match", [
@@ -147,3 +180,15 @@ def test_fp8_output_layer_state_has_one_layout_free_key(untie):
     out = [k for k in keys if k.startswith("output_layer.fp8.")]
     assert len(out) == 9 and "output_layer.fp8.weight.amax_history" in out, out  # 3 tensors x 3 buffers
     assert len(keys) == len(non_trained_state(without)) + 9
+
+
+@pytest.mark.parametrize("extra,world", [
+    (["--tensor-model-parallel-size", "2", "--sequence-parallel", "--expert-tensor-parallel-size", "1"], 2),
+    (["--expert-tensor-parallel-size", "2", "--expert-model-parallel-size", "2"], 4),
+    (["--expert-model-parallel-size", "2", "--context-parallel-size", "3", "--seq-length", "48",
+      "--attention-dropout", "0"], 6),
+])
+def test_fp8_experts_folded_or_beside_any_cp_are_built(extra, world):
+    m, _ = _cfgs(["--fp8-format", "hybrid", "--num-experts", "4", "--moe-token-dispatcher-type", "alltoall"] + extra,
+                 world=world)
+    assert m.fp8_format == "hybrid" and m.num_experts == 4

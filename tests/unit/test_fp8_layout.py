@@ -49,11 +49,21 @@ def _pieces(groups, x, dim_tp):
     return x.chunk(tp, dim_tp)[groups.tp_rank].contiguous()
 
 
-def _body(groups, recipes):
-    return [_run(groups, recipe, 2 if recipe == "delayed" else 1) for recipe in recipes]
+def _body(groups, recipes, seq=S):
+    return [_run(groups, recipe, 2 if recipe == "delayed" else 1, seq) for recipe in recipes]
 
 
-def _run(groups, recipe, steps):
+def _misaligned(groups):
+    """Blockwise at CP chunks of 64 tokens: the one-process weight-gradient tiles of 128 tokens span both CP
+    ranks' chunks -> the error of the check that fails (one line), None if every check passes."""
+    try:
+        _run(groups, "blockwise", 1, 32)
+    except AssertionError as e:
+        return str(e).split(":")[0]
+    return None
+
+
+def _run(groups, recipe, steps, seq=S):
     torch.manual_seed(0)
     settings = _settings(recipe)
     tp, cp = groups.tp_size, groups.cp_size
@@ -67,8 +77,8 @@ def _run(groups, recipe, steps):
         row.weight.copy_(w2.chunk(tp, 1)[groups.tp_rank])
     ref_col, ref_row = (build_recipe(settings, (), ()) for _ in range(2))
     for step in range(steps):
-        x1, g1 = _full(10 + step, S, B, H), _full(20 + step, S, B, F, std=1e-3)
-        x2, g2 = _full(30 + step, S, B, F), _full(40 + step, S, B, H, std=1e-3)
+        x1, g1 = _full(10 + step, seq, B, H), _full(20 + step, seq, B, F, std=1e-3)
+        x2, g2 = _full(30 + step, seq, B, F), _full(40 + step, seq, B, H, std=1e-3)
         for layer, ref_recipe, w, x, g, x_dim, g_dim, k_fwd in (
                 (col, ref_col, w1, x1, g1, 0, 2, H), (row, ref_row, w2, x2, g2, 2, 0, F)):
             xl = _pieces(groups, x, x_dim).requires_grad_()
@@ -100,5 +110,13 @@ def test_fp8_tp2_sp_cp2_per_tensor_linears_cast_as_one_process():
 
 
 def test_fp8_tp2_sp_blockwise_linears_cast_as_one_process():
-    """Blockwise at TP2 (no CP: the weight gradient's token tiles would span CP chunks; refused)."""
+    """Blockwise at TP2 + SP."""
     assert spawn(2, _body, ["blockwise"], tp=2) == [[0]] * 2
+
+
+def test_fp8_tp2_sp_cp2_blockwise_linears_cast_as_one_process_where_chunks_are_whole_tiles():
+    """Blockwise at TP2 + SP x CP2: the weight gradient's tiles run along the tokens, so each CP rank's tokens
+    (sequence 128 / 2 x batch 2 = 128) must be whole tiles of one process's (check_fp8_layout refuses others); at
+    sequence 32 (32 tokens a rank) the tiles span the CP ranks and the weight gradients miss the bound."""
+    assert spawn(4, _body, ["blockwise"], 128, tp=2, cp=2) == [[0]] * 4
+    assert spawn(4, _misaligned, tp=2, cp=2) == ["wgrad"] * 4

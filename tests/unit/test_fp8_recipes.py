@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from megatron.core.fp8 import gemm
-from megatron.core.fp8.linear import fp8_linear
+from megatron.core.fp8.linear import RowBlocks, fp8_linear
 from megatron.core.fp8.recipes import build_recipe
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -184,8 +184,9 @@ def test_bias_and_dtypes_follow_the_inputs():
 
 @pytest.mark.parametrize("name", ["tensorwise", "delayed"])
 def test_pieces_are_cast_apart_as_separate_calls(name):
-    """fp8_linear(x, pieces=[3, 0, 9]) (an expert's rows from three source ranks under expert parallelism) gives
-    bitwise what three calls give (one process's micro-batches), the weight gradients summed in piece order."""
+    """fp8_linear(x, blocks of [3, 0, 9] rows from three micro-batches) (an expert's rows from three source ranks
+    under expert parallelism) gives bitwise what three calls give (one process's micro-batches), the weight
+    gradients summed in piece order."""
     g = torch.Generator().manual_seed(7)
     x = torch.randn(12, 64, generator=g) * torch.tensor([[0.01]] * 3 + [[3.0]] * 9)  # the pieces' amaxes differ
     w, grad = torch.randn(32, 64, generator=g) * 0.1, torch.randn(12, 32, generator=g)
@@ -197,13 +198,54 @@ def test_pieces_are_cast_apart_as_separate_calls(name):
             y = torch.cat([fp8_linear(p, ws, None, recipe) for p in xs.split([3, 0, 9])])
             y.backward(grad)
         else:
-            y = fp8_linear(xs, ws, None, recipe, parts)
+            y = fp8_linear(xs, ws, None, recipe, RowBlocks(parts, [0, 1, 2], 3))
             y.backward(grad)
         return y.detach(), xs.grad, ws.grad
     apart, joint = run(None), run([3, 0, 9])
     assert all(torch.equal(a, b) for a, b in zip(apart, joint))
     whole = fp8_linear(x, w, None, build_recipe(_settings(name), (), ()))  # one scale for all: another result
     assert not torch.equal(whole, joint[0])
+
+
+@pytest.mark.parametrize("name", ["tensorwise", "delayed", "blockwise"])
+def test_blocks_of_one_micro_batch_apart_are_cast_together(name):
+    """An expert's input gathered over expert TP under folding holds each rank's sources in turn, so one
+    micro-batch's rows can stand apart (blocks of [3, 5, 2, 4, 0, 2] rows from micro-batches [0, 2, 0, 2, 1, 1]):
+    fp8_linear gives bitwise what one call per micro-batch on its rows (in block order) gives, outputs and input
+    gradients in the input's order, the weight gradients summed in the order micro-batches first appear; delayed
+    scaling records the same step amaxes. Casting each block apart gives another result."""
+    sizes, labels = [3, 5, 2, 4, 0, 2], [0, 2, 0, 2, 1, 1]
+    g = torch.Generator().manual_seed(5)
+    mags = torch.tensor([0.01, 2.0, 1.0, 0.5, 3.0, 7.0]).repeat_interleave(torch.tensor(sizes))
+    x = torch.randn(16, 128, generator=g) * mags[:, None]
+    w, grad = torch.randn(128, 128, generator=g) * 0.1, torch.randn(16, 128, generator=g)
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    rows = {m: torch.cat([torch.arange(a, a + k) for a, k, lab in zip(starts, sizes, labels) if lab == m])
+            for m in (0, 2, 1)}
+
+    ref_recipe = build_recipe(_settings(name), (), ())
+    y_ref, dx_ref, dw_ref = torch.empty(16, 128), torch.empty(16, 128), None
+    for m in (0, 2, 1):
+        xs, ws = x[rows[m]].clone().requires_grad_(), w.clone().requires_grad_()
+        y = fp8_linear(xs, ws, None, ref_recipe)
+        y.backward(grad[rows[m]])
+        y_ref[rows[m]], dx_ref[rows[m]] = y.detach(), xs.grad
+        dw_ref = ws.grad if dw_ref is None else dw_ref + ws.grad
+
+    def joint(sizes, labels):
+        recipe = build_recipe(_settings(name), (), ())
+        xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = fp8_linear(xs, ws, None, recipe, RowBlocks(sizes, labels, max(labels) + 1))
+        y.backward(grad)
+        return (y.detach(), xs.grad, ws.grad), recipe
+    got, recipe = joint(sizes, labels)
+    assert all(torch.equal(a, b) for a, b in zip(got, (y_ref, dx_ref, dw_ref)))
+    if name == "delayed":
+        assert all(torch.equal(a.step_amax, b.step_amax) for a, b in zip(recipe.delayed_scalers(),
+                                                                           ref_recipe.delayed_scalers()))
+    if name != "blockwise":  # blockwise tiles are rows already: only the weight-gradient tiles see the blocks
+        apart, _ = joint(sizes, list(range(6)))
+        assert not torch.equal(apart[0], got[0])
 
 
 @pytest.mark.parametrize("name", ["tensorwise", "delayed"])

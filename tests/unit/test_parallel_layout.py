@@ -94,7 +94,7 @@ def test_the_parity_suites_layouts_build_the_groups_written_down(monkeypatch, na
             assert getattr(g, group) == (tuple(mine[0]) if mine else None), (rank, group)
 
 
-NEWER = {"ecp"}  # groups the old grid did not have (test_expert_cp_groups_hold_the_same_experts_and_micro_batch)
+NEWER = {"ecp"}  # groups the old grid did not have (test_expert_rows_sources_and_the_ranks_sharing_their_micro_batches)
 
 
 def test_every_layout_up_to_16_ranks_has_the_old_grids_groups_and_positions():
@@ -118,33 +118,62 @@ def test_every_layout_up_to_16_ranks_has_the_old_grids_groups_and_positions():
     assert checked > 4000  # every (world, tp, cp, pp, ep, etp, ZB-V) the old grid accepted
 
 
-def test_expert_cp_groups_hold_the_same_experts_and_micro_batch():
-    """ecp (FP8 experts reduce an expert input's amaxes over it): the ranks of the same TP, DP and PP position and
-    EP rank (the same experts, the same micro-batches' chunks); no group of one; none where EP and CP do not divide
-    one another (FP8 experts are refused there). ep_sources_per_micro_batch: an EP group's members in runs of that
-    many share a DP position (a micro-batch), and the runs do not."""
-    checked = 0
+def _sources_from_positions(layout, pos, rank):
+    """expert_row_sources written from grid positions: the ranks of rank's EP group (same PP, expert-TP and
+    expert-DP position; ep order), and folded, the same for each expert-TP peer (same PP, EP and expert-DP)."""
+    def ep_group(r):
+        return sorted((q for q in range(layout.world) if (pos[q].pp, pos[q].etp, pos[q].edp) ==
+                       (pos[r].pp, pos[r].etp, pos[r].edp)), key=lambda q: pos[q].ep)
+    peers = [rank] if not layout.experts_folded else sorted(
+        (q for q in range(layout.world) if (pos[q].pp, pos[q].ep, pos[q].edp) == (pos[rank].pp, pos[rank].ep,
+                                                                                  pos[rank].edp)),
+        key=lambda q: pos[q].etp)
+    return [s for p in peers for s in ep_group(p)]
+
+
+def test_expert_rows_sources_and_the_ranks_sharing_their_micro_batches():
+    """FP8 experts cast each micro-batch's rows of an expert with one scale. expert_row_sources: the ranks whose
+    tokens reach a rank's experts, from grid positions. ecp: every rank holding the same experts (same PP, TP or
+    expert-TP and EP position) and rows of one of this rank's micro-batches is in this rank's ecp, and the ecp groups
+    are the smallest sets closed under that; None where a rank shares with none; cp at EP 1 unfolded."""
+    checked = shared = 0
     for kw, _ in _layouts():
         layout = ParallelLayout(**kw)
-        if layout.experts_folded:
-            assert layout.plan_groups(0).ecp is None and layout.ep_sources_per_micro_batch is None
-            continue
-        pos, g = [layout.position(r) for r in range(layout.world)], layout.ep_sources_per_micro_batch
-        for rank in range(layout.world if g else 0):
-            p = pos[rank]
-            same = [q for q in range(layout.world)
-                    if (pos[q].tp, pos[q].dp, pos[q].pp, pos[q].ep) == (p.tp, p.dp, p.pp, p.ep)]
-            h = layout.plan_groups(rank).ecp
-            assert (None if len(same) == 1 else (len(same), same.index(rank))) == (h and (h.size, h.rank)), (kw, rank)
-        assert g or all(layout.plan_groups(r).ecp is None for r in range(layout.world)), kw
+        pos = [layout.position(r) for r in range(layout.world)]
+        batches = {}
+        for rank in range(layout.world):
+            sources = layout.expert_row_sources(rank)
+            assert sources == _sources_from_positions(layout, pos, rank), (kw, rank)
+            assert layout.expert_row_micro_batches(rank) == [pos[s].dp for s in sources]
+            batches[rank] = set(layout.expert_row_micro_batches(rank))
+        groups = [layout.plan_groups(r).ecp for r in range(layout.world)]
+        members = {r: set(layout.group_of("ecp", r)) for r in range(layout.world)}
 
-        def fits(n):  # every EP group in runs of n: one micro-batch per run, another for each run
-            runs = [[[pos[q].dp for q in m[i:i + n]] for i in range(0, len(m), n)] for m in layout.rank_lists("ep")]
-            return all(len(set(r)) == 1 for rs in runs for r in rs) and all(len({r[0] for r in rs}) == len(rs)
-                                                                            for rs in runs)
-        assert fits(g) if g else not any(fits(n) for n in range(1, layout.ep + 1) if layout.ep % n == 0), kw
+        def same_experts(a, b):
+            return (pos[a].pp, pos[a].etp, pos[a].ep) == (pos[b].pp, pos[b].etp, pos[b].ep)
+        for rank in range(layout.world):
+            partners = {q for q in range(layout.world) if same_experts(rank, q) and batches[q] & batches[rank]}
+            assert partners <= members[rank], (kw, rank)
+            assert all(same_experts(rank, q) for q in members[rank]), (kw, rank)
+            h = groups[rank]
+            want = sorted(members[rank])
+            assert (None if len(want) == 1 else (len(want), want.index(rank))) == (h and (h.size, h.rank)), (kw, rank)
+            shared += len(want) > 1
+        for rank in range(layout.world):  # smallest: each group is connected by shared micro-batches
+            reach, todo = {rank}, [rank]
+            while todo:
+                r = todo.pop()
+                for q in members[rank] - reach:
+                    if batches[q] & batches[r]:
+                        reach.add(q)
+                        todo.append(q)
+            assert reach == members[rank], (kw, rank)
+        if layout.ep == 1 and not layout.experts_folded and layout.cp > 1:
+            assert all(g is layout.plan_groups(r).cp or (g.size, g.rank) == (layout.plan_groups(r).cp.size,
+                                                                               layout.plan_groups(r).cp.rank)
+                       for r, g in enumerate(groups))
         checked += 1
-    assert checked > 1000
+    assert checked > 4000 and shared > 1000
 
 
 def test_aliases_are_the_same_handles(monkeypatch):

@@ -57,14 +57,19 @@ def output_layer_fp8(cfg):
 
 
 def _sharded_dims(cfg):
-    """(what, size per TP rank) of every dimension TP splits in an FP8 GEMM."""
+    """(what, size per rank, ranks splitting it) of every dimension TP (or expert TP) splits in an FP8 GEMM."""
     tp = cfg.tensor_model_parallel_size
     qkv = (cfg.num_attention_heads + 2 * cfg.num_query_groups) * cfg.kv_channels
-    dims = [("the QKV output", qkv // tp), ("the attention projection's input",
-                                            cfg.num_attention_heads * cfg.kv_channels // tp),
-            ("--ffn-hidden-size", cfg.ffn_hidden_size // tp)]
+    dims = [("the QKV output", qkv // tp, tp), ("the attention projection's input",
+                                                cfg.num_attention_heads * cfg.kv_channels // tp, tp),
+            ("--ffn-hidden-size", cfg.ffn_hidden_size // tp, tp)]
+    if cfg.num_experts:
+        etp = cfg.expert_tensor_parallel_size or tp
+        dims.append(("each expert's FFN (--moe-ffn-hidden-size)", cfg.expert_ffn_hidden_size // etp, etp))
+        if cfg.moe_shared_expert_intermediate_size:
+            dims.append(("--moe-shared-expert-intermediate-size", cfg.moe_shared_expert_intermediate_size // tp, tp))
     if cfg.fp8_output_layer and cfg.vocab_size:
-        dims.append(("the padded vocabulary (--make-vocab-size-divisible-by)", cfg.padded_vocab_size // tp))
+        dims.append(("the padded vocabulary (--make-vocab-size-divisible-by)", cfg.padded_vocab_size // tp, tp))
     return dims
 
 
@@ -98,14 +103,33 @@ def check_fp8_param_gather(cfg, shards_optimizer: bool) -> None:
 
 
 def _check_blockwise(cfg, f):
-    """Blockwise tiles must be the one-process tensor's tiles on every rank: no tile across a TP shard
-    boundary, and no context-parallel chunks (the weight gradient's tiles run along the tokens)."""
-    if cfg.context_parallel_size > 1:
-        raise ConfigError(f"{f('fp8_recipe')} blockwise with {f('context_parallel_size')} > 1 is not built here "
-                          "(weight-gradient tiles would span context-parallel chunks); use tensorwise or delayed")
-    if cfg.tensor_model_parallel_size > 1:
-        for what, size in _sharded_dims(cfg):
-            if size % TILE:
-                raise ConfigError(f"{f('fp8_recipe')} blockwise at {f('tensor_model_parallel_size')} "
-                                  f"{cfg.tensor_model_parallel_size} needs {what} per TP rank ({size}) to be a "
-                                  f"multiple of {TILE}; change the sizes or use tensorwise")
+    """Blockwise tiles must be the one-process tensor's tiles on every rank: no tile across a TP (or expert TP)
+    shard boundary. The tiles along the tokens need the layout (check_fp8_layout)."""
+    for what, size, split in _sharded_dims(cfg):
+        if split > 1 and size % TILE:
+            raise ConfigError(f"{f('fp8_recipe')} blockwise needs {what} per rank splitting it ({size}, over {split}) "
+                              f"to be a multiple of {TILE}; change the sizes or use tensorwise")
+
+
+def check_fp8_layout(cfg, layout, micro_batch_size) -> None:
+    """ConfigError where blockwise weight-gradient tiles, which run along the tokens, would not be one process's:
+    a context-parallel chunk (seq / (2 CP) positions x the micro batch) must be whole tiles; MoE experts need each
+    micro-batch's rows of an expert on one rank in one process's order (no CP; ParallelLayout.
+    experts_hold_whole_micro_batches)."""
+    if cfg.fp8_format is None or cfg.fp8_recipe != "blockwise":
+        return
+    f = flag_namer(cfg)
+    cp = cfg.context_parallel_size
+    if cfg.num_experts and (cp > 1 or not layout.experts_hold_whole_micro_batches):
+        spread = f"{f('context_parallel_size')} {cp}" if cp > 1 else \
+            f"{f('tensor_model_parallel_size')} {layout.tp} with {f('expert_tensor_parallel_size')} {layout.etp} " \
+            f"and {f('expert_model_parallel_size')} {layout.ep}"
+        raise ConfigError(f"{f('fp8_recipe')} blockwise experts need each micro-batch's tokens of an expert on one "
+                          f"rank in order (the weight-gradient tiles run along them), which {spread} does not give; "
+                          "use tensorwise or delayed")
+    rows = cfg.seq_length // (2 * cp) * micro_batch_size
+    if cp > 1 and rows % TILE:
+        raise ConfigError(f"{f('fp8_recipe')} blockwise with {f('context_parallel_size')} {cp} needs each of the "
+                          f"2 x CP sequence chunks ({cfg.seq_length // (2 * cp)} positions x --micro-batch-size "
+                          f"{micro_batch_size} = {rows} tokens) to be a multiple of {TILE} (the weight-gradient "
+                          "tiles run along the tokens); change --seq-length or --micro-batch-size, or use tensorwise")

@@ -56,21 +56,29 @@ class PerTensorRecipe(nn.Module):
         distributed/fp8_param_gather.py keeps both current) instead of casting the parameter."""
         self._weight_copy = copy
 
-    def forward_gemm(self, x, w):
-        """x [M, K], w [N, K] -> (fp32 y [M, N], what the backward GEMMs need)."""
+    def forward_gemms(self, xs, w, labels=None, n=None):
+        """xs: row blocks [M_i, K] of the input, each one micro-batch's (labels: their micro-batches, distinct, of
+        n; None: one block, the whole tensor), w [N, K] -> [(fp32 y_i [M_i, N], what the backward GEMMs need)].
+        Each block is cast with its micro-batch's scale, the weight once."""
         sin, sw, _ = self._scalers()
-        s_x = sin.scale(x)
-        xq = quantize(x, s_x, self.fwd)
+        s_xs = [sin.scale(xs[0])] if labels is None else sin.scales(xs, labels, n)
         if self._weight_copy is None:
             s_w = sw.scale(w)
             wq = quantize(w, s_w, self.fwd)
         else:  # the copy's scale is rewritten in place at the next step's cast: the backward keeps its own
             wq, s_w = self._weight_copy.data, self._weight_copy.scale.clone()
-        return tensorwise_mm(xq, 1 / s_x, wq, 1 / s_w), (xq, 1 / s_x, w if self._weight_copy is None else wq, s_w)
+        kept_w = w if self._weight_copy is None else wq
+        out = []
+        for x, s_x in zip(xs, s_xs):
+            xq = quantize(x, s_x, self.fwd)
+            out.append((tensorwise_mm(xq, 1 / s_x, wq, 1 / s_w), (xq, 1 / s_x, kept_w, s_w)))
+        return out
 
-    def cast_grad(self, g):
-        s_g = self._scalers()[2].scale(g)
-        return quantize(g, s_g, self.bwd), 1 / s_g
+    def cast_grads(self, gs, labels=None, n=None):
+        """The output gradient's blocks (as forward_gemms' xs) cast, each with its micro-batch's scale."""
+        scaler = self._scalers()[2]
+        s_gs = [scaler.scale(gs[0])] if labels is None else scaler.scales(gs, labels, n)
+        return [(quantize(g, s_g, self.bwd), 1 / s_g) for g, s_g in zip(gs, s_gs)]
 
     def dgrad(self, gc, saved):
         gq, g_inv = gc
@@ -95,14 +103,18 @@ class BlockwiseRecipe(nn.Module):
     def delayed_scalers(self):
         return []
 
-    def forward_gemm(self, x, w):
-        xq, s_x = bw.quantize_tiles(x, self.fwd, self.margin)
+    def forward_gemms(self, xs, w, labels=None, n=None):
+        """As PerTensorRecipe's: each block's tiles start at its first row, as one process's micro-batch's."""
         wq, s_w = bw.quantize_blocks(w, self.fwd, self.margin)
-        y = blockwise_mm(xq, 1 / s_x, wq, bw.block_rows(1 / s_w, w.shape[0]))
-        return y, (x, w, s_w)
+        w_inv = bw.block_rows(1 / s_w, w.shape[0])
+        out = []
+        for x in xs:
+            xq, s_x = bw.quantize_tiles(x, self.fwd, self.margin)
+            out.append((blockwise_mm(xq, 1 / s_x, wq, w_inv), (x, w, s_w)))
+        return out
 
-    def cast_grad(self, g):
-        return g
+    def cast_grads(self, gs, labels=None, n=None):
+        return list(gs)
 
     def dgrad(self, g, saved):
         _, w, s_w = saved

@@ -20,6 +20,19 @@ def reduced_amax(x: torch.Tensor, groups) -> torch.Tensor:
     return a
 
 
+def reduced_amaxes(parts, labels, n, groups) -> torch.Tensor:
+    """[n] fp32: for each of n micro-batches the MAX of its parts' amaxes over `groups` (parts[i] is micro-batch
+    labels[i]'s rows here, labels distinct; 0 for one with no rows anywhere). One reduction for all of them: the
+    ranks of a group hold different sets of micro-batches, and each makes this one call."""
+    a = torch.zeros(n, dtype=torch.float32, device=parts[0].device if parts else None)
+    if parts:
+        a[torch.tensor(labels, device=a.device)] = torch.stack([amax(p) for p in parts])
+    for g in groups:
+        if g is not None:
+            comm.all_reduce_max_(a, g)
+    return a
+
+
 class CurrentScaler:
     """Tensorwise current scaling: the scale of the amax of the tensor being cast now."""
 
@@ -32,6 +45,11 @@ class CurrentScaler:
     def scale_of_amax(self, a):
         """The scale of a tensor whose amax, reduced over its pieces, is `a` (--fp8-param-gather's casts)."""
         return scale_from_amax(a, self.dtype, self.margin)
+
+    def scales(self, parts, labels, n):
+        """The scales of parts[i], micro-batch labels[i]'s rows (labels distinct, of n): each its micro-batch's."""
+        a = reduced_amaxes(parts, labels, n, self.groups)
+        return [self.scale_of_amax(a[m]) for m in labels]
 
 
 class DelayedScaler(nn.Module):
@@ -73,6 +91,13 @@ class DelayedScaler(nn.Module):
         if self.training:
             self.step_amax = a if self.step_amax is None else torch.maximum(self.step_amax, a)
         return s
+
+    def scales(self, parts, labels, n):
+        """As CurrentScaler.scales; with a history each part's amax joins the step's (update() reduces it)."""
+        if self._history():
+            return [self.scale_of_amax(amax(p)) for p in parts]
+        a = reduced_amaxes(parts, labels, n, self.groups)
+        return [self.scale_of_amax(a[m]) for m in labels]
 
     def update(self, step_groups):
         a = torch.zeros_like(self.scale_) if self.step_amax is None else self.step_amax.clone()

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...fp8.linear import fp8_linear
+from ...fp8.linear import RowBlocks, fp8_linear
 from ...fp8.recipes import build_recipe
 from ...tensor_parallel import wgrad_fusion
 from ...tensor_parallel.param_meta import set_expert_parallel, set_init, set_tensor_parallel
@@ -72,17 +72,17 @@ class ExpertMLP(nn.Module):
             return F.silu(gate) * up
         return F.gelu(h, approximate=self.approximate)
 
-    def forward(self, x, pieces=None):
-        """pieces: with FP8, the rows of x from each source rank (expert parallelism), cast apart."""
-        h = self.activation(_linear(x, self.fc1_weight, self.fc1_bias, self.fc1_fp8, pieces))
-        return _linear(h, self.fc2_weight, self.fc2_bias if self.whole else None, self.fc2_fp8, pieces)
+    def forward(self, x, blocks=None):
+        """blocks: with FP8, x's rows per source rank and their micro-batches (fp8.linear.RowBlocks), or None."""
+        h = self.activation(_linear(x, self.fc1_weight, self.fc1_bias, self.fc1_fp8, blocks))
+        return _linear(h, self.fc2_weight, self.fc2_bias if self.whole else None, self.fc2_fp8, blocks)
 
 
-def _linear(x, weight, bias, fp8, pieces=None):
+def _linear(x, weight, bias, fp8, blocks=None):
     # gradient-accumulation fusion: the weight gradient added into DDP's buffer (FP8: fp8/linear.py deposits it)
     if fp8 is None:
         return wgrad_fusion.linear_or_fused(x, weight, bias)
-    return fp8_linear(x, weight, bias, fp8, pieces)
+    return fp8_linear(x, weight, bias, fp8, blocks)
 
 
 class LocalExperts(nn.Module):
@@ -92,15 +92,16 @@ class LocalExperts(nn.Module):
     checkpoints) do not depend on the expert-parallel size. first_tp_rank: whether this rank is the
     first of the expert-TP group (split over tp_size > 1 ranks, it adds the fc2 biases). fp8: as
     ExpertMLP's; FP8 experts run one at a time (each with its own scales), not as a grouped matmul, and
-    under expert parallelism cast each micro-batch's rows apart (counts.by_source: the rows per source rank,
-    sources_per_micro_batch consecutive sources holding chunks of one micro-batch), as one process casts
-    each micro-batch.
+    where their rows come from several source ranks (expert parallelism, folding) cast each micro-batch's rows
+    apart, as one process casts each micro-batch: counts.by_source names each expert's rows per source, and
+    row_micro_batches = (each source's micro-batch, how many there are; ParallelLayout.expert_row_micro_batches).
     """
 
     def __init__(self, config, first, count, tp_size, device=None, first_tp_rank=True, fp8=None,
-                 sources_per_micro_batch=1):
+                 row_micro_batches=None):
         super().__init__()
-        self.first, self.count, self.sources_per_micro_batch = first, count, sources_per_micro_batch
+        self.first, self.count = first, count
+        self.row_micro_batches = row_micro_batches if row_micro_batches and len(row_micro_batches[0]) > 1 else None
         self.grouped = config.moe_grouped_gemm and fp8 is None
         self.split_fc2_bias = tp_size > 1 and config.add_bias_linear
         self.first_tp_rank = first_tp_rank
@@ -115,11 +116,11 @@ class LocalExperts(nn.Module):
         if self.grouped:
             out = grouped_experts(experts, x, counts, fc2_bias=not self.split_fc2_bias)
         else:
-            sources = counts.by_source if experts and experts[0].fc1_fp8 is not None else None
-            g = self.sources_per_micro_batch
-            pieces = None if sources is None else [[sum(s[j:j + g]) for j in range(0, len(s), g)] for s in sources]
-            outs = [expert(chunk, None if pieces is None else pieces[i])
-                    for i, (expert, chunk) in enumerate(zip(experts, x.split(counts.sizes())))]
+            blocks = [None] * len(experts)
+            if experts and experts[0].fc1_fp8 is not None and self.row_micro_batches is not None:
+                labels, n = self.row_micro_batches
+                blocks = [RowBlocks(rows, labels, n) for rows in counts.by_source]
+            outs = [expert(chunk, b) for expert, chunk, b in zip(experts, x.split(counts.sizes()), blocks)]
             out = torch.cat(outs) if outs else x[:0]
         if self.split_fc2_bias and experts:
             biases = per_row(torch.stack([e.fc2_bias for e in experts]), counts, x.shape[0])

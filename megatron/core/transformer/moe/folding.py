@@ -39,14 +39,27 @@ class ExpertTPGather:
     (equal-size) all-gather / reduce-scatter of mappings; the padding rows are never read.
     """
 
-    def __init__(self, group):
+    def __init__(self, group, by_source=False):
         self.group, self.size = group, comm.world(group)
+        self.by_source = by_source  # FP8 experts: gather each rank's per-source counts too (gather())
 
     def gather(self, x, counts):
         """x [N, h] (counts: TokenCounts, rows per local expert) -> ([sum over ranks of N, h] sorted by
-        local expert then rank, TokenCounts summed over the ranks). One host read: the ranks' counts."""
-        table = comm.all_gather_dim0(counts.counts().unsqueeze(0), self.group)  # [ETP, local experts]
-        host = table.tolist()
+        local expert then rank, TokenCounts summed over the ranks, whose by_source names each expert's rows per
+        rank and, with by_source where counts knew them, per that rank's sources: ParallelLayout.expert_row_sources'
+        order).
+        One host read: the ranks' counts."""
+        if counts.by_source is None or not self.by_source:
+            table = comm.all_gather_dim0(counts.counts().unsqueeze(0), self.group)  # [ETP, local experts]
+            host = table.tolist()
+            by_source = [[row[e] for row in host] for e in range(len(counts))]
+        else:  # [ETP, local experts, sources]: the counts per source, summed for the rows per expert
+            mine = torch.tensor(counts.by_source, dtype=torch.int64).to(x.device)
+            per_source = comm.all_gather_dim0(mine.unsqueeze(0), self.group)
+            table = per_source.sum(2)
+            full = per_source.tolist()
+            host = [[sum(sources) for sources in row] for row in full]
+            by_source = [[k for row in full for k in row[e]] for e in range(len(counts))]
         rows = [sum(r) for r in host]
         self.width, self.rows = max(1, max(rows)), rows[comm.rank(self.group)]  # no empty collective
         padded = F.pad(x, (0, 0, 0, self.width - x.shape[0]))
@@ -60,7 +73,7 @@ class ExpertTPGather:
                                          output_size=total)
         self.index = offset + torch.arange(total, device=x.device)
         sizes = [sum(column) for column in zip(*host)]
-        return gathered[self.index], TokenCounts(torch.cumsum(table.sum(0), 0), sizes)
+        return gathered[self.index], TokenCounts(torch.cumsum(table.sum(0), 0), sizes, by_source)
 
     def scatter(self, y):
         """y [sum over ranks of N, h] (gather's order), partial over the expert-TP shards -> [N, h]:

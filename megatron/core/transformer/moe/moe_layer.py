@@ -34,21 +34,21 @@ class MoELayer(nn.Module):
     reaching the experts), for the capacity rule and the padded expert input.
     fp8: FP8 settings (core/fp8/config.py) or None. Each expert's input holds this micro-batch's tokens
     routed to it, replicated over TP and split over CP: its amaxes are reduced over both, the TP-split
-    weights' and hidden activations' over TP. Under EP (not folded, not padded to capacity: refused) it holds
-    each EP source's tokens; the sources holding chunks of one micro-batch (`sources_per_micro_batch`
-    consecutive ones, ParallelLayout.ep_sources_per_micro_batch) are cast together, each micro-batch apart
-    (experts.py), and each such piece's amaxes reduce over TP (the same rows on every TP rank) and over
-    `expert_cp` (the CP ranks holding the same experts, with the micro-batch's other chunks; default
-    cp_group, right at EP 1).
+    weights' and hidden activations' over TP. Under EP or folding (inputs padded to capacity there: refused)
+    it holds rows from several source ranks (`row_micro_batches`: (each source's micro-batch, how many there
+    are), ParallelLayout.expert_row_micro_batches); each micro-batch's rows are cast together, apart from the
+    others' (experts.py), their amaxes reduced over expert TP (the same rows on every expert-TP rank, gathered
+    when folded) and over `expert_cp` (groups.ecp: the ranks holding the same experts and rows of the same
+    micro-batches; default cp_group, right at EP 1 unfolded).
     """
 
     def __init__(self, config, tp_group, layer_number, ep_group=None, ep_rank=0, device=None, cp_group=None,
-                 etp_group=None, share=None, fp8=None, expert_cp=None, sources_per_micro_batch=1):
+                 etp_group=None, share=None, fp8=None, expert_cp=None, row_micro_batches=None):
         super().__init__()
         self.config, self.tp_group = config, tp_group
         self.tp_size = comm.world(tp_group)
         self.folded = etp_group is not None
-        self.etp = ExpertTPGather(etp_group) if self.folded and comm.world(etp_group) > 1 else None
+        self.etp = ExpertTPGather(etp_group, fp8 is not None) if self.folded and comm.world(etp_group) > 1 else None
         # not folded, the experts are split over TP like the dense MLP (TP 1: no TP collective around them)
         self.expert_tp = tp_group if not self.folded and self.tp_size > 1 else None
         ep = comm.world(ep_group) if ep_group is not None else 1
@@ -58,11 +58,12 @@ class MoELayer(nn.Module):
         self.router = TopKRouter(config, layer_number, device, cp_group)
         expert_tp_size = comm.world(etp_group) if self.folded else self.tp_size if self.expert_tp else 1
         expert_tp_group = etp_group if self.folded else self.expert_tp
-        expert_cp = cp_group if ep == 1 else expert_cp
-        expert_fp8 = None if fp8 is None else (fp8, (self.expert_tp, expert_cp), (self.expert_tp,))
+        expert_cp = cp_group if ep == 1 and not self.folded else expert_cp
+        split_over = expert_tp_group if expert_tp_size > 1 else None  # the experts' TP (or expert-TP) shards
+        expert_fp8 = None if fp8 is None else (fp8, (split_over, expert_cp), (split_over,))
         self.experts = LocalExperts(config, ep_rank * count, count, expert_tp_size, device,
                                     first_tp_rank=expert_tp_size == 1 or comm.rank(expert_tp_group) == 0,
-                                    fp8=expert_fp8, sources_per_micro_batch=sources_per_micro_batch)
+                                    fp8=expert_fp8, row_micro_batches=row_micro_batches)
         if self.folded:  # each TP rank routes other tokens: the router's gradient is summed over TP
             set_sequence_parallel(self.router.weight)
         self.dispatcher = build_dispatcher(config.moe_token_dispatcher_type, config.num_experts, ep_rank * count,
@@ -142,6 +143,7 @@ def build_mlp(config, groups, layer_number, device=None):
     ep_group = groups.ep if groups.ep_size > 1 else None
     # another rank routes part of the tokens
     share = token_share(groups, folded) if ep_group is not None or cp_group is not None else None
+    layout = groups.layout
     return MoELayer(config, groups.tp, layer_number, ep_group, groups.ep_rank, device, cp_group,
                     groups.etp if folded else None, share, fp8_layer(config, layer_number), groups.ecp,
-                    groups.layout.ep_sources_per_micro_batch or 1)
+                    (layout.expert_row_micro_batches(groups.rank), layout.dp))
