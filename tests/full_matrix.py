@@ -39,6 +39,9 @@ FULL_ONLY = {
         "moe-tensorwise-tp2-etp1-ep4", "moe-delayed-tp2-etp1-ep4", "moe-tensorwise-etp2-ep2",
         "moe-tensorwise-tp2-sp-etp4-ep2", "moe-delayed-tp2-sp-etp4-ep2", "moe48-delayed-ep2-cp3",
         "moecap-tensorwise-tp2-sp-etp1-ep4-allgather",
+        # padded to capacity per micro-batch: the default run keeps delayed EP2 and tensorwise EP2 x TP2 + SP
+        "moepad-tensorwise-ep2-alltoall", "moepad-tensorwise-tp2-sp-etp1-ep2", "moepad-tensorwise-ep2-cp2",
+        "moepad-delayed-ep2-allgather-tp2-sp", "moepad-delayed-tp2-sp-etp1-ep2", "moepad-delayed-ep2-cp2",
         # blockwise MoE: the default run keeps EP2 (and blockwise CP2, dense)
         "moe-blockwise-tp2-sp", "moe-blockwise-tp2-sp-etp1-ep2", "moe-blockwise-etp2-ep2")),
     # dense GPT: the default run keeps tp2, tp2-sp, pp2-vpp2, tp2-pp2-dp2-sp, dp2-overlap, distopt-dp2,

@@ -11,16 +11,12 @@ its rows then). Value rules read the parsed configs (e.g. --moe-token-dispatcher
 from typing import NamedTuple
 
 from ..core.errors import ConfigError
-from ..core.parallel_layout import experts_folded
 from ..core.transformer.model_options import RECOMPUTE_NOT_BUILT
 
 FEATURES = {  # key -> (what a user reads, who builds it)
     "fp8_te": ("FP8 through Transformer Engine (fp8_autocast; our FP8 runs with --transformer-impl local)",
                "issue 28"),
     "mxfp8": ("MXFP8 scaling (Blackwell's MX formats)", "issue 28"),
-    "fp8_moe": ("FP8 experts with inputs padded to capacity under expert parallelism or folding (built: EP and "
-                "folding with either dispatcher, dropless or a capacity factor, any TP, expert TP and CP)",
-                "issue 28"),
     "qk_norm": ("per-head query/key layer norms without --multi-latent-attention", "not built"),
     "yarn": ("YaRN RoPE without --multi-latent-attention", "not built"),
     "flex": ("the flex token dispatcher (DeepEP / HybridEP)", "not planned"),
@@ -74,12 +70,6 @@ def _value_rules(model_cfg):
             yield "fp8_te", "--fp8-format with --transformer-impl transformer_engine"
         if c.fp8_recipe == "mxfp8":
             yield "mxfp8", "--fp8-recipe mxfp8"
-        # padded to capacity, an expert's zero rows belong to no source rank's micro-batch
-        several = c.expert_model_parallel_size > 1 or experts_folded(c.tensor_model_parallel_size,
-                                                                      c.expert_tensor_parallel_size)
-        if c.num_experts is not None and several and c.moe_pad_expert_input_to_capacity:
-            yield "fp8_moe", "--fp8-format with --moe-pad-expert-input-to-capacity under expert parallelism " \
-                "or --expert-tensor-parallel-size"
     if c.moe_token_dispatcher_type == "flex":
         yield "flex", "--moe-token-dispatcher-type flex"
     if c.rope_type == "yarn" and not c.multi_latent_attention:

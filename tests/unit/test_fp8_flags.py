@@ -52,12 +52,6 @@ def _plan_groups(cfg):
 @pytest.mark.parametrize("args,feature", [
     (["--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"], "mxfp8"),
     (["--fp8-format", "hybrid", "--transformer-impl", "transformer_engine"], "fp8_te"),
-    (["--fp8-format", "hybrid", "--num-experts", "4", "--expert-model-parallel-size", "2",
-      "--moe-token-dispatcher-type", "alltoall", "--moe-expert-capacity-factor", "1.0",
-      "--moe-pad-expert-input-to-capacity"], "fp8_moe"),
-    (["--fp8-format", "hybrid", "--num-experts", "4", "--tensor-model-parallel-size", "2",
-      "--sequence-parallel", "--expert-tensor-parallel-size", "1", "--moe-expert-capacity-factor", "1.0",
-      "--moe-pad-expert-input-to-capacity"], "fp8_moe"),
 ])
 def test_not_built_is_refused_in_one_line(args, feature):
     with pytest.raises(not_built.NotBuiltError) as e:
@@ -187,8 +181,13 @@ def test_fp8_output_layer_state_has_one_layout_free_key(untie):
     (["--expert-tensor-parallel-size", "2", "--expert-model-parallel-size", "2"], 4),
     (["--expert-model-parallel-size", "2", "--context-parallel-size", "3", "--seq-length", "48",
       "--attention-dropout", "0"], 6),
+    # padded to capacity: per micro-batch, as one process pads each (capacity.places_by_micro_batch)
+    (["--expert-model-parallel-size", "2", "--moe-expert-capacity-factor", "1.0", "--moe-pad-expert-input-to-capacity"],
+     2),
+    (["--tensor-model-parallel-size", "2", "--sequence-parallel", "--expert-tensor-parallel-size", "1",
+      "--moe-expert-capacity-factor", "1.0", "--moe-pad-expert-input-to-capacity"], 2),
 ])
-def test_fp8_experts_folded_or_beside_any_cp_are_built(extra, world):
+def test_fp8_experts_folded_padded_or_beside_any_cp_are_built(extra, world):
     m, _ = _cfgs(["--fp8-format", "hybrid", "--num-experts", "4", "--moe-token-dispatcher-type", "alltoall"] + extra,
                  world=world)
     assert m.fp8_format == "hybrid" and m.num_experts == 4

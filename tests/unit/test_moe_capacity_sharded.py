@@ -65,3 +65,21 @@ def test_sources_count_the_micro_batches_reaching_an_expert(cp, dp, ep):
         share = token_share(layout.plan_groups(r), False)
         assert share.sources == _sources(group, lambda x: x // cp) and share.parts == cp, r
     assert TokenShare(sources=2).padded_rows(128, 2, 4, 0.5) == 2 * capacity(128, 2, 4, 0.5)
+
+
+def test_fp8_padding_per_micro_batch_is_one_process_padding_of_each():
+    """FP8 experts fed by several micro-batches (EP, folding) pad their input per micro-batch: each expert's rows
+    are one block of `cap` per micro-batch, in the order the micro-batches first appear, holding that micro-batch's
+    rows in source order and then zeros, as one process pads that micro-batch's input. Two experts, sources from
+    micro-batches [1, 0, 1] (one micro-batch's sources apart), written out by hand; more rows than `cap` raise."""
+    from megatron.core.transformer.moe.capacity import pad_to_capacity, places_by_micro_batch
+    by_source, labels, cap = [[2, 1, 1], [0, 3, 2]], [1, 0, 1], 3
+    rows = sum(map(sum, by_source))
+    x = torch.arange(1, rows + 1, dtype=torch.float32)[:, None]  # row i holds i + 1 (0: padding)
+    places = places_by_micro_batch(by_source, labels, 2 * cap, cap, "cpu")
+    got = pad_to_capacity(x, places, 2, 2 * cap)[:, 0].tolist()
+    # expert 0: micro-batch 1 (source 0's rows 1, 2 and source 2's row 4), then micro-batch 0 (source 1's row 3)
+    # expert 1: micro-batch 1 (source 2's rows 8, 9), then micro-batch 0 (source 1's rows 5, 6, 7)
+    assert got == [1, 2, 4, 3, 0, 0] + [8, 9, 0, 5, 6, 7]
+    with pytest.raises(ValueError, match="over its capacity 2"):
+        places_by_micro_batch(by_source, labels, 4, 2, "cpu")

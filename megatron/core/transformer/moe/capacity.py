@@ -69,6 +69,28 @@ def padded_places(counts, rows, size):
     return group * size + torch.arange(rows, device=group.device) - starts[group]
 
 
+def places_by_micro_batch(by_source, micro_batches, size, cap, device):
+    """padded_places for FP8 experts whose rows come from several micro-batches (expert parallelism, folding):
+    each expert's `size` rows are one block of `cap` per micro-batch (in the order they first appear in
+    `micro_batches`, each source rank's), holding that micro-batch's rows in source order and then its zero
+    rows, as one process pads each micro-batch's expert input. by_source: per local expert, its rows from each
+    source (host ints, in the input's order). A micro-batch never brings an expert more than `cap` rows (the
+    drop rule is one process's); ValueError if it does."""
+    slot = {m: i for i, m in enumerate(dict.fromkeys(micro_batches))}
+    shift, lengths, start = [], [], 0
+    for e, rows in enumerate(by_source):
+        filled = dict.fromkeys(slot, 0)
+        for k, m in zip(rows, micro_batches):
+            shift.append(e * size + slot[m] * cap + filled[m] - start)
+            lengths.append(k)
+            filled[m] += k
+            start += k
+        if max(filled.values(), default=0) > cap:
+            raise ValueError(f"a micro-batch brings expert {e} {max(filled.values())} rows, over its capacity {cap}")
+    return torch.repeat_interleave(torch.tensor(shift, dtype=torch.int64), torch.tensor(lengths, dtype=torch.int64),
+                                   output_size=start).to(device) + torch.arange(start, device=device)
+
+
 def pad_to_capacity(x, places, groups, size):
     """x [N, h] -> [groups x size, h]: row i at places[i] (padded_places), zeros elsewhere. The zero
     rows' outputs are cut off again by unpad; they change no value or gradient."""

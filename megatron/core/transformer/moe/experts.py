@@ -101,25 +101,31 @@ class LocalExperts(nn.Module):
                  row_micro_batches=None):
         super().__init__()
         self.first, self.count = first, count
-        self.row_micro_batches = row_micro_batches if row_micro_batches and len(row_micro_batches[0]) > 1 else None
+        several = fp8 is not None and row_micro_batches and len(row_micro_batches[0]) > 1
+        self.row_micro_batches = row_micro_batches if several else None  # FP8 casts per micro-batch
         self.grouped = config.moe_grouped_gemm and fp8 is None
         self.split_fc2_bias = tp_size > 1 and config.add_bias_linear
         self.first_tp_rank = first_tp_rank
         self.local_experts = nn.ModuleDict(
             {str(first + i): ExpertMLP(config, tp_size, device, fp8) for i in range(count)})
 
-    def forward(self, x, counts):
+    def forward(self, x, counts, cap=None):
         """x [N, h]: tokens sorted by local expert, counts (token_counts.TokenCounts) of them for each
         -> [N, h], each row through its expert (TP-partial). No communication. The grouped path reads
-        nothing on the host; the loop needs the sizes there (read once, if the dispatcher had not)."""
+        nothing on the host; the loop needs the sizes there (read once, if the dispatcher had not).
+        cap: FP8 experts' input padded per micro-batch, `cap` rows each (capacity.places_by_micro_batch)."""
         experts = list(self.local_experts.values())
         if self.grouped:
             out = grouped_experts(experts, x, counts, fc2_bias=not self.split_fc2_bias)
         else:
             blocks = [None] * len(experts)
-            if experts and experts[0].fc1_fp8 is not None and self.row_micro_batches is not None:
+            if experts and self.row_micro_batches is not None:
                 labels, n = self.row_micro_batches
-                blocks = [RowBlocks(rows, labels, n) for rows in counts.by_source]
+                if cap is None:
+                    blocks = [RowBlocks(rows, labels, n) for rows in counts.by_source]
+                else:
+                    batches = list(dict.fromkeys(labels))
+                    blocks = [RowBlocks([cap] * len(batches), batches, n)] * len(experts)
             outs = [expert(chunk, b) for expert, chunk, b in zip(experts, x.split(counts.sizes()), blocks)]
             out = torch.cat(outs) if outs else x[:0]
         if self.split_fc2_bias and experts:

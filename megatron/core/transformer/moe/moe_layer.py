@@ -9,7 +9,7 @@ from ...tensor_parallel import mappings
 from ...tensor_parallel.param_meta import set_sequence_parallel
 from ..mlp import MLP
 from . import aux_losses
-from .capacity import pad_to_capacity, padded_places, unpad
+from .capacity import pad_to_capacity, padded_places, places_by_micro_batch, unpad
 from .experts import LocalExperts
 from .folding import ExpertTPGather, all_tokens, own_tokens
 from .router import TopKRouter
@@ -34,12 +34,13 @@ class MoELayer(nn.Module):
     reaching the experts), for the capacity rule and the padded expert input.
     fp8: FP8 settings (core/fp8/config.py) or None. Each expert's input holds this micro-batch's tokens
     routed to it, replicated over TP and split over CP: its amaxes are reduced over both, the TP-split
-    weights' and hidden activations' over TP. Under EP or folding (inputs padded to capacity there: refused)
-    it holds rows from several source ranks (`row_micro_batches`: (each source's micro-batch, how many there
-    are), ParallelLayout.expert_row_micro_batches); each micro-batch's rows are cast together, apart from the
-    others' (experts.py), their amaxes reduced over expert TP (the same rows on every expert-TP rank, gathered
-    when folded) and over `expert_cp` (groups.ecp: the ranks holding the same experts and rows of the same
-    micro-batches; default cp_group, right at EP 1 unfolded).
+    weights' and hidden activations' over TP. Under EP or folding it holds rows from several source ranks
+    (`row_micro_batches`: (each source's micro-batch, how many there are), ParallelLayout.
+    expert_row_micro_batches); each micro-batch's rows are cast together, apart from the others' (experts.py),
+    their amaxes reduced over expert TP (the same rows on every expert-TP rank, gathered when folded) and over
+    `expert_cp` (groups.ecp: the ranks holding the same experts and rows of the same micro-batches; default
+    cp_group, right at EP 1 unfolded). Padded to capacity, such an input is padded per
+    micro-batch (capacity.places_by_micro_batch), each one process's padded input.
     """
 
     def __init__(self, config, tp_group, layer_number, ep_group=None, ep_rank=0, device=None, cp_group=None,
@@ -107,9 +108,15 @@ class MoELayer(nn.Module):
         if not c.moe_pad_expert_input_to_capacity:
             return self.experts(routed, counts)
         size = self.share.padded_rows(local_tokens, c.moe_router_topk, c.num_experts, c.moe_expert_capacity_factor)
-        places = padded_places(counts, routed.shape[0], size)
+        cap = None  # FP8 experts fed by several micro-batches: padded as one process pads each micro-batch
+        if self.experts.row_micro_batches is not None:
+            cap = size // self.share.sources
+            places = places_by_micro_batch(counts.by_source, self.experts.row_micro_batches[0], size, cap,
+                                           routed.device)
+        else:
+            places = padded_places(counts, routed.shape[0], size)
         padded = pad_to_capacity(routed, places, len(counts), size)
-        return unpad(self.experts(padded, TokenCounts.equal(size, len(counts), routed.device)), places)
+        return unpad(self.experts(padded, TokenCounts.equal(size, len(counts), routed.device), cap), places)
 
     def _finish(self, out, hidden, aux):
         if self.shared_experts is not None:

@@ -45,18 +45,9 @@ class TokenShare:
 
 
 def token_share(groups, folded: bool) -> TokenShare:
-    """The TokenShare of this rank in `groups` (parallel_state.ProcessGroups).
-
-    The ranks feeding an expert are a run of consecutive grid indices: not folded, EP consecutive
-    (cp + CP x dp) indices, micro-batch = index // CP; folded, ETP x EP consecutive (tp + TP x (cp + CP x
-    dp)) indices, micro-batch = index // (TP x CP). sources counts the distinct micro-batches in that run."""
-    if folded:
-        share, block = groups.tp_size * groups.cp_size, groups.etp_size * groups.ep_size
-        first = groups.edp_rank * block
-    else:
-        share, block = groups.cp_size, groups.ep_size
-        j = groups.dp_cp_rank
-        first = j - j % block
-    sources = (first + block - 1) // share - first // share + 1
+    """The TokenShare of this rank in `groups` (process_groups.ProcessGroups): its CP chunk and, folded, its TP
+    slice; sources, the distinct micro-batches among the ranks whose tokens reach its experts
+    (ParallelLayout.expert_row_micro_batches)."""
+    sources = len(set(groups.layout.expert_row_micro_batches(groups.rank)))
     tp_rank, tp_size = (groups.tp_rank, groups.tp_size) if folded else (0, 1)
     return TokenShare(groups.cp_rank, groups.cp_size, tp_rank, tp_size, sources)
