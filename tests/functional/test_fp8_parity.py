@@ -129,7 +129,7 @@ def _model(recipe):
         return RECIPES[recipe[6:]] + MOE + ["--seq-length", "48"]
     if recipe.startswith("moe-"):
         return RECIPES[recipe[4:]] + MOE
-    if recipe.startswith("moepad-"):  # padded to capacity, with biases: the zero rows reach fc2 as gelu(b1)
+    if recipe.startswith("moepad-"):  # padded to capacity, with biases: the zero rows reach fc2 as gelu(fc1's bias)
         return RECIPES[recipe[7:]] + [f for f in MOE if f != "--disable-bias-linear"] + \
             ["--moe-expert-capacity-factor", "1.5", "--moe-pad-expert-input-to-capacity"]  # experts not full
     if recipe.startswith("moecap-"):
