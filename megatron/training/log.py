@@ -36,6 +36,25 @@ def _fmt_time(seconds):
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+class EvalProgress:
+    """A progress line for an evaluation that runs long (a large --eval-iters): at most one every `every`
+    seconds, so a short evaluation prints none (Megatron-LM's prints nothing unless verbose)."""
+
+    def __init__(self, total, every=30.0, clock=time.monotonic):
+        self.total, self.every, self.clock = total, every, clock
+        self.start = self.last = clock()
+
+    def after(self, done):
+        """The line to print after `done` of `total` evaluation iterations, or None."""
+        now = self.clock()
+        if now - self.last < self.every or done >= self.total:
+            return None
+        self.last = now
+        rate = done / max(now - self.start, 1e-9)
+        return (f" evaluating: iteration {done:8d}/{self.total:8d} | {rate:.2f} iterations/s |"
+                f" ETA {_fmt_time((self.total - done) / rate)} |")
+
+
 class TrainingLogger:
     """Accumulates metrics between log lines; writes the text (last rank), the timers' report and the
     scalars (scalar_writers: TensorBoard and W&B) as Megatron-LM's training_log does."""

@@ -21,7 +21,7 @@ from . import batch_schedule
 from .checkpointing import Checkpointer
 from .data import end_of_training_sets, microbatches, validation_window
 from .flops import num_floating_point_operations
-from .log import print_rank_0, print_rank_last, startup_summary
+from .log import EvalProgress, print_rank_0, print_rank_last, startup_summary
 from .memory_errors import building, running
 from .memory_report import estimated_peak, report_memory
 from .metrics_log import MetricsLog
@@ -115,6 +115,7 @@ def evaluate(model, dataset, spec: ModelSpec, groups, train_cfg, device):
     sums, counts = torch.zeros(len(names), device=device), torch.zeros(len(names), device=device)
     global_batch, micro = train_cfg.global_batch_size, train_cfg.micro_batch_size
     forward_backward_func = get_forward_backward_func()
+    progress = EvalProgress(train_cfg.eval_iters)
     for k in range(train_cfg.eval_iters):
         batches = microbatches(dataset, k * global_batch, global_batch, micro, groups.dp_rank, groups.dp_size,
                                device, spec.collate, cp_slice(groups))
@@ -122,6 +123,9 @@ def evaluate(model, dataset, spec: ModelSpec, groups, train_cfg, device):
         empty_unused_memory(train_cfg.empty_unused_memory_level, 1, device)
         sums += torch.stack([losses[name][0] for name in names])
         counts += torch.stack([losses[name][1] for name in names])
+        line = progress.after(k + 1)
+        if line:
+            print_rank_last(line)
     model.train()
     return dict(zip(names, (sums / counts).tolist()))
 
