@@ -215,7 +215,7 @@ class ParallelLayout:
     def _ecp_alias(self, built) -> str | None:
         """Where ecp is not a group of its own: "" when every set is one rank, else the name of the built group
         (cp, tp_cp) with the same ranks; None when ecp must be built."""
-        if all(len(r) == 1 for r in self._ecp_lists):
+        if self.experts_hold_whole_micro_batches:
             return ""
         return next((n for n in ("cp", "tp_cp") if n in built and sorted(self.rank_lists(n)) == self._ecp_lists),
                     None)

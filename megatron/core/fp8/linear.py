@@ -7,6 +7,8 @@ own scales, and the parts' weight gradients summed.
 With gradient-accumulation fusion (tensor_parallel/wgrad_fusion.py) the fp32 weight gradient goes into the
 weight's grad sink (DDP's buffer), as the other linears' do, and autograd gets None for it.
 """
+import itertools
+
 import torch
 
 from ..backward_needs import needs_grad
@@ -26,7 +28,7 @@ class RowBlocks:
         runs = [m for i, m in enumerate(micro_batches) if i == 0 or micro_batches[i - 1] != m]
         self._ranges = None
         if len(runs) != len(self.labels):  # some micro-batch's blocks are apart
-            starts = [sum(sizes[:i]) for i in range(len(sizes))]
+            starts = [0, *itertools.accumulate(sizes)]
             self._ranges = [(a, k) for label in self.labels for a, k, m in zip(starts, sizes, micro_batches)
                             if m == label]
         self._perm = None

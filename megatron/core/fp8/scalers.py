@@ -24,9 +24,8 @@ def reduced_amaxes(parts, labels, n, groups) -> torch.Tensor:
     """[n] fp32: for each of n micro-batches the MAX of its parts' amaxes over `groups` (parts[i] is micro-batch
     labels[i]'s rows here, labels distinct; 0 for one with no rows anywhere). One reduction for all of them: the
     ranks of a group hold different sets of micro-batches, and each makes this one call."""
-    a = torch.zeros(n, dtype=torch.float32, device=parts[0].device if parts else None)
-    if parts:
-        a[torch.tensor(labels, device=a.device)] = torch.stack([amax(p) for p in parts])
+    a = torch.zeros(n, dtype=torch.float32, device=parts[0].device)
+    a[torch.tensor(labels, device=a.device)] = torch.stack([amax(p) for p in parts])
     for g in groups:
         if g is not None:
             comm.all_reduce_max_(a, g)
