@@ -135,3 +135,16 @@ def all_gather_inplace_async(x, group, tag=None):
         return None
     _count(tag, x.numel() * x.element_size(), n, 1)
     return Watched(_all_gather(x, _own_slice(x, group), group=group, async_op=True), f"all-gather ({tag})", group)
+
+
+def all_to_all_uneven(x, send_sizes, recv_sizes, group, tag=None):
+    """1-D x, cut into len(send_sizes) consecutive parts, part j to rank j; -> what every rank sent this
+    one, in rank order (recv_sizes elements from each). Counts what leaves this rank (not its own part)."""
+    if world(group) == 1:
+        return x
+    out = torch.empty(sum(recv_sizes), dtype=x.dtype, device=x.device)
+    if tag is not None:
+        debug.record_traffic(tag, (sum(send_sizes) - send_sizes[rank(group)]) * x.element_size())
+    with waiting("all-to-all", group):
+        dist.all_to_all_single(out, x.contiguous(), list(recv_sizes), list(send_sizes), group=group)
+    return out
