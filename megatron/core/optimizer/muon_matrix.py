@@ -60,7 +60,7 @@ def _one(x, dim, group, tp, cfg, schedule, dtype):
         out = newton_schulz(x, schedule, transpose=dim == 0, group=group, dtype=dtype)
     else:  # duplicated
         t = x if dim == 0 else x.mT
-        whole = newton_schulz(comm.all_gather_dim0(t, group), schedule, dtype=dtype)
+        whole = newton_schulz(comm.all_gather_dim0(t, group, tag="muon-tp"), schedule, dtype=dtype)
         out = whole.chunk(tp, dim=0)[comm.rank(group)]
         out = out if dim == 0 else out.mT
     return out * scale

@@ -18,12 +18,13 @@ import torch
 from .. import comm
 
 
-def segments(buf, bucket, param, d):
-    """[(lo, hi)] per rank of the group: the flat range of `param` inside each rank's shard of `bucket`."""
-    off, n, k = buf.offset(param), param.numel(), (bucket.end - bucket.start) // d
+def segments(off, n, start, end, d):
+    """[(lo, hi)] per rank of a group of d: the flat range of a parameter of n elements at buffer offset
+    `off` inside each rank's shard of the bucket [start, end) (padded to a multiple of d)."""
+    k = (end - start) // d
     out = []
     for r in range(d):
-        lo, hi = bucket.start + r * k, bucket.start + (r + 1) * k
+        lo, hi = start + r * k, start + (r + 1) * k
         lo, hi = max(lo, off) - off, min(hi, off + n) - off
         out.append((lo, hi) if lo < hi else (0, 0))
     return out
@@ -39,13 +40,25 @@ def balance(costs, held, d):
     return owners
 
 
+def exchange_elements(mats, d, costs, rank=0):
+    """(elements `rank` sends gathering momentum to the owners, elements it sends scattering their updates)
+    for matrices of `mats` ([segments] of each, buffer order) with Newton-Schulz costs `costs`: what
+    MatrixOwners moves, for the planner (whose estimate is a DP rank 0's)."""
+    owners = balance(costs, [[hi - lo for lo, hi in segs] for segs in mats], d)
+    gather = sum(segs[rank][1] - segs[rank][0] for segs, o in zip(mats, owners) if o != rank)
+    scatter = sum(hi - lo for segs, o in zip(mats, owners) if o == rank
+                  for r, (lo, hi) in enumerate(segs) if r != rank)
+    return gather, scatter
+
+
 class _Plan:
     """The Muon matrices of one DDP buffer: [(param, segments)] in buffer order, their owners, the group."""
 
     def __init__(self, buf, is_muon, cost):
         self.group = buf.buckets[0].group
         self.d, self.me = comm.world(self.group), comm.rank(self.group)
-        self.mats = [(p, segments(buf, b, p, self.d)) for b in buf.buckets for p in b.params if is_muon(p)]
+        self.mats = [(p, segments(buf.offset(p), p.numel(), b.start, b.end, self.d))
+                     for b in buf.buckets for p in b.params if is_muon(p)]
         held = [[hi - lo for lo, hi in segs] for _, segs in self.mats]
         self.owners = balance([cost(p) for p, _ in self.mats], held, self.d)
 

@@ -67,7 +67,7 @@ def scale_factor(rows: int, cols: int, mode: str) -> float:
 
 
 def _sum_(t, group):
-    return comm.all_reduce_(t, group) if group is not None else t
+    return comm.all_reduce_(t, group, tag="muon-tp") if group is not None else t
 
 
 def newton_schulz(x, schedule, transpose=None, group=None, dtype=torch.float32):

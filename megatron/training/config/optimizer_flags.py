@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ...core.config import ConfigError, opt
 from ...core.optimizer.muon import MATMUL_PRECISIONS, TP_MODES, MuonConfig
-from ...core.optimizer.newton_schulz import COEFFICIENTS, SCALE_MODES
+from ...core.optimizer.newton_schulz import COEFFICIENTS, SCALE_MODES, coefficient_schedule
 
 BUILT = ("adam", "sgd", "muon")
 # Megatron-LM's other --optimizer values: dist_muon its deprecated name of muon with the distributed
@@ -64,12 +64,18 @@ def check_optimizer(cfg) -> None:
     if cfg.optimizer_cpu_offload:
         raise ConfigError("--optimizer-cpu-offload is not built for --optimizer muon (its Newton-Schulz runs on the "
                           "device, over whole matrices): drop one of the two")
+    if cfg.muon_coefficient_type not in COEFFICIENTS:
+        raise ConfigError(f"--muon-coefficient-type {cfg.muon_coefficient_type} is unknown: one of "
+                          f"{', '.join(COEFFICIENTS)}")
+    if cfg.muon_num_ns_steps < 1:
+        raise ConfigError(f"--muon-num-ns-steps must be at least 1, got {cfg.muon_num_ns_steps}")
+    if not 0.0 <= cfg.muon_momentum < 1.0:
+        raise ConfigError(f"--muon-momentum must be in [0, 1), got {cfg.muon_momentum}")
     try:
-        cfg.muon_config()
+        coefficient_schedule(cfg.muon_coefficient_type, cfg.muon_num_ns_steps)
     except ValueError as e:
-        flag = ("--muon-tp-mode" if "TP mode" in str(e) else "--muon-momentum" if "momentum" in str(e)
-                else "--muon-coefficient-type / --muon-num-ns-steps")
-        raise ConfigError(f"{flag}: {e}") from None
+        raise ConfigError(f"--muon-num-ns-steps {cfg.muon_num_ns_steps} with --muon-coefficient-type "
+                          f"{cfg.muon_coefficient_type}: {e}") from None
 
 
 def optimizer_line(cfg) -> str | None:
