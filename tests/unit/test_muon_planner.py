@@ -2,6 +2,11 @@
 Newton-Schulz FLOPs in the optimizer step (about 2 x steps x (2 m n^2 + n^3) each), and the TP modes'
 and the distributed optimizer's traffic in its time (tests/distributed/test_muon_traffic.py checks the
 bytes against a real step)."""
+import json
+import os
+import subprocess
+import sys
+
 from megatron.core.optimizer.muon import MuonConfig
 from megatron.training.planner import make_cluster, predict
 from megatron.training.planner.muon_cost import _ns_time
@@ -29,3 +34,14 @@ def test_newton_schulz_time_follows_its_flops():
     small, large = _ns_time(cluster, 2048, 2048, None, 1, cfg, 2), _ns_time(cluster, 8192, 2048, None, 1, cfg, 2)
     # 2 m n^2 + n^3 at m = 4n against m = n: 9 n^3 / 3 n^3 (the GEMMs' efficiencies aside)
     assert 2 < large / small < 4
+
+
+def test_the_gpu_suites_muon_step_runs_on_cpu():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, "bench/muon_step.py", "--steps", "1", "--warmup", "0"], cwd=root,
+                          env={**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(ln[7:]) for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert [r["name"] for r in rows] == ["optimizer step tiny adam", "optimizer step tiny muon"]
+    assert rows[1]["ns_share"] > 0 and rows[1]["ns_ms"] > 0

@@ -86,8 +86,8 @@ def optimizer_line(cfg) -> str | None:
     line = (f"> optimizer: Muon on the 2-D hidden matrices ({c.coefficient_type} Newton-Schulz x {c.num_ns_steps}, "
             f"{c.scale_mode} scale x {c.extra_scale_factor}, momentum {c.momentum}"
             f"{' Nesterov' if c.nesterov else ''}, QKV {'split' if c.split_qkv else 'whole'}, TP mode {c.tp_mode}), "
-            "AdamW on embeddings, the output layer, norms and biases (and learned position tables, which "
-            "Megatron-Core gives Muon)")
+            "AdamW on the rest; not Megatron-LM's: learned position tables go to AdamW, the distributed optimizer "
+            "keeps the momentum in its slices (docs/muon.md)")
     if c.tp_mode == "blockwise":
         line += "; --muon-tp-mode blockwise: each TP shard orthogonalised on its own, so the update depends on the " \
                 "TP size (duplicated and distributed do not)"
