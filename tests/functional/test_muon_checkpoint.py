@@ -58,16 +58,22 @@ def test_muon_resumes_bitwise_and_across_layouts(tmp_path):
     _close(_metrics("one-to-wide", flags + ["--load", str(one)], nproc), straight, HALF + 1)
 
 
-@pytest.mark.slow
-def test_loading_another_optimizers_state_is_one_line(tmp_path):
-    d = tmp_path / "muon"
-    _first_half("switch-first", d)
-    adam = [a for a in RUN if a not in ("--optimizer", "muon")] + ["--load", str(d)]
-    proc = run_cli(adam, check=False)
+def _refused(flags, d, here, saved):
+    proc = run_cli(flags, check=False)
     err = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert err[-1] == (f"error: --optimizer adam here but the checkpoint {d}/iter_0000003 holds muon's optimizer "
-                       "state: give --optimizer muon, or --no-load-optim to start the adam state afresh from its "
-                       "weights"), err[-1]
-    proc = run_cli(adam + ["--no-load-optim", "--exit-interval", str(HALF + 1)])
+    assert err[-1] == (f"error: --optimizer {here} here but the checkpoint {d}/iter_0000003 holds {saved}'s "
+                       f"optimizer state: give --optimizer {saved}, or --no-load-optim to start the {here} state "
+                       "afresh from its weights"), err[-1]
+
+
+@pytest.mark.slow
+def test_loading_another_optimizers_state_is_one_line(tmp_path):
+    muon, adam = tmp_path / "muon", tmp_path / "adam"
+    adam_run = [a for a in RUN if a not in ("--optimizer", "muon")]
+    _first_half("switch-first", muon)
+    _refused(adam_run + ["--load", str(muon)], muon, "adam", "muon")
+    proc = run_cli(adam_run + ["--load", str(muon), "--no-load-optim", "--exit-interval", str(HALF + 1)])
     assert "optimizer state NOT loaded" in proc.stdout
+    run_cli(adam_run + ["--save", str(adam), "--save-interval", str(HALF), "--exit-interval", str(HALF)])
+    _refused(RUN + ["--load", str(adam)], adam, "muon", "adam")
