@@ -73,7 +73,7 @@ def measure(flags, groups, device, steps, warmup):
     muon = [r for r in opt.rules if isinstance(r, MuonRule)]
     if muon:
         rule = muon[0]
-        out["ns_ms"] = round(_timed(lambda: rule._updates(rule._directions()), device, steps, warmup), 2)
+        out["ns_ms"] = round(_timed(lambda: list(rule._updates(rule._directions())), device, steps, warmup), 2)
         out["ns_share"] = round(out["ns_ms"] / out["ms_per_step"], 3)
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

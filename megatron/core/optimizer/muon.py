@@ -70,7 +70,7 @@ class MuonRule(UpdateRule):
         self.schedule = coefficient_schedule(cfg.coefficient_type, cfg.num_ns_steps)
         self._groups = decay_groups(self.pieces, weight_decay, lr, has_weight_decay, lambda p: False)
         by_main = {id(pc.main): pc for pc in self.pieces}
-        self._members = [[by_main[id(m)] for m in g["params"]] for g in self._groups]
+        self._group_of = {id(by_main[id(m)]): g for g in self._groups for m in g["params"]}  # its lr and decay
         self._momentum = {id(pc): torch.zeros_like(pc.main) for pc in self.pieces}
         mine = {id(pc.param) for pc in self.pieces}
         self.owners = None
@@ -89,11 +89,13 @@ class MuonRule(UpdateRule):
         return {"momentum_buffer": self._momentum[id(piece)]}
 
     def _directions(self):
-        """Each piece's U (momentum, or Nesterov's mix), after the momentum update."""
+        """Each piece's U (momentum, or Nesterov's mix) after the momentum update, one at a time: a mix is a
+        temporary of its piece's size only."""
         grads = [pc.main.grad for pc in self.pieces]
         moms = [self._momentum[id(pc)] for pc in self.pieces]
         torch._foreach_lerp_(moms, grads, 1.0 - self.cfg.momentum)
-        return torch._foreach_lerp(grads, moms, self.cfg.momentum) if self.cfg.nesterov else moms
+        for g, m in zip(grads, moms):
+            yield g.lerp(m, self.cfg.momentum) if self.cfg.nesterov else m
 
     @torch.no_grad()
     def step(self, divisor):
@@ -101,24 +103,25 @@ class MuonRule(UpdateRule):
             return
         if divisor is not None and self.pieces:
             torch._foreach_div_([pc.main.grad for pc in self.pieces], divisor)
-        dirs = self._directions() if self.pieces else []
-        updates = self._updates(dirs)
-        for g, mine in zip(self._groups, self._members):
-            if not mine:
-                continue
-            mains = [pc.main.detach() for pc in mine]
+        for pc, update in self._updates(self._directions()):  # applied as they come: no model-sized temporary
+            g = self._group_of[id(pc)]
+            main = pc.main.detach()
             if g["weight_decay"] > 0:
-                torch._foreach_mul_(mains, 1.0 - g["lr"] * g["weight_decay"])
-            torch._foreach_add_(mains, [updates[id(pc)] for pc in mine], alpha=-g["lr"])
+                main.mul_(1.0 - g["lr"] * g["weight_decay"])
+            main.add_(update, alpha=-g["lr"])
 
     def _updates(self, dirs):
-        """{id(piece): its flat part of the scaled orthogonalised update}."""
+        """(piece, its flat part of the scaled orthogonalised update) for each piece, from `dirs` (_directions)."""
         dtype = self.cfg.ns_dtype(self.pieces[0].main.device if self.pieces else self.owners.device)
         if self.owners is None:
-            return {id(pc): orthogonalize(u.view(pc.param.shape), pc.param, self.groups, self.cfg, self.schedule,
-                                          dtype).reshape(-1) for pc, u in zip(self.pieces, dirs)}
+            for pc, u in zip(self.pieces, dirs):
+                yield pc, orthogonalize(u.view(pc.param.shape), pc.param, self.groups, self.cfg, self.schedule,
+                                        dtype).reshape(-1)
+            return
         whole = self.owners.gather({id(pc.param): u for pc, u in zip(self.pieces, dirs)})
-        done = {id(p): orthogonalize(whole[id(p)].view(p.shape), p, self.groups, self.cfg, self.schedule,
+        done = {id(p): orthogonalize(whole.pop(id(p)).view(p.shape), p, self.groups, self.cfg, self.schedule,
                                      dtype).reshape(-1) for p in self.owners.owned_params()}
         mine = self.owners.scatter(done)
-        return {id(pc): mine[id(pc.param)] for pc in self.pieces}
+        del done
+        for pc in self.pieces:
+            yield pc, mine[id(pc.param)]
