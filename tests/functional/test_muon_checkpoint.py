@@ -38,8 +38,14 @@ def _close(got, want, first):
             assert abs(a - b) <= (FIRST_TOL if it == first else RUN_TOL) * abs(b), (it, a, b)
 
 
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    return tmp_path_factory.mktemp("muon-ckpt")
+
+
 @pytest.mark.slow
-def test_muon_resumes_bitwise_and_across_layouts(tmp_path):
+def test_muon_resumes_bitwise_and_from_tp2_pp2_dp2_at_one_process(dirs):
+    tmp_path = dirs
     straight = _metrics("straight", ["--save", str(tmp_path / "straight")])
     one, wide = tmp_path / "one", tmp_path / "wide"
     first = _first_half("one-first", one)
@@ -54,8 +60,14 @@ def test_muon_resumes_bitwise_and_across_layouts(tmp_path):
 
     _first_half("wide-first", wide, *WIDE)
     _close(_metrics("wide-to-one", ["--load", str(wide)]), straight, HALF + 1)
-    nproc, flags = WIDE
-    _close(_metrics("one-to-wide", flags + ["--load", str(one)], nproc), straight, HALF + 1)
+
+
+@pytest.mark.slow
+def test_muon_checkpoint_of_one_process_resumes_at_tp2_pp2_dp2(dirs):
+    one, nproc, flags = dirs / "one", *WIDE
+    if "one-first" not in _runs:
+        _first_half("one-first", one)
+    _close(_metrics("one-to-wide", flags + ["--load", str(one)], nproc), _metrics("straight", []), HALF + 1)
 
 
 def _refused(flags, d, here, saved):

@@ -85,16 +85,10 @@ def test_fp16_with_oversized_loss_scale_backs_off_and_trains():
 
 @pytest.mark.slow
 def test_muon_in_bf16_and_fp16_tracks_fp32():
-    # fp32 main values under bf16 parameters; fp16's loss scale unscaled before Muon's momentum, an overflowed
-    # step skipped (its momentum untouched) and the scale backed off, as for AdamW
+    # fp32 main values under bf16 and fp16 parameters, fp16's loss scale taken off before Muon's momentum (an
+    # overflowed step is skipped before any optimizer's update: test_fp16_with_oversized_loss_scale_backs_off...)
     muon = BASE + ["--train-iters", "20", "--optimizer", "muon"]
     fp32 = losses(run_cli(muon).stdout)
-    bf16 = losses(run_cli(muon + ["--bf16"], nproc=2).stdout)
-    assert abs(bf16[20] - fp32[20]) / fp32[20] < 0.03 and bf16[20] < bf16[1] - 0.1, (bf16[20], fp32[20])
-    fp16 = losses(run_cli(muon + ["--fp16", "--loss-scale", "1024"]).stdout)
-    assert abs(fp16[20] - fp32[20]) / fp32[20] < 0.03, (fp16[20], fp32[20])
-    proc = run_cli(muon + ["--fp16", "--initial-loss-scale", str(2.0 ** 22), "--hysteresis", "1"])
-    skipped = [int(x) for x in re.findall(r"number of skipped iterations: +(\d+)", proc.stdout)]
-    assert sum(skipped) > 0 and skipped[-1] == 0, skipped
-    backed_off = losses(proc.stdout)
-    assert backed_off[20] < backed_off[1] - 0.1, backed_off
+    for flags in (["--bf16"], ["--fp16", "--loss-scale", "1024"]):
+        low = losses(run_cli(muon + flags).stdout)
+        assert abs(low[20] - fp32[20]) / fp32[20] < 0.03 and low[20] < low[1] - 0.1, (flags, low[20], fp32[20])
