@@ -15,12 +15,12 @@ import sys
 from megatron.core.config import ConfigError
 from megatron.core.datasets.bert_dataset import collate_bert
 from megatron.core.models.bert import BertModel
-from megatron.training.arguments import parse_args
-from megatron.training.config import BertOptions
-from megatron.training.data import build_bert_datasets_from_config
-from megatron.training.embedded import EMBEDDED, embedded_recipe
-from megatron.training.launch import USER_ERRORS, configure, print_first_rank, run_pretrain, start, user_error
-from megatron.training.model_spec import ModelSpec
+from megatron.training.config.arguments import parse_args
+from megatron.training.config.training_config import BertOptions
+from megatron.training.data.embedded import EMBEDDED, embedded_recipe
+from megatron.training.data.loader import build_bert_datasets_from_config
+from megatron.training.loop.launch import USER_ERRORS, configure, print_first_rank, run_pretrain, start, user_error
+from megatron.training.loop.model_spec import ModelSpec
 
 SPECIAL_TOKENS = ("cls", "sep", "mask", "pad")
 

@@ -12,11 +12,11 @@ import sys
 from megatron.core.models.gpt import GPTModel
 from megatron.core.pipeline_parallel.losses import TOKEN_LOSS
 from megatron.core.transformer import mtp
-from megatron.training.arguments import parse_args
-from megatron.training.data import build_datasets, collate_gpt, gpt_collate
-from megatron.training.embedded import EMBEDDED, embedded_recipe
-from megatron.training.launch import USER_ERRORS, configure, print_first_rank, run_pretrain, start, user_error
-from megatron.training.model_spec import ModelSpec
+from megatron.training.config.arguments import parse_args
+from megatron.training.data.embedded import EMBEDDED, embedded_recipe
+from megatron.training.data.loader import build_datasets, collate_gpt, gpt_collate
+from megatron.training.loop.launch import USER_ERRORS, configure, print_first_rank, run_pretrain, start, user_error
+from megatron.training.loop.model_spec import ModelSpec
 
 
 def model_provider(config, groups, device, pre_process=True, post_process=True, vp_stage=None):

@@ -28,9 +28,9 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.parallel_state import initialize_model_parallel
 from megatron.core.pipeline_parallel import loss_means
 from megatron.core.tensor_parallel.random import model_parallel_seed
-from megatron.training.checkpointing import save_checkpoint
-from megatron.training.config import TrainingConfig
-from megatron.training.training import setup_model_and_optimizer, train_step
+from megatron.training.checkpointing.save_load import save_checkpoint
+from megatron.training.config.training_config import TrainingConfig
+from megatron.training.loop.training import setup_model_and_optimizer, train_step
 
 
 def _step(model, batch):

@@ -30,8 +30,8 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.parallel_state import initialize_model_parallel
 from megatron.core.tensor_parallel.random import model_parallel_seed
 from megatron.core.transformer.moe import token_dispatcher
-from megatron.training.config import TrainingConfig
-from megatron.training.training import setup_model_and_optimizer, train_step
+from megatron.training.config.training_config import TrainingConfig
+from megatron.training.loop.training import setup_model_and_optimizer, train_step
 from tests.harness import free_port
 
 

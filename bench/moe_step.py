@@ -36,8 +36,8 @@ from megatron.core.models.gpt import GPTModel  # noqa: E402
 from megatron.core.parallel_state import initialize_model_parallel  # noqa: E402
 from megatron.core.tensor_parallel.random import model_parallel_seed  # noqa: E402
 from megatron.core.transformer.moe import step_hooks  # noqa: E402
-from megatron.training.config import TrainingConfig  # noqa: E402
-from megatron.training.training import setup_model_and_optimizer, train_step  # noqa: E402
+from megatron.training.config.training_config import TrainingConfig
+from megatron.training.loop.training import setup_model_and_optimizer, train_step
 
 
 @dataclasses.dataclass(frozen=True)

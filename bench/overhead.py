@@ -11,7 +11,7 @@ GPT, gpt-fast-style Llama; bench/plain_moe_model.py: a loop-over-experts MoE) st
 weights, so the first step's token loss and grad norm must agree (checked: both compute the same
 function, hence the same FLOPs); "plain (compiled)" is the same model under torch.compile. The timed
 steps are interleaved (A B C A B C ..., order reversed every round) so machine noise hits all alike.
-Reported per model: median ms/step, tokens/s, model TFLOP/s (megatron/training/flops.py, the figure
+Reported per model: median ms/step, tokens/s, model TFLOP/s (megatron/training/observability/flops.py, the figure
 our log uses) and MFU (on a GPU in the peak table), and on CUDA the peak memory one step needs alone
 (what it holds between steps plus the most its step allocates on top). The table goes to --out as
 markdown and JSON.
@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from bench import pair
-from megatron.training.flops import peak_tflops_per_gpu
+from megatron.training.observability.flops import peak_tflops_per_gpu
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 MODELS = ("ours", "plain", "compiled")

@@ -1,7 +1,7 @@
 """Ours and a plain PyTorch model of the same shape and weights, built for the benchmarks.
 
 "Ours" is the real thing on a world of one: GPTModel from TransformerConfig over the process
-groups of initialize_model_parallel(1, 1), built by megatron/training/training.py's
+groups of initialize_model_parallel(1, 1), built by megatron/training/loop/training.py's
 setup_model_and_optimizer as pretrain() builds it (initialize_parameters, DistributedDataParallel,
 MegatronOptimizer with fp32 main weights, the LR schedule), trained by its train_step with a
 forward_step like pretrain_gpt.py's. "Plain" is bench/plain_models.py's (or plain_moe_model.py's)
@@ -24,9 +24,9 @@ from megatron.core.optimizer import LRScheduler
 from megatron.core.parallel_state import initialize_model_parallel
 from megatron.core.pipeline_parallel import loss_means
 from megatron.core.tensor_parallel.random import model_parallel_seed
-from megatron.training.config import TrainingConfig
-from megatron.training.flops import num_floating_point_operations
-from megatron.training.training import setup_model_and_optimizer, train_step
+from megatron.training.config.training_config import TrainingConfig
+from megatron.training.loop.training import setup_model_and_optimizer, train_step
+from megatron.training.observability.flops import num_floating_point_operations
 
 ARCHS = ("gpt", "llama", "moe")
 
@@ -238,7 +238,7 @@ def make_batches(shape, seed, device):
 
 
 def step_flops(ours: Ours, shape):
-    """Model FLOPs of one step (megatron/training/flops.py: the figure our training log divides by)."""
+    """Model FLOPs of one step (megatron/training/observability/flops.py: the figure our training log divides by)."""
     return num_floating_point_operations(ours.cfg, shape.micro_batch * shape.num_micro)
 
 

@@ -5,7 +5,7 @@
 
 GPT2LMHeadModel (sdpa attention, fp32 weights under bf16 autocast, fused AdamW, global-norm clipping,
 gradient accumulation over --num-micro microbatches) at the same shape as our GPT, on fixed random
-tokens. Its FLOPs per step are counted with our formula (megatron/training/flops.py), so its
+tokens. Its FLOPs per step are counted with our formula (megatron/training/observability/flops.py), so its
 TFLOP/s and MFU compare with ours line for line. Prints one `RESULT {json}` line that
 bench/gpu_suite.py reads, and the same as markdown. Needs `transformers` (not a dependency of ours).
 """
@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import torch
 
-from megatron.training.flops import num_floating_point_operations, peak_tflops_per_gpu
+from megatron.training.observability.flops import num_floating_point_operations, peak_tflops_per_gpu
 
 
 def gpt_config_for_flops(a):

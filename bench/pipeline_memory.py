@@ -60,7 +60,7 @@ def _body(groups, M):
     from megatron.core.models.gpt import GPTModel
     from megatron.core.pipeline_parallel import forward_backward
     from megatron.core.tensor_parallel.initialization import initialize_parameters
-    from megatron.training.training import build_model
+    from megatron.training.loop.training import build_model
 
     def provider(cfg, groups, device, pre_process=True, post_process=True, vp_stage=None):
         return GPTModel(cfg, groups, pre_process=pre_process, post_process=post_process, vp_stage=vp_stage)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import pickle
 import queue as queue_mod
 import socket
 import time
@@ -39,7 +40,7 @@ def free_port() -> int:
 
 # imported once by the fork server; everything a rank imports beyond these it imports itself
 PRELOAD = ["torch", "numpy", "pytest", "tests.harness", "megatron.core.parallel_layout", "megatron.core.models.gpt",
-           "megatron.training.training"]
+           "megatron.training.loop.training"]
 
 
 def _context():
@@ -73,7 +74,9 @@ def _worker(rank, world_size, port, tp, pp, timeout, fn, args, results, sizes, e
         with contextlib.suppress(BaseException):
             cleanup()
         return
-    results.put((rank, True, value))
+    # pickled to bytes here: a tensor put as itself travels as a file descriptor the parent fetches from this
+    # process, which may have exited by then (ConnectionResetError in the parent)
+    results.put((rank, True, pickle.dumps(value)))
 
 
 def spawn(world_size, fn, *args, tp=1, pp=1, timeout=DEFAULT_TIMEOUT, **sizes):
@@ -129,7 +132,7 @@ def _spawn_once(world_size, fn, args, tp, pp, timeout, sizes):
                         errors[r] = f"process exited with code {p.exitcode} without reporting"
                         failed_order.append(r)
             else:
-                (values if ok else errors)[rank] = payload
+                (values if ok else errors)[rank] = pickle.loads(payload) if ok else payload
                 if not ok:
                     failed_order.append(rank)
             if errors and grace_end is None:

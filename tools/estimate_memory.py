@@ -16,10 +16,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron.core.errors import MegatronUserError  # noqa: E402
-from megatron.training.arguments import parse_args  # noqa: E402
+from megatron.training.config.arguments import parse_args
+from megatron.training.config.resolve import resolve, validate
 from megatron.training.planner.memory import estimate, total_bytes  # noqa: E402
 from megatron.training.planner.predict import PLAN_DEFAULTS  # noqa: E402
-from megatron.training.resolve import resolve, validate  # noqa: E402
 
 
 def _defaults(data, length):

@@ -16,8 +16,8 @@ from megatron.core.datasets.indexed_builder import IndexedDatasetBuilder
 from megatron.core.datasets.indexed_dataset import DatasetError, normalize_prefix, read_header
 from megatron.core.datasets.tokenizer_record import merged_record, record_path, write_record
 from megatron.core.errors import MegatronUserError
-from megatron.training.paths import check_writable
-from megatron.training.tool_args import ToolParser
+from megatron.training.config.output_paths import check_writable
+from tools.tool_args import ToolParser
 
 
 def input_prefixes(inputs):

@@ -8,7 +8,7 @@
 
 One JSON object per line; every --json-keys field (default text) becomes its own dataset.
 --split-sentences (for BERT) writes PREFIX_KEY_sentence.bin/.idx instead: one sequence per
-sentence, documents grouping their sentences (megatron/training/sentence_splitter.py has the rules).
+sentence, documents grouping their sentences (tools/sentence_splitter.py has the rules).
 --partitions N splits the input by bytes into N parts processed at once (workers shared
 among them), then joins them: the output is byte-identical to one partition and one worker.
 A malformed line stops with its line number (exit 2), or with --skip-malformed is reported,
@@ -31,16 +31,12 @@ from megatron.core.datasets.indexed_dataset import (
 )
 from megatron.core.datasets.tokenizer_record import record_path, write_record
 from megatron.core.errors import MegatronUserError
-from megatron.training.paths import check_writable
-from megatron.training.preprocess import (
-    output_prefix_for,
-    partition_bounds,
-    preprocess_range,
-)
-from megatron.training.sentence_splitter import split_sentences
+from megatron.training.config.output_paths import check_writable
+from megatron.training.data.preprocess import output_prefix_for, partition_bounds, preprocess_range
 from megatron.training.tokenizer import add_tokenizer_args, build_tokenizer
 from megatron.training.tokenizer.record import tokenizer_record
-from megatron.training.tool_args import ToolParser, has_text
+from tools.sentence_splitter import split_sentences
+from tools.tool_args import ToolParser, has_text
 
 
 def parse_args(argv=None):

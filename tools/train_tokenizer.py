@@ -22,7 +22,7 @@ if __package__ in (None, ""):  # run from a checkout: make `megatron` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from megatron.core.errors import MegatronUserError
-from megatron.training.paths import check_writable
+from megatron.training.config.output_paths import check_writable
 from megatron.training.tokenizer import (
     BertWordPieceTokenizer,
     SentencePieceTokenizer,
@@ -31,7 +31,7 @@ from megatron.training.tokenizer import (
     train_sentencepiece,
     write_vocab,
 )
-from megatron.training.tool_args import ToolParser, has_text
+from tools.tool_args import ToolParser, has_text
 
 BERT_TYPES = ("BertWordPieceLowerCase", "BertWordPieceCase")
 

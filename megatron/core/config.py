@@ -1,4 +1,4 @@
-"""Configuration dataclasses. The CLI is generated from these fields (megatron/training/arguments.py).
+"""Configuration dataclasses. The CLI is generated from these fields (megatron/training/config/arguments.py).
 
 Each field's metadata holds its help text and, where Megatron-LM's flag name is not the
 field name with dashes, the flag (e.g. add_bias_linear <- --disable-bias-linear).

@@ -28,7 +28,7 @@ import traceback
 import torch.distributed as dist
 
 EXIT_HANG = 3  # our own code: no Megatron-LM equivalent (its hangs end in the NCCL watchdog's abort)
-EXIT_USER_ERROR = 2  # bad input (training/launch.py)
+EXIT_USER_ERROR = 2  # bad input (training/loop/launch.py)
 
 _current = None  # (start time, waiting) of the main thread's armed wait, None when none is
 _limit = None  # seconds, once start() ran

@@ -1,4 +1,4 @@
-"""RNG restore (training/checkpoint_rng.py) on 2 gloo ranks at TP2: the saved states come back only
+"""RNG restore (training/checkpointing/rng_state.py) on 2 gloo ranks at TP2: the saved states come back only
 when every rank holds its saved position, and all ranks decide together; otherwise every rank
 reseeds by model_parallel_seed's rule, so the stream replicated activations draw from (the default
 generator) is the same on both ranks of the TP group and the TP-split one (the tracker's) is not.
@@ -8,7 +8,7 @@ import types
 import torch
 
 from megatron.core.tensor_parallel.random import get_rng_tracker, model_parallel_seed
-from megatron.training.checkpoint_rng import restore_or_reseed, rng_payload
+from megatron.training.checkpointing.rng_state import restore_or_reseed, rng_payload
 from tests.harness import spawn
 
 SEED, ITERATION = 11, 6

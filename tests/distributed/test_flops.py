@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from megatron.core.config import TransformerConfig
-from megatron.training import flops
+from megatron.training.observability import flops
 from tests.harness import spawn
 
 

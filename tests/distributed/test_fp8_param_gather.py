@@ -16,9 +16,9 @@ from megatron.core.fp8.formats import E4M3, quantize, scale_from_amax
 from megatron.core.fp8.weights import fp8_weight_pairs
 from megatron.core.models.gpt import GPTModel
 from megatron.core.tensor_parallel.random import model_parallel_seed
-from megatron.training.config import TrainingConfig
+from megatron.training.config.training_config import TrainingConfig
+from megatron.training.loop.training import setup_model_and_optimizer, train_step
 from megatron.training.planner.memory import estimate
-from megatron.training.training import setup_model_and_optimizer, train_step
 from tests.harness import spawn
 
 from .test_data_parallel import _batches, _step

@@ -28,7 +28,7 @@ from megatron.core.pipeline_parallel.simulator import simulate
 from megatron.core.tensor_parallel.initialization import initialize_parameters
 from megatron.core.tensor_parallel.param_meta import param_meta
 from megatron.core.tensor_parallel.random import model_parallel_seed
-from megatron.training.training import build_model, train_step
+from megatron.training.loop.training import build_model, train_step
 from tests.harness import spawn
 
 SEED, VOCAB, SEQ, MICRO = 11, 64, 16, 2

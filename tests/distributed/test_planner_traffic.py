@@ -20,13 +20,13 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.pipeline_parallel.losses import TOKEN_LOSS
 from megatron.core.tensor_parallel.random import model_parallel_seed
 from megatron.core.transformer import mtp
+from megatron.training.config.resolve import parallel_layout
+from megatron.training.loop.training import setup_model_and_optimizer, train_step
 from megatron.training.planner.cost import dp_traffic
 from megatron.training.planner.hardware import ring_bytes
 from megatron.training.planner.memory import estimate, stage_params
 from megatron.training.planner.predict import configs
 from megatron.training.planner.traffic import iteration_p2p_sent, iteration_tp_traffic
-from megatron.training.resolve import parallel_layout
-from megatron.training.training import setup_model_and_optimizer, train_step
 from pretrain_gpt import forward_step
 from tests.distributed.test_data_parallel import _batches, _step
 from tests.distributed.test_pipeline_parallel import _forward_step

@@ -7,8 +7,8 @@ from megatron.core.config import TransformerConfig
 from megatron.core.distributed.sharded_buffer import is_allocated
 from megatron.core.models.gpt import GPTModel
 from megatron.core.tensor_parallel.random import model_parallel_seed
-from megatron.training.config import TrainingConfig
-from megatron.training.training import setup_model_and_optimizer, train_step
+from megatron.training.config.training_config import TrainingConfig
+from megatron.training.loop.training import setup_model_and_optimizer, train_step
 from tests.harness import spawn
 
 from .test_data_parallel import _batches, _step

@@ -149,7 +149,7 @@ def losses(stdout):
 def run_metrics(args, nproc=1, script="pretrain_gpt.py", env=None):
     """Run the script with --log-metrics-jsonl into a temporary file.
     Returns (CompletedProcess, {"train": {iteration: record}, "validation": {iteration: record}})
-    with the records as megatron/training/metrics_log.py writes them (full precision)."""
+    with the records as megatron/training/observability/metrics_jsonl.py writes them (full precision)."""
     fd, path = tempfile.mkstemp(suffix=".jsonl")
     os.close(fd)
     try:

@@ -17,9 +17,10 @@ import tempfile
 import traceback
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PRELOAD = ("torch", "numpy", "megatron.training.launch", "megatron.training.arguments", "megatron.training.data",
-           "megatron.training.embedded", "megatron.core.models.gpt", "megatron.core.models.bert",
-           "megatron.training.training", "megatron.training.planner")
+PRELOAD = ("torch", "numpy", "megatron.training.loop.launch", "megatron.training.config.arguments",
+           "megatron.training.data.loader",
+           "megatron.training.data.embedded", "megatron.core.models.gpt", "megatron.core.models.bert",
+           "megatron.training.loop.training", "megatron.training.planner")
 
 
 def _child(script, args, out, err):

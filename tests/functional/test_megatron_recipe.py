@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from megatron.training.arguments import parse_args
-from megatron.training.resolve import resolve, validate
+from megatron.training.config.arguments import parse_args
+from megatron.training.config.resolve import resolve, validate
 
 from .cli import REPO, losses, run_cli
 

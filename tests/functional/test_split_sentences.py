@@ -3,9 +3,9 @@ sentences in the .idx."""
 import filecmp
 
 from megatron.core.datasets import IndexedDataset
-from megatron.training.sentence_splitter import split_sentences
 from megatron.training.tokenizer import BertWordPieceTokenizer, build_wordpiece_vocab, write_vocab
 from tests.data_utils import run_tool, write_jsonl
+from tools.sentence_splitter import split_sentences
 
 DOCS = ["Alpha beta. Gamma delta! Epsilon?", "One sentence only", "",
         "Mr. Brown went home. He slept.\nNew line here. Café crème. 日本語。テスト",

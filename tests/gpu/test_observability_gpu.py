@@ -7,8 +7,8 @@ import types
 import torch
 
 from megatron.core.timers import NULL_TIMER, Timers
-from megatron.training.profiling import StepProfiler
-from megatron.training.scalar_writers import CUDA_MEMORY, memory_scalars
+from megatron.training.observability.profiling import StepProfiler
+from megatron.training.observability.scalar_writers import CUDA_MEMORY, memory_scalars
 
 
 def _matmuls(n=20, size=4096):

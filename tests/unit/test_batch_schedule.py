@@ -7,9 +7,9 @@ import types
 import pytest
 
 from megatron.core.errors import ConfigError
-from megatron.training import batch_schedule
-from megatron.training.arguments import parse_args
-from megatron.training.resolve import resolve, validate
+from megatron.training.config.arguments import parse_args
+from megatron.training.config.resolve import resolve, validate
+from megatron.training.loop import batch_schedule
 
 MOCK = ["--mock-data", "--vocab-size", "100", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
         "--seq-length", "16", "--micro-batch-size", "2", "--lr", "1e-3"]
@@ -62,7 +62,7 @@ def test_learning_rate_advances_by_each_iterations_batch():
     """The LR schedule counts samples: warm-up 2 x 16 = 32 samples, decay 5 x 16 = 80 (the final batch size)."""
     import torch
 
-    from megatron.training.training import build_scheduler
+    from megatron.training.loop.training import build_scheduler
     _, t = _cfgs(STEPS + ["--train-iters", "6", "--lr-warmup-iters", "2", "--lr-decay-iters", "5", "--min-lr", "1e-4"])
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
     scheduler = build_scheduler(opt, t)

@@ -23,7 +23,7 @@ from megatron.core.datasets import (
     helpers,
     mock_bert_special_ids,
 )
-from megatron.training.data import build_bert_datasets_from_config
+from megatron.training.data.loader import build_bert_datasets_from_config
 
 needs_cpp = pytest.mark.skipif(helpers.helpers_cpp is None,
                                reason="C++ helpers not built (python setup.py build_ext --inplace)")

@@ -8,9 +8,9 @@ import torch
 
 from megatron.core.config import ConfigError, TransformerConfig
 from megatron.core.errors import MegatronUserError
-from megatron.training.arguments import parse_args
-from megatron.training.embedded import EMBEDDED, RECIPE
-from megatron.training.resolve import resolve, validate
+from megatron.training.config.arguments import parse_args
+from megatron.training.config.resolve import resolve, validate
+from megatron.training.data.embedded import EMBEDDED, RECIPE
 
 MOCK = ["--mock-data", "--vocab-size", "100", "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
         "--seq-length", "16", "--micro-batch-size", "2", "--train-iters", "200", "--lr", "1e-3"]
@@ -104,7 +104,7 @@ def test_every_user_error_shares_one_base():
     from megatron.core.datasets import DatasetError
     from megatron.core.parallel_state import ParallelConfigError
     from megatron.core.pipeline_parallel.schedules import ScheduleError
-    from megatron.training.preprocess import MalformedLine
+    from megatron.training.data.preprocess import MalformedLine
     from megatron.training.tokenizer import TokenizerError
     for cls in (ConfigError, ParallelConfigError, DatasetError, TokenizerError, CheckpointError, ScheduleError,
                 MalformedLine):

@@ -5,9 +5,9 @@ import numpy as np
 
 from megatron.core.datasets import IndexedDataset
 from megatron.core.datasets.text_corpus import stdlib_documents
-from megatron.training.arguments import parse_args
-from megatron.training.config import TrainingConfig
-from megatron.training.embedded import EmbeddedOptions, prepare_embedded_data
+from megatron.training.config.arguments import parse_args
+from megatron.training.config.training_config import TrainingConfig
+from megatron.training.data.embedded import EmbeddedOptions, prepare_embedded_data
 from megatron.training.tokenizer import build_tokenizer
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "megatron")

@@ -6,9 +6,9 @@ import pytest
 
 from megatron.core.datasets import IndexedDataset
 from megatron.core.datasets.indexed_dataset import DatasetError
-from megatron.training.arguments import parse_args
-from megatron.training.config import TrainingConfig
-from megatron.training.embedded import EmbeddedOptions, code_sentences, prepare_embedded_bert_data
+from megatron.training.config.arguments import parse_args
+from megatron.training.config.training_config import TrainingConfig
+from megatron.training.data.embedded import EmbeddedOptions, code_sentences, prepare_embedded_bert_data
 from megatron.training.tokenizer import build_tokenizer
 from tests.data_utils import sample_texts
 

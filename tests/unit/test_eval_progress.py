@@ -1,7 +1,7 @@
 """The evaluation's progress line (log.EvalProgress): none for a short evaluation, then at most one every
 `every` seconds with the iterations done, the rate and the time left; none after the last iteration (the
 validation line follows)."""
-from megatron.training.log import EvalProgress
+from megatron.training.observability.log import EvalProgress
 
 
 def test_a_long_evaluation_shows_progress_at_most_every_interval():

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from megatron.core.config import TransformerConfig
-from megatron.training import flops, log
-from megatron.training.logging_options import LoggingOptions
+from megatron.training.config.logging_flags import LoggingOptions
+from megatron.training.observability import flops, log
 
 
 def _gpt(**kw):

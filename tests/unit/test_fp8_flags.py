@@ -8,9 +8,9 @@ from megatron.core.config import ConfigError
 from megatron.core.fp8.config import fp8_layer
 from megatron.core.fp8.scalers import DelayedScaler
 from megatron.core.transformer.block import TransformerBlock
-from megatron.training import not_built
-from megatron.training.arguments import parse_args
-from megatron.training.resolve import resolve, validate
+from megatron.training.config import unbuilt_flags as not_built
+from megatron.training.config.arguments import parse_args
+from megatron.training.config.resolve import resolve, validate
 from tests.functional.cli import run_cli
 from tests.functional.test_bad_inputs import assert_one_error_line
 
@@ -45,7 +45,7 @@ def test_first_last_layers_bf16_and_the_layers_built():
 
 
 def _plan_groups(cfg):
-    from megatron.training.resolve import parallel_layout
+    from megatron.training.config.resolve import parallel_layout
     return parallel_layout(cfg, _cfgs([])[1], 1).plan_groups(0)
 
 
@@ -132,7 +132,7 @@ def test_fp8_param_gather_refusals(args, match):
 @pytest.mark.parametrize("sharding", [["--use-distributed-optimizer"], ["--data-parallel-sharding-strategy",
                                                                         "optim_grads_params"]])
 def test_fp8_param_gather_is_built(sharding):  # Megatron-LM's default: off; without FP8 on the no-effect line
-    from megatron.training import no_effect
+    from megatron.training.config import no_effect_flags as no_effect
     model_cfg, train_cfg = _cfgs(["--fp8-param-gather"])
     assert ("--fp8-param-gather", "without --fp8-format no weight is FP8 (the FP8 linears' weights are what it "
             "gathers)") in no_effect.accepted(model_cfg, train_cfg)

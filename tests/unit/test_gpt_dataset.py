@@ -13,7 +13,7 @@ from megatron.core.datasets import (
     build_gpt_datasets,
     split_ranges,
 )
-from megatron.training.data import microbatches
+from megatron.training.data.loader import microbatches
 from tests.data_utils import all_tokens, make_data
 
 

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from bench import overhead
-from megatron.training.arguments import parse_args
-from megatron.training.embedded import EMBEDDED
+from megatron.training.config.arguments import parse_args
+from megatron.training.data.embedded import EMBEDDED
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "bench"))  # the suite imports its report as a sibling module

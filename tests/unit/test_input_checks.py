@@ -10,7 +10,7 @@ from megatron.core.datasets import IndexedDataset, IndexedDatasetBuilder
 from megatron.core.datasets.token_range import check_token_ids, token_range
 from megatron.core.errors import ConfigError, DatasetError
 from megatron.core.ranges import NON_NEGATIVE, POSITIVE, inside
-from megatron.training.paths import check_writable
+from megatron.training.config.output_paths import check_writable
 
 
 def write(prefix, documents, dtype=np.uint16):

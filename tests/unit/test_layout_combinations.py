@@ -3,7 +3,7 @@ flags, before any group or model exists (the combinations that are built have pa
 import pytest
 from test_config_resolve import _resolved
 
-from megatron.training.resolve import validate
+from megatron.training.config.resolve import validate
 
 MOE = ["--num-experts", "4", "--expert-model-parallel-size", "2"]
 

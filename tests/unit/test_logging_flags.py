@@ -1,4 +1,4 @@
-"""The logging, timing, W&B and profiler flags (logging_options.py): Megatron-LM's names and defaults,
+"""The logging, timing, W&B and profiler flags (logging_flags.py): Megatron-LM's names and defaults,
 the checks that refuse what cannot work before anything runs, the memory scalars, the log level."""
 import dataclasses
 import importlib.util
@@ -10,11 +10,11 @@ import torch
 
 from megatron.core.config import ConfigError
 from megatron.core.timers import Timers
-from megatron.training import logging_options
-from megatron.training.arguments import parse_args
-from megatron.training.observability import startup_line
-from megatron.training.resolve import resolve, validate
-from megatron.training.scalar_writers import CUDA_MEMORY, ScalarWriters, memory_scalars
+from megatron.training.config import logging_flags as logging_options
+from megatron.training.config.arguments import parse_args
+from megatron.training.config.resolve import resolve, validate
+from megatron.training.observability.observers import startup_line
+from megatron.training.observability.scalar_writers import CUDA_MEMORY, ScalarWriters, memory_scalars
 
 MOCK = ["--mock-data", "--vocab-size", "100", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
         "--seq-length", "16", "--micro-batch-size", "2", "--train-iters", "10", "--lr", "1e-3"]
@@ -137,7 +137,7 @@ def test_startup_line_names_what_is_logged_and_where():
 def _logged(monkeypatch, capsys, args):
     """(iteration lines, {tag: steps}) of a TrainingLogger over 2 iterations and a validation, with the
     flags in args (one process, recording writers)."""
-    from megatron.training import log
+    from megatron.training.observability import log
     monkeypatch.setattr(log, "is_logging_rank", lambda: True)
     added = []
     writers = ScalarWriters(types.SimpleNamespace(add_scalar=lambda tag, v, step: added.append((tag, step))))
@@ -175,7 +175,7 @@ def test_each_flag_adds_its_scalars(monkeypatch, capsys):
 
 
 def test_the_timers_report_is_logged_at_info(monkeypatch, capsys):
-    from megatron.training import log
+    from megatron.training.observability import log
     monkeypatch.setattr(log, "is_logging_rank", lambda: True)
     monkeypatch.delenv("MEGATRON_LOGGING_LEVEL", raising=False)
     root = logging.getLogger().level

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from megatron.core.distributed import DistributedDataParallelConfig
-from megatron.training import training
-from megatron.training.config import TrainingConfig
-from megatron.training.training import build_scheduler, train_step
+from megatron.training.config.training_config import TrainingConfig
+from megatron.training.loop import training
+from megatron.training.loop.training import build_scheduler, train_step
 
 
 def _scheduler(**kw):

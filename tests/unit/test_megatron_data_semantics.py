@@ -8,8 +8,8 @@ import pytest
 from megatron.core.datasets import GPTDataset, GPTDatasetConfig, IndexedDataset, build_gpt_datasets, helpers
 from megatron.core.datasets.blended_dataset import BlendedDataset
 from megatron.core.datasets.builder import component_sizes, parse_split, split_ranges
-from megatron.training.data import end_of_training_sets, sample_counts, validation_window
-from megatron.training.preprocess import encode_document
+from megatron.training.data.loader import end_of_training_sets, sample_counts, validation_window
+from megatron.training.data.preprocess import encode_document
 from megatron.training.tokenizer import gpt2_bpe
 from megatron.training.tokenizer.base import TokenizerError
 from megatron.training.tokenizer.simple import ByteTokenizer

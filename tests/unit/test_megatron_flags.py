@@ -11,15 +11,15 @@ from megatron.core.config import ConfigError, TransformerConfig
 from megatron.core.fusions import attention as attention_front
 from megatron.core.fusions import check_config
 from megatron.core.transformer.rope import apply_rope, rope_cos_sin
-from megatron.training.arguments import parse_args
-from megatron.training.embedded import EMBEDDED, RECIPE
-from megatron.training.resolve import resolve, validate
+from megatron.training.config.arguments import parse_args
+from megatron.training.config.resolve import resolve, validate
+from megatron.training.data.embedded import EMBEDDED, RECIPE
 
 MOCK = ["--mock-data", "--vocab-size", "100", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
         "--seq-length", "16", "--micro-batch-size", "2"]
 LEN = ["--train-iters", "10", "--lr", "1e-3"]
 
-# Megatron-LM's defaults (megatron/training/config/training_config.py, common_config.py, arguments.py,
+# Megatron-LM's defaults (megatron/training/config/training_config/training_config.py, common_config.py, arguments.py,
 # transformer_config.py); model sizes, micro batch and sequence length have none there (see README.md)
 MEGATRON = dict(lr_decay_style="linear", weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.999, adam_eps=1e-8,
                 lr_warmup_iters=0, lr_warmup_samples=0, lr_warmup_init=0.0, min_lr=0.0,
@@ -97,7 +97,7 @@ def test_bad_values_are_one_line_errors(flag, value):
 
 
 def test_distributed_timeout_reaches_init_process_group(monkeypatch):
-    from megatron.training import initialize
+    from megatron.training.loop import initialize
     for name, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
         monkeypatch.setenv(name, value)
     _, t = _cfgs(LEN + ["--distributed-timeout-minutes", "3"])

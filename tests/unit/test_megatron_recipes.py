@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from megatron.core.fusions import attention as attention_front
-from megatron.training import no_effect
-from megatron.training.arguments import build_parser, parse_args
-from megatron.training.not_built import FEATURES, NotBuiltError
-from megatron.training.resolve import resolve, validate
+from megatron.training.config import no_effect_flags as no_effect
+from megatron.training.config.arguments import build_parser, parse_args
+from megatron.training.config.resolve import resolve, validate
+from megatron.training.config.unbuilt_flags import FEATURES, NotBuiltError
 from megatron.training.tokenizer import build_tokenizer
 from tests.unit.megatron_recipes import RECIPES
 
@@ -153,7 +153,7 @@ def test_no_recipe_flag_is_silently_ignored(recipe, monkeypatch):
 
 def _field_names():
     from megatron.core.config import TransformerConfig
-    from megatron.training.config import TrainingConfig
+    from megatron.training.config.training_config import TrainingConfig
     return {f.name for cls in (TransformerConfig, TrainingConfig) for f in dataclasses.fields(cls)}
 
 

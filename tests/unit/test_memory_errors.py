@@ -1,10 +1,10 @@
-"""An allocation failure while building or in a step (megatron/training/memory_errors.py): one
+"""An allocation failure while building or in a step (megatron/training/loop/memory_errors.py): one
 ConfigError line for the CPU allocator's and CUDA's messages; any other error passes through unchanged."""
 import pytest
 import torch
 
 from megatron.core.errors import ConfigError
-from megatron.training.memory_errors import building, running
+from megatron.training.loop.memory_errors import building, running
 
 CPU = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
        "allocate 120000000000 bytes. Error code 12 (Cannot allocate memory)")

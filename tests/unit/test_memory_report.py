@@ -1,11 +1,11 @@
-"""The measured-memory line of the training log (megatron/training/memory_report.py) with a fake
+"""The measured-memory line of the training log (megatron/training/observability/memory_report.py) with a fake
 stats source on CPU: Megatron-LM's format, the estimator's figure for the rank's stage, printed
 once per model-parallel rank (data-parallel rank 0), and nothing without CUDA."""
 import types
 
 import pytest
 
-from megatron.training import memory_report
+from megatron.training.observability import memory_report
 from megatron.training.planner import memory as est
 from megatron.training.planner.predict import configs
 

@@ -12,7 +12,7 @@ from megatron.core.config import TransformerConfig
 from megatron.core.tensor_parallel.random import model_parallel_seed
 from megatron.core.transformer.mla import MultiLatentAttention
 from megatron.core.transformer.mla_rope import mla_cos_sin
-from megatron.training import flops
+from megatron.training.observability import flops
 from megatron.training.planner import activations, cost, mla_cost
 from megatron.training.planner.hardware import gemm_time, make_cluster
 from megatron.training.planner.predict import configs, hardware_flops, predict

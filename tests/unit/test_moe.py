@@ -205,7 +205,7 @@ def test_layer_with_capacity_skips_dropped_pairs(dispatcher, pad):
 
 
 def test_flops_count_active_experts_only():
-    from megatron.training.flops import num_floating_point_operations
+    from megatron.training.observability.flops import num_floating_point_operations
     dense = TransformerConfig(num_layers=2, hidden_size=16, num_attention_heads=2, ffn_hidden_size=64, vocab_size=100)
     moe = TransformerConfig(num_layers=2, hidden_size=16, num_attention_heads=2, ffn_hidden_size=64, vocab_size=100,
                             num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=32, moe_layer_freq=2)

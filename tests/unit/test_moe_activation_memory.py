@@ -1,4 +1,4 @@
-"""The MoE layer's saved activations (megatron/core/transformer/moe/activation_memory.py): the formula
+"""The MoE layer's saved activations (megatron/training/planner/moe_activations.py): the formula
 written out here for one layer, equal to the bytes autograd saves at one process (bf16 and fp32, GeLU
 and SwiGLU, plain / gated shared experts), and what the memory estimator adds for MoE layers."""
 import pytest
@@ -6,9 +6,9 @@ import torch
 
 from megatron.core.comm import PlanGroup
 from megatron.core.config import TransformerConfig
-from megatron.core.transformer.moe import activation_memory as am
 from megatron.core.transformer.moe.moe_layer import MoELayer
 from megatron.training.planner import activations
+from megatron.training.planner import moe_activations as am
 from tests.activation_memory import measure
 
 S, B, H, E, K, F = 64, 2, 64, 4, 2, 96

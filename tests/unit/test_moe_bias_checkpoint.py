@@ -12,7 +12,7 @@ from megatron.core.config import TransformerConfig
 from megatron.core.parallel_layout import ParallelLayout
 from megatron.core.tensor_parallel.param_meta import set_init_key
 from megatron.core.transformer.moe.router import TopKRouter
-from megatron.training import checkpoint_model_state as cms
+from megatron.training.checkpointing import model_state as cms
 
 KEYS = [f"decoder.layers.{i}.mlp.router.expert_bias" for i in (0, 1)]
 

@@ -118,10 +118,10 @@ def test_bad_mtp_settings_are_one_line(kw, match):
 def test_memory_estimate_holds_the_mtp_module_on_the_last_stage():
     """The estimator's last stage: the MTP module's parameters and the input table's copy it embeds with (untied
     output), and one more layer of activations; the first stage unchanged."""
-    from megatron.training.arguments import parse_args
+    from megatron.training.config.arguments import parse_args
+    from megatron.training.config.resolve import resolve, validate
     from megatron.training.planner import memory
     from megatron.training.planner.predict import PLAN_DEFAULTS
-    from megatron.training.resolve import resolve, validate
     toy = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
            "--vocab-size", "512", "--global-batch-size", "8", "--micro-batch-size", "2", "--position-embedding-type",
            "rope", "--untie-embeddings-and-output-weights", "--pipeline-model-parallel-size", "2"]

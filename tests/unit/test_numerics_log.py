@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import torch
 
-from megatron.training import log
-from megatron.training.metrics_log import MetricsLog
+from megatron.training.observability import log
+from megatron.training.observability.metrics_jsonl import MetricsLog
 
 
 def _losses(value):

@@ -6,11 +6,11 @@ import pytest
 from megatron.core.pipeline_parallel.schedules import build_schedule
 from megatron.core.pipeline_parallel.simulator import simulate, v_stage
 from megatron.core.pipeline_parallel.zb_v import zb_v
-from megatron.training.arguments import parse_args
-from megatron.training.flops import lookup_peak
+from megatron.training.config.arguments import parse_args
+from megatron.training.config.resolve import resolve, validate
+from megatron.training.observability.flops import lookup_peak
 from megatron.training.planner import activations, load_calibration, make_cluster, memory, pipeline_cost, plan, predict
 from megatron.training.planner.predict import PLAN_DEFAULTS
-from megatron.training.resolve import resolve, validate
 from tools import plan as plan_cli
 
 TOY = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "128",
@@ -64,7 +64,7 @@ def test_ranking_puts_what_does_not_fit_last():
 
 
 def test_calibration_peaks_are_the_mfu_table():
-    """One source of truth for the peaks: calibration.toml and megatron/training/flops.py agree."""
+    """One source of truth for the peaks: calibration.toml and megatron/training/observability/flops.py agree."""
     names = {"A100-80GB": "A100", "A100-40GB": "A100", "H100-SXM": "H100 SXM", "H200": "H200"}
     for gpu, g in load_calibration()["gpu"].items():
         assert lookup_peak(names[gpu], "bf16")[1] == g["peak_bf16_tflops"]

@@ -10,11 +10,11 @@ import types
 import pytest
 import torch
 
-from megatron.training.arguments import parse_args
-from megatron.training.config import BertOptions
+from megatron.training.config.arguments import parse_args
+from megatron.training.config.resolve import resolve, validate
+from megatron.training.config.training_config import BertOptions
 from megatron.training.planner import live
 from megatron.training.planner.predict import PLAN_DEFAULTS
-from megatron.training.resolve import resolve, validate
 from tests.functional import (
     test_bert_parity,
     test_context_parallel,

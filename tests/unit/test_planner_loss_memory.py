@@ -7,11 +7,11 @@ import torch
 from megatron.core.comm import PlanGroup
 from megatron.core.tensor_parallel.cross_entropy import vocab_parallel_cross_entropy
 from megatron.core.tensor_parallel.cross_entropy_fused import fused_vocab_parallel_cross_entropy
-from megatron.training.arguments import parse_args
+from megatron.training.config.arguments import parse_args
+from megatron.training.config.resolve import resolve
 from megatron.training.planner.activations import loss_bytes
 from megatron.training.planner.memory import estimate
 from megatron.training.planner.predict import PLAN_DEFAULTS
-from megatron.training.resolve import resolve
 from tests.activation_memory import measure
 
 ARGV = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",

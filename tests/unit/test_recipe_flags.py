@@ -10,10 +10,11 @@ import torch
 from megatron.core.config import ConfigError
 from megatron.core.fusions import attention as attention_front
 from megatron.core.transformer.moe.layer_pattern import every_n, moe_freq
-from megatron.training import no_effect, not_built
-from megatron.training.arguments import parse_args
-from megatron.training.resolve import resolve, validate
-from megatron.training.runtime_switches import ManualGC, empty_unused_memory, set_matmul_precision
+from megatron.training.config import no_effect_flags as no_effect
+from megatron.training.config import unbuilt_flags as not_built
+from megatron.training.config.arguments import parse_args
+from megatron.training.config.resolve import resolve, validate
+from megatron.training.loop.runtime_switches import ManualGC, empty_unused_memory, set_matmul_precision
 
 MOCK = ["--mock-data", "--vocab-size", "100", "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
         "--seq-length", "16", "--micro-batch-size", "2", "--train-iters", "4", "--lr", "1e-3"]

@@ -21,7 +21,7 @@ from megatron.core.transformer.moe import aux_losses
 from megatron.core.transformer.moe.aux_losses import RouterLosses
 from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.moe.token_dispatcher import weighted_sum
-from megatron.training.checkpoint_args import check_checkpoint_args
+from megatron.training.checkpointing.load_args import check_checkpoint_args
 
 GROUPS = ParallelLayout(1).plan_groups(0)  # one process: every group a stand-in of one rank
 SHAPE = dict(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=8, hidden_dropout=0.0,
@@ -64,7 +64,7 @@ def test_layernorm_1p_stores_w_minus_1_and_computes_the_same():
 
 
 def test_a_checkpoint_saved_without_1p_does_not_load_into_a_1p_model(monkeypatch):
-    from megatron.training import checkpoint_args
+    from megatron.training.checkpointing import load_args as checkpoint_args
     monkeypatch.setattr(checkpoint_args, "_saved_model_args", lambda path: {"num_layers": 2})  # older checkpoint
     with pytest.raises(ConfigError, match="--apply-layernorm-1p is 'given' here but 'not given'"):
         check_checkpoint_args(TransformerConfig(**SHAPE, layernorm_zero_centered_gamma=True), "ckpt")
@@ -164,7 +164,7 @@ def test_default_loss_is_the_mean_of_microbatch_means():
 def _check_keys_rank(groups, cases):
     """{case: the model tensors left as initialised, or the error} of _check_keys for each case."""
     from megatron.core.tensor_parallel.param_meta import set_init_key
-    from megatron.training.checkpointing import _check_keys
+    from megatron.training.checkpointing.save_load import _check_keys
     out = {}
     for case, (strictness, model_keys, checkpoint_keys) in cases.items():
         model = torch.nn.Module()

@@ -1,7 +1,7 @@
 """The sentence splitter (tests/functional/test_split_sentences.py runs preprocess_data.py --split-sentences)."""
 import pytest
 
-from megatron.training.sentence_splitter import split_sentences
+from tools.sentence_splitter import split_sentences
 
 
 @pytest.mark.parametrize("text, sentences", [

@@ -148,7 +148,7 @@ def _gpt_step(groups, fusion, overlap, stale=False):
     from megatron.core.optimizer import LRScheduler, MegatronOptimizer
     from megatron.core.tensor_parallel.initialization import initialize_parameters
     from megatron.core.tensor_parallel.random import model_parallel_seed
-    from megatron.training.training import train_step
+    from megatron.training.loop.training import train_step
     model_parallel_seed(5, 0, 0, torch.device("cpu"))
     cfg = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=16, hidden_dropout=0.0,
                             attention_dropout=0.0, untie_embeddings_and_output_weights=True)

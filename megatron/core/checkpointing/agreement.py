@@ -6,7 +6,7 @@ would raise alone while the others wait at the barrier until the watchdog calls 
 rank that knows why might not be the one that prints. Here each rank brings its CheckpointError, or
 None, to an all-gather of the messages instead. When any rank failed, rank 0 removes the partial
 directory (no rank writes into it any more: all are here) and every rank raises the lowest failing
-rank's error, so every rank stops alike and one line reaches the user (training/launch.py).
+rank's error, so every rank stops alike and one line reaches the user (training/loop/launch.py).
 """
 import torch.distributed as dist
 

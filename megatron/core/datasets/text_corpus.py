@@ -1,7 +1,7 @@
 """The embedded default corpus: Python standard-library source, present on every machine.
 
 Documents are the .py files under the stdlib directory (sorted, tests and site-packages
-excluded) up to a byte budget. megatron/training/embedded.py turns them into a tokenizer
+excluded) up to a byte budget. megatron/training/data/embedded.py turns them into a tokenizer
 and an indexed dataset.
 """
 import os

@@ -1,7 +1,7 @@
 """FP8 flags: Megatron-LM's names, defaults and meanings (its Transformer-Engine argument group). A base of
 TransformerConfig (config.py), so the CLI is generated from these fields; check_fp8() refuses values that do
 not fit, in one line. What is not built (mxfp8, FP8 through Transformer Engine, FP8 experts in some layouts)
-training/not_built.py refuses with the other features that are not built."""
+training/config/unbuilt_flags.py refuses with the other features that are not built."""
 from dataclasses import dataclass
 
 from ..config_fields import flag_namer, opt
@@ -90,7 +90,7 @@ def check_fp8(cfg) -> None:
 def check_fp8_param_gather(cfg, shards_optimizer: bool) -> None:
     """ConfigError where --fp8-param-gather cannot run: with blockwise scaling (its per-block scales are not
     gathered), or without a sharded optimizer (nothing is gathered: Megatron-LM's rule). Without --fp8-format it
-    has no weight to gather (the start-up line of flags without effect says so: training/no_effect.py)."""
+    has no weight to gather (the start-up line of flags without effect says so: training/config/no_effect_flags.py)."""
     if not cfg.fp8_param_gather or cfg.fp8_format is None:
         return
     f = flag_namer(cfg)

@@ -11,7 +11,7 @@ _NAMES = {"1f1b": "1f1b", "interleaved": "interleaved_1f1b", "zb-h1": "zb_h1", "
 def schedule_for_flag(flag: str | None, P: int, V: int) -> str:
     """The SCHEDULES name for --pipeline-schedule `flag` with P pipeline ranks and V interleaved model
     chunks per rank (None: the default for the layout; zb-v: its own two chunks in a V, check_v_layout).
-    Raises ConfigError naming the flag. Run once, for the ParallelLayout (training/resolve.py)."""
+    Raises ConfigError naming the flag. Run once, for the ParallelLayout (training/config/resolve.py)."""
     if flag is None:
         return default_schedule(P, V)
     if flag not in _NAMES and flag != "zb-v":

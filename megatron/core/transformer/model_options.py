@@ -3,7 +3,7 @@ defaults and meanings. A base of TransformerConfig (config.py), so the CLI is ge
 
 resolve_options() fills what they imply (--recompute-activations is selective recompute);
 check_options() refuses what does not fit. Which flags change nothing here is listed, with the reason,
-by megatron/training/no_effect.py.
+by megatron/training/config/no_effect_flags.py.
 """
 from dataclasses import dataclass
 
@@ -19,7 +19,7 @@ RECOMPUTE_MODULES = {
     "layernorm": "the two norms of each layer: their outputs freed once read and rebuilt in the backward pass "
                  "(pre-norm layers)",
 }
-# Megatron-LM's other names: refused in one line (not_built.py).
+# Megatron-LM's other names: refused in one line (unbuilt_flags.py).
 RECOMPUTE_NOT_BUILT = ("moe_act", "shared_experts", "gdn_norm_out", "gdp_in_proj", "gdp_qkv", "mhc")
 
 

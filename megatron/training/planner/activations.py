@@ -4,9 +4,9 @@ import torch
 
 from ...core.transformer import context_parallel
 from ...core.transformer.model_options import recomputes
-from ...core.transformer.moe.activation_memory import moe_extra_bytes_per_layer
 from . import mla_cost
 from .fp8_memory import fp8_delta_bytes
+from .moe_activations import moe_extra_bytes_per_layer
 
 UNFUSED_BACKENDS = ("local", "unfused")  # --attention-backend values whose core keeps the s x s scores
 

@@ -9,7 +9,7 @@ from ...core.distributed import zero3
 from ...core.distributed.buffers import buffer_groups, buffer_layout
 from ...core.fp8.weights import fp8_weight_pairs
 from ...core.models.gpt import GPTModel
-from ..resolve import parallel_layout
+from ..config.resolve import parallel_layout
 from .activations import kept_activation_bytes, loss_bytes
 
 _built = {}  # (config, world, stage) -> its meta chunks: a planner asks for the same stage many times

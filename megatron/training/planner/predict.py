@@ -10,9 +10,13 @@ the predicted step time beside the measured one.
 import dataclasses
 
 from ...core.errors import MegatronUserError
-from ..arguments import parse_args
-from ..flops import core_attention_flops_per_token, decoder_forward_flops_per_token, num_floating_point_operations
-from ..resolve import parallel_layout, resolve, validate
+from ..config.arguments import parse_args
+from ..config.resolve import parallel_layout, resolve, validate
+from ..observability.flops import (
+    core_attention_flops_per_token,
+    decoder_forward_flops_per_token,
+    num_floating_point_operations,
+)
 from .cost import StepTime, step_time
 from .hardware import Cluster
 from .layouts import Space, describe, enumerate_layouts, layout_flags
@@ -30,7 +34,7 @@ class Prediction:
     fits: bool
     tokens_per_s: float
     tflops_per_gpu: float        # hardware FLOPs (activation recompute counted, as Narayanan et al. count)
-    model_tflops_per_gpu: float  # megatron/training/flops.py's model FLOPs (recompute not counted)
+    model_tflops_per_gpu: float  # megatron/training/observability/flops.py's model FLOPs (recompute not counted)
     mfu: float                   # model FLOPs / (time x GPUs x peak)
 
 

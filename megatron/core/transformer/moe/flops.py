@@ -1,4 +1,4 @@
-"""Model FLOPs of MoE layers: what they add to a dense model's count (training/flops.py)."""
+"""Model FLOPs of MoE layers: what they add to a dense model's count (training/observability/flops.py)."""
 
 
 def moe_flops_per_token(config, layers=None):

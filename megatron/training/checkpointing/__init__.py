@@ -1,0 +1,1 @@
+"""Saving and loading training state (model, optimizer, RNG, model buffers) and which checkpoint a run loads."""
