@@ -90,3 +90,12 @@ def cpu_latent_norm_extra(c, act):
             continue
         out += 4 + act * r + (4 * r - act * width if act == 2 else 0)
     return out
+
+
+def cpu_qk_norm_extra(c, act):
+    """Bytes per token standard attention's per-head q/k norms (--qk-layernorm, RMSNorm) keep on CPU beyond
+    planner/activations.qk_norm_bytes (what a fused norm keeps): torch's RMSNorm also keeps the normalised q and
+    k before the weight (act (n + g) d) and, for bf16, fp32 copies of its inputs (4 (n + g) d) in place of the
+    bf16 copy of q (act n d)."""
+    n, g, d = c.num_attention_heads, c.num_query_groups or c.num_attention_heads, c.kv_channels
+    return act * (n + g) * d + ((4 * (n + g) - act * n) * d if act == 2 else 0)

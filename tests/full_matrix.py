@@ -7,6 +7,9 @@ tests/unit/test_full_matrix.py checks that every id here still names a collected
 """
 FP8 = "tests/functional/test_fp8_parity.py::test_fp8_layout_matches_one_process_fp8"
 GPT = "tests/functional/test_parity.py::test_gpt_layout_matches_one_process"
+QWEN3 = "tests/functional/test_parity.py::test_qwen3_layout_matches_one_process"
+W_REST = ("tests/unit/test_weight_grad_rest.py::"
+          "test_every_parameter_gets_its_gradient_in_w_equal_to_the_ordinary_backward")
 MOE_BIAS = "tests/functional/test_moe_bias_parity.py::test_expert_biases_split_over_tp_match_one_process"
 MLA = "tests/functional/test_mla_parity.py::test_deepseek_shaped_layout_matches_one_process"
 BERT = "tests/functional/test_bert_parity.py::test_bert_layout_matches_one_process"
@@ -50,6 +53,11 @@ FULL_ONLY = {
     # inside pp2-vpp2 / distopt-pp2-dp2 and dp2-overlap, tp2-pp2 inside tp2-pp2-dp2-sp)
     *(f"{GPT}[{case}]" for case in ("tp4", "dp4", "dp4-overlap", "pp4", "tp2-dp2", "distopt-tp2-dp2-overlap",
                                     "pp2", "dp2", "tp2-pp2")),
+    # Qwen3's per-head q/k norms: the default run keeps tp2, where only their own rule sums their grads over TP
+    # (with SP every replicated weight's is summed; PP2 splits layers, not heads)
+    *(f"{QWEN3}[{case}]" for case in ("tp2-sp", "pp2")),
+    # their weights under the zero-bubble split: the default run keeps the middle stage (B through the norms)
+    *(f"{W_REST}[gpt-qk-norm-{stage}-{how}]" for stage in ("first", "last") for how in ("autograd", "fused")),
     # MLA + MoE + MTP: the default run keeps tp2-sp-recompute-up, cp2, dp2-zero3-recompute, pp2-zb-h1,
     # ep2-tp2-folded (TP2 + SP too) and the chunked pipelines (tp2 and tp2-sp are tp2-sp-recompute-up without
     # recompute, pp2 is pp2-zb-h1's 1F1B)

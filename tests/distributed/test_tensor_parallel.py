@@ -552,6 +552,9 @@ MODEL_CONFIGS = {
                                                 swiglu=True, bias=True, untie=False),
     "abs_rmsnorm_gelu_nobias_untied": dict(vocab=50, heads=4, gqa=None, pos="learned_absolute", norm="RMSNorm",
                                            swiglu=False, bias=False, untie=True, divisible_by=8),
+    # Qwen3: per-head q/k norms (each TP rank's heads: partial grads, SP or not), kv-channels != hidden / heads
+    "qwen3_qk_norm": dict(vocab=10, heads=8, gqa=2, pos="rope", norm="RMSNorm", swiglu=True, bias=False,
+                          untie=True, qk_layernorm=True, kv_channels=6),
 }
 
 
@@ -591,8 +594,8 @@ def _model_parity(c, spec, sp):
     dense = dict(dense_model.named_parameters())
     for name, p in model.named_parameters():
         g = p.grad
-        if g is not None and sp and param_meta(p).sequence_parallel:
-            g = c.tp_sum(g)  # partial over the sequence shards (finalize_model_grads sums it)
+        if g is not None and param_meta(p).sequence_parallel:
+            g = c.tp_sum(g)  # partial over the sequence shards or the heads (finalize_model_grads sums it)
         d = dense[name]
         if param_meta(p).unpadded_size is not None:
             yield _true(f"{name}: TP=1 padding rows get zero grad", bool((d.grad[vocab:] == 0).all()))

@@ -88,9 +88,9 @@ def test_hf_bert_round_trip_and_logits(tmp_path, binary_head, act):
 
 def test_pre_norm_bert_does_not_convert_to_hf(tmp_path):
     from megatron.core.checkpointing import CheckpointError
-    from megatron.core.checkpointing.hf_bert import ours_to_bert
+    from megatron.core.models.families import bert
     with pytest.raises(CheckpointError, match="--post-norm"):
-        ours_to_bert({"post_norm": False, "hidden_size": 8, "num_attention_heads": 2}, {})
+        bert.to_hf({"post_norm": False, "hidden_size": 8, "num_attention_heads": 2}, {})
 
 
 @pytest.mark.slow

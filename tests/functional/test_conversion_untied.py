@@ -1,4 +1,4 @@
-"""Conversion of models our trainer makes: untied GPT-2 and Llama shapes to HF and back (logits
+"""Conversion of models our trainer makes: untied GPT-2, Llama and Qwen3 shapes to HF and back (logits
 within 1e-4, tensors exact), every unused tensor refused, every shape HF cannot hold refused
 in one line, a damaged HF directory refused in one line, bos/eos/pad ids kept."""
 import json
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from megatron.core.checkpointing import CheckpointReader, find_checkpoint, save_global_checkpoint, whole_piece
+from megatron.core.models import families
 from tests.harness import spawn
 
 from .cli import run_cli
@@ -21,7 +22,9 @@ TINY = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4"
         "--micro-batch-size", "2", "--train-iters", "2", "--mock-data", "--tokenizer-type", "NullTokenizer",
         "--vocab-size", str(VOCAB), "--eval-iters", "0", "--untie-embeddings-and-output-weights"]
 SHAPES = {"gpt2": [], "llama": ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu",
-                                "--group-query-attention", "--num-query-groups", "2"]}
+                                "--group-query-attention", "--num-query-groups", "2"],
+          "qwen3": families.FAMILIES["qwen3"].flags() + ["--group-query-attention", "--num-query-groups", "2",
+                                                         "--kv-channels", "12"]}
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +72,7 @@ def _to_ours(src, dst):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen3"])
 def test_untied_logits_match_hf_and_convert_back(trained, family, tmp_path):
     hf, back = str(tmp_path / "hf"), str(tmp_path / "back")
     assert _convert()(_to_hf(trained[family], hf)) == 0

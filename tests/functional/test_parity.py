@@ -4,6 +4,7 @@ Compared at full precision from --log-metrics-jsonl: each loss term and the grad
 iteration, and the validation losses (at iterations 6 and 12)."""
 import pytest
 
+from megatron.core.models import families
 from tests.data_utils import make_sentencepiece, preprocess, sample_texts, write_jsonl
 
 from .cli import losses, run_cli, run_metrics
@@ -127,6 +128,21 @@ def test_llama_style_uneven_pipeline_matches_one_process():
     flags = PP2 + ["--decoder-first-pipeline-num-layers", "1"]
     got = run_metrics(BASE + LLAMA + DEEP + flags, nproc=2)[1]
     assert_metrics_parity(reference(LLAMA + DEEP), got)
+
+
+# Qwen3 from its family's preset (rope, RMSNorm, SwiGLU, per-head q/k norms, no biases), GQA, untied, and
+# kv-channels 24 != hidden / heads; its norms' weights are replicated over TP and see this rank's heads only
+QWEN3 = families.FAMILIES["qwen3"].flags() + ["--group-query-attention", "--num-query-groups", "2", "--kv-channels",
+                                              "24", "--untie-embeddings-and-output-weights"]
+QWEN3_LAYOUTS = {"tp2": (TP2, []), "tp2-sp": (TP2 + ["--sequence-parallel"], []), "pp2": (PP2, DEEP)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(QWEN3_LAYOUTS))
+def test_qwen3_layout_matches_one_process(name):
+    flags, model = QWEN3_LAYOUTS[name]
+    got = run_metrics(BASE + QWEN3 + model + flags, nproc=2)[1]
+    assert_metrics_parity(reference(QWEN3 + model), got)
 
 
 @pytest.mark.slow

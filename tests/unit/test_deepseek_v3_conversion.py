@@ -9,9 +9,10 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from megatron.core.checkpointing.hf_deepseek_v3 import deepseek_v3_to_ours, ours_to_deepseek_v3  # noqa: E402
 from megatron.core.checkpointing.pieces import CheckpointError  # noqa: E402
 from megatron.core.config import TransformerConfig  # noqa: E402
+from megatron.core.models.families.deepseek_v3 import to_hf as ours_to_deepseek_v3  # noqa: E402
+from megatron.core.models.families.deepseek_v3 import to_ours as deepseek_v3_to_ours  # noqa: E402
 from megatron.core.models.gpt import GPTModel  # noqa: E402
 from megatron.core.parallel_layout import ParallelLayout  # noqa: E402
 from megatron.core.tensor_parallel.param_meta import param_meta  # noqa: E402

@@ -25,7 +25,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 # why a refused feature may block a recipe: another issue builds it, or issue 31 asks for a one-line refusal
 ALLOWED = {"fp8_te": "issue 28", "mxfp8": "issue 28",
-           "qk_norm": "issue 30: built with MLA only", "yarn": "issue 30: built with MLA only",
+           "yarn": "issue 30: built with MLA only",
            "flex": "issue 31: refuse in one line",
            "window": "issue 31: gpt-oss, refuse each", "sinks": "issue 31: gpt-oss, refuse each",
            "gptoss_mlp": "issue 31: gpt-oss, refuse each", "gptoss_rope": "issue 31: gpt-oss, refuse each"}

@@ -5,8 +5,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from megatron.core.checkpointing.hf_mixtral import mixtral_to_ours  # noqa: E402
 from megatron.core.config import TransformerConfig  # noqa: E402
+from megatron.core.models.families.mixtral import to_ours as mixtral_to_ours  # noqa: E402
 from megatron.core.models.gpt import GPTModel  # noqa: E402
 from megatron.core.parallel_layout import ParallelLayout  # noqa: E402
 from megatron.core.tensor_parallel.param_meta import param_meta  # noqa: E402

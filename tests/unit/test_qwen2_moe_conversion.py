@@ -10,9 +10,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from megatron.core.checkpointing.hf_qwen2_moe import qwen2_moe_to_ours  # noqa: E402
 from megatron.core.comm import PlanGroup  # noqa: E402
 from megatron.core.config import TransformerConfig  # noqa: E402
+from megatron.core.models.families.qwen2_moe import to_ours as qwen2_moe_to_ours  # noqa: E402
 from megatron.core.models.gpt import GPTModel  # noqa: E402
 from megatron.core.parallel_layout import ParallelLayout  # noqa: E402
 from megatron.core.tensor_parallel.param_meta import param_meta  # noqa: E402
@@ -116,9 +116,8 @@ def test_shared_expert_gate_sums_its_grad_over_tp_with_sequence_parallel():
 
 def test_hf_savers_refuse_models_their_family_routes_differently():
     from megatron.core.checkpointing import CheckpointError
-    from megatron.core.checkpointing.hf_mixtral import ours_to_mixtral
-    from megatron.core.checkpointing.hf_qwen2_moe import ours_to_qwen2_moe
+    from megatron.core.models.families import mixtral, qwen2_moe
     with pytest.raises(CheckpointError, match="--moe-router-pre-softmax"):
-        ours_to_mixtral({"num_experts": 4, "moe_router_pre_softmax": True}, {})
+        mixtral.to_hf({"num_experts": 4, "moe_router_pre_softmax": True}, {})
     with pytest.raises(CheckpointError, match="--moe-shared-expert-gate"):  # an ungated shared expert
-        ours_to_qwen2_moe({"num_experts": 4, "moe_shared_expert_intermediate_size": 8}, {})
+        qwen2_moe.to_hf({"num_experts": 4, "moe_shared_expert_intermediate_size": 8}, {})

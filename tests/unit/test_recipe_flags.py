@@ -30,13 +30,12 @@ def _cfgs(args, world=1, vocab=None):
 
 def test_not_built_flags_are_one_line_naming_every_feature():
     with pytest.raises(not_built.NotBuiltError) as e:
-        parse_args(MOCK + MOE + ["--fp8-format", "hybrid", "--fp8-recipe", "mxfp8", "--qk-layernorm",
+        parse_args(MOCK + MOE + ["--fp8-format", "hybrid", "--fp8-recipe", "mxfp8",
                                  "--moe-token-dispatcher-type", "flex", "--softmax-type", "learnable"])
     line = str(e.value)
     assert "\n" not in line and line.startswith("not built here: ")
-    assert [k for k, _ in e.value.features] == ["mxfp8", "qk_norm", "flex", "sinks"]
+    assert [k for k, _ in e.value.features] == ["mxfp8", "flex", "sinks"]
     for fragment in ("MXFP8 scaling (Blackwell's MX formats) (--fp8-recipe mxfp8; issue 28)",
-                     "without --multi-latent-attention",
                      "--moe-token-dispatcher-type flex", "--softmax-type"):
         assert fragment in line
     # their defaults change nothing: accepted

@@ -36,6 +36,7 @@ MODELS = {
     "gpt-fused-bias": ("gpt", dict()),
     "gpt-untied-position-ids": ("gpt", dict(untie_embeddings_and_output_weights=True, positions=True)),
     "gpt-swiglu-fused-bias": ("gpt", dict(swiglu=True, normalization="RMSNorm")),
+    "gpt-qk-norm": ("gpt", dict(swiglu=True, normalization="RMSNorm", qk_layernorm=True, kv_channels=6)),
     "gpt-moe-shared-gate": ("gpt", MOE),
     "gpt-moe-grouped-recompute": ("gpt", dict(MOE, moe_grouped_gemm=True, recompute_granularity="full",
                                               recompute_method="uniform", recompute_num_layers=1)),

@@ -1,7 +1,9 @@
-"""Convert checkpoints between HuggingFace and ours: GPT (GPT2LMHeadModel, LlamaForCausalLM)
-and BERT (BertForPreTraining, or BertForMaskedLM for a model without the binary head); MoE GPT
-as MixtralForCausalLM, or Qwen2MoeForCausalLM for a model with (gated) shared experts; a model with
-multi-latent attention as DeepseekV3ForCausalLM (its router's e_score_correction_bias is our expert bias).
+"""Convert checkpoints between HuggingFace and ours, for every model family of megatron/core/models/families/:
+GPT (GPT2LMHeadModel, LlamaForCausalLM, Qwen3ForCausalLM for a model with --qk-layernorm) and BERT
+(BertForPreTraining, or BertForMaskedLM for a model without the binary head); MoE GPT as MixtralForCausalLM,
+or Qwen2MoeForCausalLM for a model with (gated) shared experts; a model with multi-latent attention as
+DeepseekV3ForCausalLM (its router's e_score_correction_bias is our expert bias). A HuggingFace model's family
+is its config.json's model_type; ours is the one whose layer switches the model has (families.for_model).
 
     python tools/checkpoint/convert.py --model-type GPT --loader hf --saver megatron \
         --load-dir hf_model/ --save-dir ckpt/
@@ -9,8 +11,8 @@ multi-latent attention as DeepseekV3ForCausalLM (its router's e_score_correction
         --load-dir ckpt/ --save-dir hf_model/
     python tools/checkpoint/convert.py --loader megatron --saver torch_dcp --load-dir ckpt/ --save-dir dcp/
 
-Learned absolute positions become GPT-2, rope becomes Llama; tied or untied output layers
-both convert. Every tensor of the source must be used (else one line naming the unused
+Learned absolute positions become GPT-2, rope becomes Llama (Qwen3 with per-head q/k norms); tied or
+untied output layers both convert. Every tensor of the source must be used (else one line naming the unused
 ones), and a model no HF family holds is refused with one line saying what is supported.
 The tokenizer files and the bos/eos/pad ids travel too (hf_tokenizer.py).
 torch_dcp is a torch.distributed.checkpoint directory of the global tensors, keyed by our names,
@@ -37,28 +39,18 @@ from megatron.core.checkpointing import (
     CheckpointError,
     CheckpointReader,
     find_checkpoint,
-    hf_bert,
-    hf_deepseek_v3,
-    hf_mixtral,
-    hf_qwen2_moe,
     save_global_checkpoint,
     whole_piece,
 )
-from megatron.core.checkpointing import hf_conversion as hc
 from megatron.core.checkpointing.dcp_interop import load_dcp, save_dcp, split_buffers
 from megatron.core.checkpointing.hf_checks import with_whole_norm_weights
-from megatron.core.checkpointing.hf_files import (
-    add_to_saved_files,
-    outside_the_model,
-    read_config_json,
-    read_state_dict,
-)
+from megatron.core.checkpointing.hf_files import add_to_saved_files, read_config_json, read_state_dict
 from megatron.core.errors import MegatronUserError
+from megatron.core.models import families
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_tokenizer
 
-HF_TYPES = {"GPT": ("gpt2", "llama", "mixtral", "qwen2_moe", "deepseek_v3"), "BERT": ("bert",)}
 EXPERT_BIAS = ".mlp.router.expert_bias"  # a buffer of ours that DeepSeek-V3's state dict holds beside the weights
 
 
@@ -82,18 +74,15 @@ def refuse_non_finite(tensors, source):
 def load_hf(path, model_type="GPT"):
     """-> (model args, {init_key: tensor}, config.json dict) from a local HF model directory."""
     tf = _transformers()
-    raw = read_config_json(path, HF_TYPES[model_type])
+    raw = read_config_json(path, {t: families.by_hf_type(t).hf_required_keys for t in families.hf_types(model_type)})
     try:
         config = tf.AutoConfig.from_pretrained(path, local_files_only=True)
     except Exception as e:  # transformers rejects bad values with several exception types
         raise CheckpointError(f"{path}/config.json: {type(e).__name__}: {str(e).splitlines()[0]}") from None
-    convert = {"gpt2": hc.gpt2_to_ours, "llama": hc.llama_to_ours, "bert": hf_bert.bert_to_ours,
-               "mixtral": hf_mixtral.mixtral_to_ours, "qwen2_moe": hf_qwen2_moe.qwen2_moe_to_ours,
-               "deepseek_v3": hf_deepseek_v3.deepseek_v3_to_ours}[raw["model_type"]]
     sd = read_state_dict(path)
     refuse_non_finite(sd, path)  # under the file's own names
     try:
-        args, tensors = convert(config, sd)
+        args, tensors = families.by_hf_type(raw["model_type"]).to_ours(config, sd)
     except RuntimeError as e:  # a reshape of a tensor whose shape config.json does not describe
         raise CheckpointError(f"{path}: tensor shapes do not match config.json ({str(e).splitlines()[0]})") from None
     return args, tensors, raw
@@ -102,38 +91,17 @@ def load_hf(path, model_type="GPT"):
 def save_hf(path, args, tensors, training, model_type="GPT", buffers=None):
     tf = _transformers()
     tensors = with_whole_norm_weights(args, tensors)  # --apply-layernorm-1p stores w - 1
+    family = families.for_model(args, model_type)
     buffers = dict(buffers or {})
-    if not args.get("multi_latent_attention"):
-        refuse_nonzero_buffers(buffers)  # no HF family here but DeepSeek-V3 holds the expert bias
-    if args.get("multi_latent_attention"):
-        cfg, sd = hf_deepseek_v3.ours_to_deepseek_v3(args, tensors, buffers)
-        config, cls = tf.DeepseekV3Config(**cfg), tf.DeepseekV3ForCausalLM
-        tied = ("lm_head.weight",)
-    elif model_type == "BERT":
-        cfg, sd, binary = hf_bert.ours_to_bert(args, tensors)
-        config, cls = tf.BertConfig(**cfg), tf.BertForPreTraining if binary else tf.BertForMaskedLM
-        tied = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
-    elif args.get("moe_shared_expert_intermediate_size"):
-        cfg, sd = hf_qwen2_moe.ours_to_qwen2_moe(args, tensors)
-        config, cls = tf.Qwen2MoeConfig(**cfg), tf.Qwen2MoeForCausalLM
-        tied = ("lm_head.weight",)
-    elif args.get("num_experts"):
-        cfg, sd = hf_mixtral.ours_to_mixtral(args, tensors)
-        config, cls = tf.MixtralConfig(**cfg), tf.MixtralForCausalLM
-        tied = ("lm_head.weight",)
-    elif hc.hf_family(args) == "llama":
-        cfg, sd = hc.ours_to_llama(args, tensors)
-        config, cls = tf.LlamaConfig(**cfg), tf.LlamaForCausalLM
-        tied = ("lm_head.weight",)
-    else:
-        cfg, sd = hc.ours_to_gpt2(args, tensors)
-        config, cls = tf.GPT2Config(**cfg), tf.GPT2LMHeadModel
-        tied = ("lm_head.weight",)
+    if not family.holds_expert_bias:
+        refuse_nonzero_buffers(buffers)
+    cfg, sd = family.to_hf(args, tensors, buffers)
+    config = getattr(tf, family.hf_config_class)(**cfg)
     config.torch_dtype = next(iter(sd.values())).dtype
-    model = cls(config).to(config.torch_dtype)
-    outside = {k: sd.pop(k) for k in outside_the_model(sd, cfg)}  # e.g. DeepSeek-V3's MTP layers: files only
+    model = getattr(tf, family.model_class(sd))(config).to(config.torch_dtype)
+    outside = {k: sd.pop(k) for k in (family.hf_files_only(sd, cfg) if family.hf_files_only else ())}
     missing, unexpected = model.load_state_dict(sd, strict=False)
-    missing = [k for k in missing if k not in tied or not config.tie_word_embeddings]
+    missing = [k for k in missing if k not in family.hf_tied or not config.tie_word_embeddings]
     if missing or unexpected:
         raise CheckpointError(f"conversion bug: missing {missing}, unexpected {unexpected}")
     os.makedirs(path, exist_ok=True)
@@ -143,7 +111,7 @@ def save_hf(path, args, tensors, training, model_type="GPT", buffers=None):
         if model.can_generate():  # encoders have no generation_config
             setattr(model.generation_config, k, special.get(k))
     model.save_pretrained(path)
-    add_to_saved_files(path, outside)
+    add_to_saved_files(path, outside)  # e.g. DeepSeek-V3's multi-token prediction layers: in its files only
 
 
 def refuse_nonzero_buffers(buffers):

@@ -1,14 +1,9 @@
-"""What the HuggingFace conversions check: every tensor is used, and the model has a shape
-the HF family can hold. Each failure is one CheckpointError line."""
+"""What every HuggingFace conversion checks: every tensor is used, a tied copy is equal to what it is tied
+to. Each failure is one CheckpointError line; what a family can hold its module checks (models/families/)."""
 import re
 from collections.abc import Mapping
 
 from .pieces import CheckpointError
-
-GPT2_SHAPE = ("HF GPT-2 holds learned absolute positions, pre-norm LayerNorm layers, GeLU, "
-              "linear biases, tied or untied output, no grouped-query attention and kv-channels = hidden / heads")
-LLAMA_SHAPE = ("HF Llama holds --position-embedding-type rope, pre-norm RMSNorm layers, SwiGLU, "
-               "grouped-query attention, tied or untied output, with or without linear biases")
 
 
 def missing(side, key):
@@ -63,38 +58,6 @@ def same_as_tied(t, extra, tied_to, why="yet the config ties them (set tie_word_
     one-line refusal."""
     if extra in t and not t[extra].equal(t[tied_to]):  # reading it marks it used
         raise CheckpointError(f"{t.side}: {extra} differs from {tied_to}, {why}")
-
-
-def hf_family(a):
-    """'gpt2' or 'llama' for our model args `a`; CheckpointError (one line) for a shape neither holds."""
-    n = a["num_attention_heads"]
-    groups = a.get("num_query_groups") or n
-    kv = a.get("kv_channels") or a["hidden_size"] // n
-    if a.get("post_norm"):
-        why = "post-norm layers"
-    elif a["position_embedding_type"] == "rope":
-        why = (None if a["normalization"] == "RMSNorm" and a.get("swiglu") else
-               f"{a['normalization']} with {'SwiGLU' if a.get('swiglu') else 'GeLU'}")
-        if why is None:
-            return "llama"
-        return _refuse(why, LLAMA_SHAPE)
-    elif a["normalization"] != "LayerNorm":
-        why = f"{a['normalization']}"
-    elif a.get("swiglu"):
-        why = "SwiGLU"
-    elif not a.get("add_bias_linear", True):
-        why = "no linear biases (--disable-bias-linear)"
-    elif groups != n:
-        why = f"grouped-query attention ({groups} groups of {n} heads) without rope"
-    elif kv * n != a["hidden_size"]:
-        why = f"--kv-channels {kv} != hidden / heads"
-    else:
-        return "gpt2"
-    return _refuse(why, GPT2_SHAPE + "; " + LLAMA_SHAPE)
-
-
-def _refuse(why, supported):
-    raise CheckpointError(f"this model has {why}, which no HuggingFace family we convert to holds: {supported}")
 
 
 def with_whole_norm_weights(args, tensors):

@@ -12,24 +12,10 @@ import torch
 
 from .pieces import CheckpointError
 
-# config.json keys without which transformers would silently use its defaults
-REQUIRED_KEYS = {
-    "gpt2": ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"),
-    "llama": ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-              "max_position_embeddings"),
-    "bert": ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-             "max_position_embeddings"),
-    "mixtral": ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "max_position_embeddings", "num_local_experts", "num_experts_per_tok"),
-    "qwen2_moe": ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings",
-                  "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size"),
-    "deepseek_v3": ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank",
-                    "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"),
-}
 
-
-def read_config_json(path, families):
-    """config.json of `path` as a dict; its model_type must be one of `families`, with its keys."""
+def read_config_json(path, required):
+    """config.json of `path` as a dict; its model_type must be a key of `required` ({model_type: the keys
+    without which transformers would silently use its defaults}), and it must hold those keys."""
     f = os.path.join(path, "config.json")
     if not os.path.isfile(f):
         raise CheckpointError(f"--load-dir {path}: no config.json, not a HuggingFace model directory")
@@ -39,9 +25,9 @@ def read_config_json(path, families):
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{f}: unreadable ({e})") from None
     kind = cfg.get("model_type") if isinstance(cfg, dict) else None
-    if kind not in families:
-        raise CheckpointError(f"{f}: model_type {kind!r} is not one we convert here ({', '.join(families)})")
-    missing = [k for k in REQUIRED_KEYS[kind] if k not in cfg]
+    if kind not in required:
+        raise CheckpointError(f"{f}: model_type {kind!r} is not one we convert here ({', '.join(required)})")
+    missing = [k for k in required[kind] if k not in cfg]
     if missing:
         raise CheckpointError(f"{f} lacks {', '.join(missing)} (needed for a {kind} model)")
     return cfg
@@ -76,14 +62,6 @@ def read_state_dict(path):
                 sd.update(_load_file(os.path.join(path, shard)))
             return sd
     raise CheckpointError(f"--load-dir {path}: no model.safetensors or pytorch_model.bin (weights missing)")
-
-
-def outside_the_model(sd, cfg):
-    """Names in `sd` that transformers' model of config kwargs `cfg` has no place for but the family's files
-    hold: DeepSeek-V3's multi-token prediction layers (model.layers.{L..L + num_nextn_predict_layers - 1})."""
-    n, depth = cfg.get("num_hidden_layers"), cfg.get("num_nextn_predict_layers") or 0
-    prefixes = tuple(f"model.layers.{n + k}." for k in range(depth))
-    return [k for k in sd if prefixes and k.startswith(prefixes)]
 
 
 def add_to_saved_files(path, extra):

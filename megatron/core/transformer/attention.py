@@ -13,6 +13,7 @@ from ..tensor_parallel.random import checkpoint
 from .core_attention import CoreAttention
 from .kv_cache import causal_mask_after
 from .model_options import recomputes
+from .norm import build_qk_norm
 
 
 class SelfAttention(nn.Module):
@@ -24,6 +25,9 @@ class SelfAttention(nn.Module):
     (scores, softmax, dropout, weighted sum) is CoreAttention (core_attention.py); with
     --recompute-granularity selective it alone is recomputed in the backward pass: it holds
     the s x s activations, yet costs few of the layer's FLOPs.
+
+    --qk-layernorm normalises each head of q and k (--normalization over kv-channels, one weight shared by
+    the heads) before RoPE, as Megatron-Core's q_layernorm / k_layernorm and HF Qwen3's q_norm / k_norm.
     """
 
     def __init__(self, config, tp_group, device=None, layer_number=1, cp_group=None):
@@ -45,6 +49,10 @@ class SelfAttention(nn.Module):
             params_dtype=config.params_dtype, device=device, **fp8)
         per_group = config.num_attention_heads // config.num_query_groups * config.kv_channels
         set_qkv_split(self.linear_qkv.weight, (per_group, config.kv_channels, config.kv_channels))
+        self.q_layernorm = self.k_layernorm = None
+        if config.qk_layernorm:  # every rank normalises its own heads: the weights' grads are summed over TP
+            self.q_layernorm, self.k_layernorm = (
+                build_qk_norm(config, config.kv_channels, device, heads_split_over_tp=True) for _ in "qk")
         self.core_attention = CoreAttention(config, tp_group, layer_number, device, cp_group)
         self.linear_proj = RowParallelLinear(
             config.num_attention_heads * config.kv_channels, config.hidden_size, group=tp_group,
@@ -64,6 +72,8 @@ class SelfAttention(nn.Module):
         # indexing would give each its own zero-filled qkv-sized gradient, then two adds
         q, k, v = torch.split(qkv, [per_group, 1, 1], dim=3)
         q, k, v = q.reshape(s, b, heads, self.head_dim), k.squeeze(3), v.squeeze(3)
+        if self.q_layernorm is not None:
+            q, k = self.q_layernorm(q), self.k_layernorm(k)
         if rope is not None:
             q, k = (rope_front.apply_rope(t, *rope, impl=self.rope_impl) for t in (q, k))
         if kv_cache is not None:

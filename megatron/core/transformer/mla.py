@@ -35,7 +35,7 @@ from .core_attention import CoreAttention
 from .kv_cache import causal_mask_after
 from .mla_rope import deinterleave, softmax_scale
 from .model_options import recomputes
-from .norm import LayerNorm, RMSNorm
+from .norm import build_qk_norm
 
 
 class ReplicatedLinear(nn.Module):
@@ -52,12 +52,7 @@ class ReplicatedLinear(nn.Module):
 
 
 def _latent_norm(config, size, device):
-    if not config.qk_layernorm:
-        return None
-    cls = {"LayerNorm": LayerNorm, "RMSNorm": RMSNorm}[config.normalization]
-    return cls(size, config.norm_epsilon, config.sequence_parallel, config.params_dtype, device,
-               fusion=config.norm_fusion, force=config.fused_kernels,
-               zero_centered=config.layernorm_zero_centered_gamma)
+    return build_qk_norm(config, size, device) if config.qk_layernorm else None  # replicated latents: SP's rule
 
 
 class MultiLatentAttention(nn.Module):

@@ -24,8 +24,9 @@ class MLAConfig:
     qk_pos_emb_head_dim: int = opt(64, "Per-head size of the rotary part of queries and of the shared rotary key.")
     v_head_dim: int = opt(128, "Per-head size of the values.")
     qk_layernorm: bool = opt(
-        False, "With --multi-latent-attention: RMSNorm / LayerNorm (--normalization) on the query and key / "
-        "value latents, as DeepSeek-V3 (Megatron-Core's q_layernorm / kv_layernorm).")
+        False, "RMSNorm / LayerNorm (--normalization) on each head of the queries and keys before RoPE (Qwen3; "
+        "Megatron-Core's q_layernorm / k_layernorm); with --multi-latent-attention on the query and key / value "
+        "latents instead, as DeepSeek-V3 (q_layernorm / kv_layernorm).")
     rotary_scaling_factor: float = opt(1.0, "YaRN: the context extension factor (also scales the softmax by "
                                        "mscale(factor, --mscale-all-dim)^2 in multi-latent attention).")
     mscale: float = opt(1.0, "YaRN: the mscale of the rotary embedding's concentration factor.")

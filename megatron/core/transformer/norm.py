@@ -79,3 +79,14 @@ def build_norm(config, device=None):
     return cls(config.hidden_size, config.norm_epsilon, config.sequence_parallel, config.params_dtype, device,
                fusion=config.norm_fusion, force=config.fused_kernels,
                zero_centered=config.layernorm_zero_centered_gamma, residual_fusion=config.residual_norm_fusion)
+
+
+def build_qk_norm(config, size, device=None, heads_split_over_tp=False):
+    """The norm --qk-layernorm adds over `size` features (one head of q or k, or a multi-latent attention
+    latent): --normalization's kind and epsilon, as Megatron-Core's q_layernorm / k_layernorm.
+    heads_split_over_tp: each TP rank normalises its own heads, so the weight's gradient is partial on every
+    rank and is summed over TP (the sequence_parallel rule of param_meta) with or without SP."""
+    cls = {"LayerNorm": LayerNorm, "RMSNorm": RMSNorm}[config.normalization]
+    return cls(size, config.norm_epsilon, heads_split_over_tp or config.sequence_parallel, config.params_dtype,
+               device, fusion=config.norm_fusion, force=config.fused_kernels,
+               zero_centered=config.layernorm_zero_centered_gamma)

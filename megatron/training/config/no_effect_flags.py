@@ -58,7 +58,7 @@ def _rules(m, t, device):
 
 def _latent_attention_only(m):
     """Multi-latent attention's sizes and YaRN settings given without --multi-latent-attention (as Megatron-LM,
-    which reads them only there; --qk-layernorm without it is refused as not built)."""
+    which reads them only there; --qk-layernorm has an effect in either attention)."""
     if m.multi_latent_attention:
         return []
     return [(m, f.name, getattr(m, f.name) != f.default, "it shapes multi-latent attention, which is off")

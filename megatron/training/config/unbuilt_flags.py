@@ -17,7 +17,6 @@ FEATURES = {  # key -> (what a user reads, who builds it)
     "fp8_te": ("FP8 through Transformer Engine (fp8_autocast; our FP8 runs with --transformer-impl local)",
                "issue 28"),
     "mxfp8": ("MXFP8 scaling (Blackwell's MX formats)", "issue 28"),
-    "qk_norm": ("per-head query/key layer norms without --multi-latent-attention", "not built"),
     "yarn": ("YaRN RoPE without --multi-latent-attention", "not built"),
     "flex": ("the flex token dispatcher (DeepEP / HybridEP)", "not planned"),
     "recompute": ("selective recompute of these modules", "not planned"),
@@ -76,8 +75,6 @@ def _value_rules(model_cfg):
         yield "flex", "--moe-token-dispatcher-type flex"
     if c.rope_type == "yarn" and not c.multi_latent_attention:
         yield "yarn", "--rope-type yarn"
-    if c.qk_layernorm and not c.multi_latent_attention:
-        yield "qk_norm", "--qk-layernorm"
     for module in c.recompute_modules or ():
         if module in RECOMPUTE_NOT_BUILT:
             yield "recompute", f"--recompute-modules {module}"

@@ -37,16 +37,28 @@ def activation_bytes_per_layer(c, micro_batch, tp, sp):
     the s x s terms (context_parallel.py).
     MoE layers replace the MLP's share by theirs (moe/activation_memory.py), averaged over the layers;
     multi-latent attention replaces Q, K, V and the projection input by its latents and heads (mla_cost.py);
-    FP8 linears keep FP8 inputs (fp8_memory.py)."""
+    per-head q/k norms (--qk-layernorm) add their inputs (qk_norm_bytes); FP8 linears keep FP8 inputs
+    (fp8_memory.py)."""
     return _plain_bytes_per_layer(c, micro_batch, tp, sp) + fp8_delta_bytes(c, micro_batch, tp, sp)
 
 
 def _plain_bytes_per_layer(c, micro_batch, tp, sp):
     per = _standard_bytes_per_layer(c, micro_batch, tp, sp)
+    tokens = c.seq_length * micro_batch / c.context_parallel_size
     if c.multi_latent_attention:  # its latents and head sizes instead of standard attention's Q, K, V
-        tokens = c.seq_length * micro_batch / c.context_parallel_size
         per += mla_cost.delta_bytes(c, tokens, tp, sp) * (1 if c.params_dtype != torch.float32 else 2)
-    return per
+    return per + qk_norm_bytes(c, tokens, tp)
+
+
+def qk_norm_bytes(c, tokens, tp) -> float:
+    """Bytes standard attention's --qk-layernorm adds for `tokens` tokens: a fused norm keeps its input, q's copy
+    out of the QKV output (heads x kv-channels; k is a view of that output, which v keeps anyway), and an fp32
+    statistic per head of q and of k; / t (this rank's heads). Multi-latent attention's norms: mla_cost.py."""
+    if not c.qk_layernorm or c.multi_latent_attention:
+        return 0
+    n = c.num_attention_heads
+    g = c.num_query_groups or n
+    return tokens * (c.params_dtype.itemsize * n * c.kv_channels + 4 * (n + g)) / tp
 
 
 def _standard_bytes_per_layer(c, micro_batch, tp, sp):

@@ -1,8 +1,8 @@
 """--moe-grouped-gemm: the local experts' matmuls as one grouped matmul per projection.
 
 torch._grouped_mm where this torch has it and the shapes suit it (rows of 16-byte multiples), else a
-loop of matmuls: the same products, so the same numbers. Its group offsets are a device tensor
-(token_counts.TokenCounts), so the grouped path reads nothing on the host; the loop reads the sizes
+loop of matmuls: the same products, summed in an order that may differ in the last bits. Its group offsets
+are a device tensor (token_counts.TokenCounts), so the grouped path reads nothing on the host; the loop reads the sizes
 once. The backward is written here (torch's own fails on CPU): the input gradient grouped, and every
 expert's weight gradient g_e^T x_e as one grouped matmul of two 2D operands (the row blocks are the
 contracted dimension), [G, out, in], the parameters' own layout, so each expert's gradient is a
@@ -37,7 +37,7 @@ def _mm(x, w, counts, grouped=True):
     if grouped:
         try:
             return torch._grouped_mm(x, w, offs=counts.offsets())
-        except RuntimeError:  # a GPU or layout this torch's kernel refuses: the loop gives the same products
+        except RuntimeError:  # a GPU or layout this torch's kernel refuses: the loop computes the same products
             pass
     outs = [chunk @ w[g] for g, chunk in enumerate(x.split(counts.sizes()))]
     return torch.cat(outs) if outs else x.new_zeros(0, w.shape[2])

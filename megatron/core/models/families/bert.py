@@ -1,13 +1,11 @@
-"""HuggingFace BertForPreTraining / BertForMaskedLM state dicts <-> our global tensors.
-
-Pure tensor re-arrangement, no transformers import (tools/checkpoint/convert.py loads and
-saves the HF model). HF's BERT is post-norm with a LayerNorm on the embeddings: only a
-model trained with --post-norm converts. Without a binary head (--bert-no-binary-head) the
-HF side is BertForMaskedLM, which has no pooler.
+"""BERT (pretrain_bert.py's model): HuggingFace BertForPreTraining, or BertForMaskedLM without a binary head
+(--bert-no-binary-head), which has no pooler. HF's BERT is post-norm with a LayerNorm on the embeddings:
+only a model trained with --post-norm converts.
 """
-from .hf_checks import TrackedTensors, same_as_tied
-from .hf_conversion import L, qkv_from_ours, qkv_to_ours
-from .pieces import CheckpointError
+from ...checkpointing.hf_checks import TrackedTensors, same_as_tied
+from ...checkpointing.hf_conversion import L, qkv_from_ours, qkv_to_ours
+from ...errors import CheckpointError
+from .family import Family
 
 _ACTS = {"gelu": False, "gelu_new": True, "gelu_pytorch_tanh": True}  # HF name -> our openai_gelu
 
@@ -45,7 +43,7 @@ def _bert_args(c):
                 vocab_size=c.vocab_size)
 
 
-def bert_to_ours(config, sd):
+def to_ours(config, sd):
     """BertForPreTraining (or BertForMaskedLM) config and state dict -> (model args, {init_key: tensor})."""
     a = _bert_args(config)
     sd = TrackedTensors(sd, "the HuggingFace checkpoint")
@@ -71,10 +69,9 @@ def bert_to_ours(config, sd):
     return a, {key: t.contiguous() for key, t in out.items()}
 
 
-def ours_to_bert(a, t):
-    """(model args, global tensors) -> (BertConfig kwargs, state dict, has binary head).
-
-    The state dict is BertForPreTraining's with a binary head, else BertForMaskedLM's."""
+def to_hf(a, t, buffers=None):
+    """(model args, global tensors) -> (BertConfig kwargs, state dict): BertForPreTraining's with a binary
+    head, else BertForMaskedLM's (_model_class)."""
     if not a.get("post_norm"):
         raise CheckpointError("HuggingFace BERT is post-norm: only a model trained with --post-norm converts "
                               "(this one has pre-norm layers and a final norm)")
@@ -106,4 +103,17 @@ def ours_to_bert(a, t):
                             qkv_from_ours(t[f"{o}self_attention.linear_qkv.{x}"], n, n, h // n)):
                 sd[f"{s}attention.self.{p}.{x}"] = w
     t.refuse_unused()
-    return cfg, {k: v.contiguous() for k, v in sd.items()}, binary
+    return cfg, {k: v.contiguous() for k, v in sd.items()}
+
+
+def _model_class(sd):
+    return "BertForPreTraining" if "bert.pooler.dense.weight" in sd else "BertForMaskedLM"
+
+
+FAMILY = Family(
+    name="bert", title="BERT", model_type="BERT", switches={"encoder": True},
+    preset={"post_norm": True, "normalization": "LayerNorm", "position_embedding_type": "learned_absolute"},
+    hf_model_type="bert", hf_config_class="BertConfig", hf_model_class=_model_class,
+    hf_required_keys=("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                      "max_position_embeddings"),
+    to_ours=to_ours, to_hf=to_hf, hf_tied=("cls.predictions.decoder.weight", "cls.predictions.decoder.bias"))

@@ -1,5 +1,5 @@
-"""HuggingFace Mixtral (MixtralForCausalLM) <-> our MoE GPT: Llama's attention, norms and
-embeddings (hf_conversion.py), and per layer a router and E SwiGLU experts.
+"""Mixtral: Llama's attention, norms and embeddings (llama.py), and per layer a router and E SwiGLU experts;
+HuggingFace MixtralForCausalLM.
 
 Both of transformers' expert layouts are read: fused (mlp.experts.gate_up_proj [E, 2f, h] =
 [gate; up] per expert, mlp.experts.down_proj [E, h, f], mlp.gate.weight) and per expert
@@ -12,9 +12,11 @@ import types
 
 import torch
 
-from .hf_checks import TrackedTensors
-from .hf_conversion import L, llama_to_ours, ours_to_llama
-from .pieces import CheckpointError
+from ...checkpointing.hf_checks import TrackedTensors
+from ...checkpointing.hf_conversion import L
+from ...errors import CheckpointError
+from . import llama
+from .family import Family
 
 _EXPERT = L + "mlp.experts.local_experts.{}."
 
@@ -25,7 +27,7 @@ def _dense_stand_ins(layers, ffn, h):
     return {f"model.layers.{i}.mlp.{n}": torch.zeros(s) for i in range(layers) for n, s in shapes.items()}
 
 
-def mixtral_to_ours(config, sd):
+def to_ours(config, sd):
     """MixtralForCausalLM config and state dict -> (model args, {init_key: tensor})."""
     c = types.SimpleNamespace(**{**config.to_dict(), "attention_bias": False, "mlp_bias": False,
                                  "hidden_act": config.hidden_act})
@@ -36,7 +38,7 @@ def mixtral_to_ours(config, sd):
         (moe if re.search(r"\.(mlp|block_sparse_moe)\.(gate|experts)\.", k) else rest)[k] = v
     moe = TrackedTensors(moe, "the HuggingFace checkpoint")  # a missing expert: one line; one too many: refused
     rest.update(_dense_stand_ins(config.num_hidden_layers, f, h))
-    args, out = llama_to_ours(c, rest)
+    args, out = llama.to_ours(c, rest)
     for i in range(config.num_hidden_layers):
         for n in ("linear_fc1.weight", "linear_fc2.weight"):
             del out[L.format(i) + "mlp." + n]
@@ -63,7 +65,7 @@ def mixtral_to_ours(config, sd):
     return args, out
 
 
-def ours_to_mixtral(a, t):
+def to_hf(a, t, buffers=None):
     """(model args with num_experts, global tensors) -> (MixtralConfig kwargs, state dict, fused experts)."""
     if a.get("moe_router_pre_softmax") or a.get("moe_router_score_function", "softmax") != "softmax" \
             or a.get("moe_layer_freq", 1) != 1:  # transformers would route differently, silently
@@ -77,7 +79,7 @@ def ours_to_mixtral(a, t):
     for i in range(a["num_layers"]):  # zero stand-ins for the Llama converter's dense MLP, dropped after
         dense[L.format(i) + "mlp.linear_fc1.weight"] = torch.zeros(2 * f, h)
         dense[L.format(i) + "mlp.linear_fc2.weight"] = torch.zeros(h, f)
-    cfg, sd = ours_to_llama(dict(a, ffn_hidden_size=f), dense)
+    cfg, sd = llama.to_hf(dict(a, ffn_hidden_size=f), dense)
     for i in range(a["num_layers"]):
         s = f"model.layers.{i}."
         for n in ("gate_proj.weight", "up_proj.weight", "down_proj.weight"):
@@ -89,3 +91,13 @@ def ours_to_mixtral(a, t):
     cfg.update(num_local_experts=E, num_experts_per_tok=a["moe_router_topk"], intermediate_size=f,
                router_aux_loss_coef=a.get("moe_aux_loss_coeff") or 0.0)
     return cfg, sd
+
+
+FAMILY = Family(
+    name="mixtral", title="Mixtral", model_type="GPT",
+    switches={"encoder": False, "attention": "standard", "qk_norm": False, "experts": True, "shared_experts": False},
+    preset=dict(llama.PRESET, add_bias_linear=False), hf_model_type="mixtral", hf_config_class="MixtralConfig",
+    hf_model_class="MixtralForCausalLM",
+    hf_required_keys=("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                      "max_position_embeddings", "num_local_experts", "num_experts_per_tok"),
+    to_ours=to_ours, to_hf=to_hf)

@@ -1,6 +1,7 @@
-"""HuggingFace DeepSeek-V3 (DeepseekV3ForCausalLM) <-> our GPT with multi-latent attention and MoE.
-Both expert layouts are read (fused gate_up_proj / down_proj as the model holds them, per expert as
-transformers 5 writes its files); the fused one is written.
+"""DeepSeek-V3: our GPT with multi-latent attention and MoE; HuggingFace DeepseekV3ForCausalLM. This module
+holds the family and its config both ways; deepseek_v3_layers.py the tensor names. Both expert layouts are
+read (fused gate_up_proj / down_proj as the model holds them, per expert as transformers 5 writes its files);
+the fused one is written.
 
 Names: q_a_proj / q_a_layernorm / q_b_proj (or q_proj without query compression), kv_a_proj_with_mqa /
 kv_a_layernorm / kv_b_proj, o_proj are our linear_q_down_proj / q_layernorm / linear_q_up_proj
@@ -20,28 +21,13 @@ read back where the files hold them.
 What one side cannot hold is refused in one line (CheckpointError): transformers sums each group's top-2
 scores where we sum the top (topk / group-topk); its latent norms have eps 1e-6 whatever rms_norm_eps is.
 """
-import torch
+from ...checkpointing.hf_checks import TrackedTensors
+from ...checkpointing.hf_conversion import ends_from_ours, ends_to_ours
+from ...errors import CheckpointError
+from .deepseek_v3_layers import layers_to_hf, layers_to_ours
+from .family import Family
 
-from .hf_checks import TrackedTensors, same_as_tied
-from .hf_conversion import L, ends_to_ours
-from .pieces import CheckpointError
-
-_Q_LORA = (("q_a_proj", "linear_q_down_proj"), ("q_a_layernorm", "q_layernorm"), ("q_b_proj", "linear_q_up_proj"))
-_Q_DIRECT = (("q_proj", "linear_q_proj"),)
-_KV_O = (("kv_a_proj_with_mqa", "linear_kv_down_proj"), ("kv_a_layernorm", "kv_layernorm"),
-         ("kv_b_proj", "linear_kv_up_proj"), ("o_proj", "linear_proj"))
-
-
-def _attention_names(q_lora_rank):
-    """(HF name, our name) of one layer's attention weights."""
-    return (_Q_DIRECT if q_lora_rank is None else _Q_LORA) + _KV_O
 _LATENT_EPS = 1e-6  # DeepseekV3RMSNorm's default, which the latent norms keep
-_EXPERT = "mlp.experts.local_experts.{}."
-_MTP_LAYER = "mtp.layers.{}."
-# a multi-token prediction module's own weights (HF under model.layers.{L + k}., ours under mtp.layers.{k}.);
-# its embed_tokens and shared_head.head are the model's (ours shares them)
-_MTP_NAMES = (("enorm.weight", "enorm.weight"), ("hnorm.weight", "hnorm.weight"), ("eh_proj.weight", "eh_proj.weight"),
-              ("shared_head.norm.weight", "final_layernorm.weight"))
 
 
 def _refuse(what):
@@ -106,7 +92,7 @@ def _args(c):
                 **_rope_args(c), **_moe_args(c))
 
 
-def deepseek_v3_to_ours(config, sd):
+def to_ours(config, sd):
     """DeepseekV3ForCausalLM config and state dict -> (model args, {init_key: tensor}); the expert biases are
     among the tensors, keyed ...mlp.router.expert_bias (the caller stores them as buffers). Multi-token
     prediction modules come along where the files hold them (model.layers.{L + k}, as DeepSeek-V3's do)."""
@@ -114,97 +100,9 @@ def deepseek_v3_to_ours(config, sd):
     sd = TrackedTensors(sd, "the HuggingFace checkpoint")
     out = ends_to_ours(sd, a["untie_embeddings_and_output_weights"])
     moe_from = (config.first_k_dense_replace or 0) if a.get("num_experts") else a["num_layers"]
-    for i in range(a["num_layers"]):
-        _layer_to_ours(sd, out, f"model.layers.{i}.", L.format(i), a, i >= moe_from)
-    depth = _mtp_depth(config, sd, a["num_layers"])
-    if depth:
-        a["mtp_num_layers"] = depth
-    for k in range(depth):
-        s, o = f"model.layers.{a['num_layers'] + k}.", _MTP_LAYER.format(k)
-        _layer_to_ours(sd, out, s, o + "transformer_layer.", a, a["num_layers"] + k >= moe_from)
-        for hf, ours in _MTP_NAMES:
-            out[o + ours] = sd[s + hf]
-        for copy, main in ((s + "embed_tokens.weight", "model.embed_tokens.weight"),
-                           (s + "shared_head.head.weight", "lm_head.weight" if "lm_head.weight" in sd
-                            else "model.embed_tokens.weight")):
-            same_as_tied(sd, copy, main, "and our multi-token prediction shares the model's embedding and head")
+    layers_to_ours(config, sd, out, a, moe_from)
     sd.refuse_unused(ignore=r"rotary_emb\.")
     return a, {k: v.contiguous() for k, v in out.items()}
-
-
-def _mtp_depth(config, sd, n):
-    """How many multi-token prediction modules the files hold: num_nextn_predict_layers where model.layers.{n}..
-    are there (DeepSeek-V3's files), 0 where none is (transformers writes none: its model has no MTP)."""
-    depth = getattr(config, "num_nextn_predict_layers", 0) or 0
-    held = [f"model.layers.{n + k}.eh_proj.weight" in sd for k in range(depth)]
-    if any(held) and not all(held):
-        _refuse(f"config.json names {depth} multi-token prediction layers; the files hold {sum(held)}")
-    return depth if all(held) else 0
-
-
-def _layer_to_ours(sd, out, s, o, a, moe):
-    """One decoder layer model.layers.N. (s) -> ours under prefix o; moe: its MLP is a MoE layer."""
-    out[o + "input_layernorm.weight"] = sd[s + "input_layernorm.weight"]
-    out[o + "pre_mlp_layernorm.weight"] = sd[s + "post_attention_layernorm.weight"]
-    for hf, ours in _attention_names(a["q_lora_rank"]):
-        out[f"{o}self_attention.{ours}.weight"] = sd[f"{s}self_attn.{hf}.weight"]
-    if not moe:
-        _dense_in(sd, out, s + "mlp.", o + "mlp.")
-        return
-    out[o + "mlp.router.weight"] = sd[s + "mlp.gate.weight"]
-    out[o + "mlp.router.expert_bias"] = sd[s + "mlp.gate.e_score_correction_bias"].float()
-    fc1, fc2 = _experts(sd, s + "mlp.experts.", a["num_experts"])
-    if fc1.shape[0] != a["num_experts"]:
-        _refuse(f"{s}mlp.experts holds {fc1.shape[0]} experts, config.json names {a['num_experts']}")
-    for e in range(a["num_experts"]):
-        out[o + _EXPERT.format(e) + "fc1_weight"], out[o + _EXPERT.format(e) + "fc2_weight"] = fc1[e], fc2[e]
-    if a.get("moe_shared_expert_intermediate_size"):
-        _dense_in(sd, out, s + "mlp.shared_experts.", o + "mlp.shared_experts.")
-
-
-def _experts(sd, x, E):
-    """(gate_up [E, 2f, h], down [E, h, f]): fused as the model holds them, or per expert as its files do."""
-    if x + "gate_up_proj" in sd:
-        return sd[x + "gate_up_proj"], sd[x + "down_proj"]
-    fc1 = torch.stack([torch.cat([sd[f"{x}{e}.gate_proj.weight"], sd[f"{x}{e}.up_proj.weight"]]) for e in range(E)])
-    return fc1, torch.stack([sd[f"{x}{e}.down_proj.weight"] for e in range(E)])
-
-
-def _dense_in(sd, out, hf, ours):
-    out[ours + "linear_fc1.weight"] = torch.cat([sd[hf + "gate_proj.weight"], sd[hf + "up_proj.weight"]])
-    out[ours + "linear_fc2.weight"] = sd[hf + "down_proj.weight"]
-
-
-def _dense_out(t, sd, ours, hf):
-    sd[hf + "gate_proj.weight"], sd[hf + "up_proj.weight"] = t[ours + "linear_fc1.weight"].chunk(2)
-    sd[hf + "down_proj.weight"] = t[ours + "linear_fc2.weight"]
-
-
-def _layer_to_hf(t, sd, o, s, a, moe, buffers, per_expert=False):
-    """Our layer under prefix o -> model.layers.N. (s); moe: its MLP is a MoE layer; per_expert: the experts
-    named one by one (gate_proj / up_proj / down_proj), as the files hold them, instead of the model's fused
-    gate_up_proj / down_proj."""
-    E = a.get("num_experts") or 0
-    sd[s + "input_layernorm.weight"] = t[o + "input_layernorm.weight"]
-    sd[s + "post_attention_layernorm.weight"] = t[o + "pre_mlp_layernorm.weight"]
-    for hf, ours in _attention_names(a.get("q_lora_rank")):
-        sd[f"{s}self_attn.{hf}.weight"] = t[f"{o}self_attention.{ours}.weight"]
-    if not moe:
-        _dense_out(t, sd, o + "mlp.", s + "mlp.")
-        return
-    sd[s + "mlp.gate.weight"] = t[o + "mlp.router.weight"]
-    bias = buffers.pop(o + "mlp.router.expert_bias", None)
-    sd[s + "mlp.gate.e_score_correction_bias"] = torch.zeros(E) if bias is None else bias.float()
-    fc1, fc2 = ([t[o + _EXPERT.format(e) + name] for e in range(E)] for name in ("fc1_weight", "fc2_weight"))
-    if per_expert:
-        for e in range(E):
-            x = f"{s}mlp.experts.{e}."
-            sd[x + "gate_proj.weight"], sd[x + "up_proj.weight"] = fc1[e].chunk(2)
-            sd[x + "down_proj.weight"] = fc2[e]
-    else:
-        sd[s + "mlp.experts.gate_up_proj"], sd[s + "mlp.experts.down_proj"] = torch.stack(fc1), torch.stack(fc2)
-    if a.get("moe_shared_expert_intermediate_size"):
-        _dense_out(t, sd, o + "mlp.shared_experts.", s + "mlp.shared_experts.")
 
 
 def _check_ours(a):
@@ -230,7 +128,7 @@ def _check_ours(a):
     return k
 
 
-def ours_to_deepseek_v3(a, t, buffers):
+def to_hf(a, t, buffers=None):
     """(model args, global tensors, buffers) -> (DeepseekV3Config kwargs, state dict)."""
     k = _check_ours(a)
     t = TrackedTensors(t, "the checkpoint")
@@ -255,18 +153,25 @@ def ours_to_deepseek_v3(a, t, buffers):
                tie_word_embeddings=not a["untie_embeddings_and_output_weights"], rope_parameters=rope,
                rope_interleave=True, attention_bias=False, attention_dropout=a["attention_dropout"],
                num_nextn_predict_layers=a.get("mtp_num_layers") or 0)
-    sd = {"model.embed_tokens.weight": t["word_embeddings.weight"],
-          "model.norm.weight": t["decoder.final_layernorm.weight"],
-          "lm_head.weight": t["output_layer.weight" if a["untie_embeddings_and_output_weights"]
-                              else "word_embeddings.weight"]}
-    for i in range(n):
-        _layer_to_hf(t, sd, L.format(i), f"model.layers.{i}.", a, bool(E) and i >= k, buffers)
-    for d in range(cfg["num_nextn_predict_layers"]):  # DeepSeek-V3's files hold them after the decoder's layers
-        o, s = _MTP_LAYER.format(d), f"model.layers.{n + d}."
-        _layer_to_hf(t, sd, o + "transformer_layer.", s, a, bool(E) and n + d >= k, buffers, per_expert=True)
-        for hf, ours in _MTP_NAMES:
-            sd[s + hf] = t[o + ours]
-        sd[s + "embed_tokens.weight"], sd[s + "shared_head.head.weight"] = sd["model.embed_tokens.weight"], \
-            sd["lm_head.weight"]
+    sd = ends_from_ours(t, a["untie_embeddings_and_output_weights"])
+    layers_to_hf(t, sd, a, k, dict(buffers or {}), cfg["num_nextn_predict_layers"])
     t.refuse_unused()
     return cfg, {k_: v.contiguous() for k_, v in sd.items()}
+
+
+def files_only(sd, cfg):
+    """The multi-token prediction layers (model.layers.{L..L + num_nextn_predict_layers - 1}): DeepSeek-V3's
+    files hold them, transformers' model has no place for them."""
+    n, depth = cfg.get("num_hidden_layers"), cfg.get("num_nextn_predict_layers") or 0
+    prefixes = tuple(f"model.layers.{n + k}." for k in range(depth))
+    return [k for k in sd if prefixes and k.startswith(prefixes)]
+
+
+FAMILY = Family(
+    name="deepseek_v3", title="DeepSeek-V3", model_type="GPT", switches={"encoder": False, "attention": "latent"},
+    preset={"multi_latent_attention": True, "qk_layernorm": True, "position_embedding_type": "rope",
+            "normalization": "RMSNorm", "swiglu": True, "add_bias_linear": False},
+    hf_model_type="deepseek_v3", hf_config_class="DeepseekV3Config", hf_model_class="DeepseekV3ForCausalLM",
+    hf_required_keys=("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "kv_lora_rank",
+                      "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"),
+    to_ours=to_ours, to_hf=to_hf, holds_expert_bias=True, hf_files_only=files_only)

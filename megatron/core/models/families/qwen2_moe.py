@@ -1,5 +1,4 @@
-"""HuggingFace Qwen2-MoE (Qwen2MoeForCausalLM) <-> our MoE GPT: Mixtral's attention, router and
-routed experts (hf_mixtral.py), plus
+"""Qwen2-MoE: Mixtral's attention, router and routed experts (mixtral.py), plus
   - q/k/v biases (qkv_bias; o_proj has none): --add-qkv-bias with --disable-bias-linear;
   - a shared expert on every token, scaled by sigmoid(shared_expert_gate . x):
     --moe-shared-expert-intermediate-size with --moe-shared-expert-gate (moe/shared_experts.py);
@@ -9,16 +8,18 @@ Every layer must be sparse (decoder_sparse_step 1, no mlp_only_layers: our --moe
 MoE layers at 1, 1 + freq, ..., HF's sparse step at step, 2 step, ...) and attend in full (no
 sliding window). Both expert layouts are read (fused gate_up_proj / down_proj as transformers 5
 writes; per expert experts.{e}.gate_proj / up_proj / down_proj as the Hub's files); fused is written.
+HuggingFace Qwen2MoeForCausalLM.
 """
 import re
 import types
 
 import torch
 
-from .hf_checks import take
-from .hf_conversion import L, qkv_from_ours, qkv_to_ours
-from .hf_mixtral import mixtral_to_ours, ours_to_mixtral
-from .pieces import CheckpointError
+from ...checkpointing.hf_checks import take
+from ...checkpointing.hf_conversion import L, qkv_from_ours, qkv_to_ours
+from ...errors import CheckpointError
+from . import mixtral
+from .family import Family
 
 _OWN = re.compile(r"\.mlp\.shared_expert(_gate|s)?\.|\.self_attn\.[qkv]_proj\.bias$|\.linear_qkv\.bias$")
 
@@ -48,7 +49,7 @@ def _take_own(tensors):
     return {k: v for k, v in tensors.items() if k not in own}, own
 
 
-def qwen2_moe_to_ours(config, sd):
+def to_ours(config, sd):
     """Qwen2MoeForCausalLM config and state dict -> (model args, {init_key: tensor})."""
     _check_hf(config)
     sd = dict(sd)
@@ -57,7 +58,7 @@ def qwen2_moe_to_ours(config, sd):
     as_mixtral = {**config.to_dict(), "num_local_experts": config.num_experts,
                   "intermediate_size": config.moe_intermediate_size}
     view = types.SimpleNamespace(**as_mixtral, to_dict=lambda: as_mixtral)
-    args, out = mixtral_to_ours(view, sd)
+    args, out = mixtral.to_ours(view, sd)
     n, g, d = args["num_attention_heads"], args["num_query_groups"], args["kv_channels"]
     for i in range(config.num_hidden_layers):
         s, o = f"model.layers.{i}.", L.format(i) + "mlp.shared_experts."
@@ -76,14 +77,14 @@ def qwen2_moe_to_ours(config, sd):
     return args, {k: v.contiguous() for k, v in out.items()}
 
 
-def ours_to_qwen2_moe(a, t):
+def to_hf(a, t, buffers=None):
     """(model args with shared experts, global tensors) -> (Qwen2MoeConfig kwargs, state dict)."""
     if not a.get("moe_shared_expert_gate") or a.get("add_bias_linear") or a.get("moe_layer_freq", 1) != 1 \
             or a.get("moe_router_score_function", "softmax") != "softmax":
         raise CheckpointError("HF Qwen2-MoE needs shared experts with --moe-shared-expert-gate, "
                               "--disable-bias-linear, --moe-layer-freq 1 and softmax routing")
     t, own = _take_own(t)
-    cfg, sd = ours_to_mixtral(dict(a, moe_router_pre_softmax=False), t)  # Qwen2-MoE has both normalisations
+    cfg, sd = mixtral.to_hf(dict(a, moe_router_pre_softmax=False), t)  # Qwen2-MoE has both normalisations
     cfg.update(num_experts=cfg.pop("num_local_experts"), moe_intermediate_size=cfg.pop("intermediate_size"),
                intermediate_size=a["ffn_hidden_size"], qkv_bias=bool(a.get("add_qkv_bias")),
                shared_expert_intermediate_size=a["moe_shared_expert_intermediate_size"],
@@ -102,3 +103,14 @@ def ours_to_qwen2_moe(a, t):
     if own:
         raise CheckpointError(f"the checkpoint has tensors HF Qwen2-MoE has no place for: {sorted(own)[:3]}")
     return cfg, {k: v.contiguous() for k, v in sd.items()}
+
+
+FAMILY = Family(
+    name="qwen2_moe", title="Qwen2-MoE", model_type="GPT",
+    switches={"encoder": False, "attention": "standard", "qk_norm": False, "experts": True, "shared_experts": True},
+    preset=dict(mixtral.FAMILY.preset, moe_shared_expert_gate=True), hf_model_type="qwen2_moe",
+    hf_config_class="Qwen2MoeConfig", hf_model_class="Qwen2MoeForCausalLM",
+    hf_required_keys=("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                      "max_position_embeddings", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                      "shared_expert_intermediate_size"),
+    to_ours=to_ours, to_hf=to_hf)
