@@ -7,7 +7,8 @@ compute-sanitizer over the binding-error test, the kernel table (fused vs eager 
 cross entropy's implementations (bench/cross_entropy.py),
 then ours vs a plain PyTorch loop vs peers at the GPT-3 1.3B, Llama 1B and small-MoE shapes, with
 the planner's predicted step time and memory next to the measured ones; last (past the default budget:
-`--only fp8`), FP8 against bf16 at the 1.3B GPT and a Llama-3 8B layer stack, (`--only fusion`) the opt-in
+`--only fp8`), FP8 against bf16 at the 1.3B GPT and a Llama-3 8B layer stack, (`--only muon`) one optimizer
+step of AdamW and of Muon + AdamW at 1.3B with Newton-Schulz's share, (`--only fusion`) the opt-in
 fusions not yet measured beside the same runs without them, and (`--only profile`) a
 torch.profiler table of ours and of the compiled plain loop at 1.3B, kernel by kernel. A step whose script or
 flag this checkout lacks is reported as such, so the same suite runs on older commits.
@@ -22,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from gpu_suite_report import CE_FUSION, PROFILE_STEP, RN_FUSION, render
+from gpu_suite_report import CE_FUSION, MUON_STEP, PROFILE_STEP, RN_FUSION, render
 
 PY = sys.executable
 GPT13 = ("--num-layers 24 --hidden-size 2048 --num-attention-heads 16 --seq-length 2048 "
@@ -110,6 +111,9 @@ def steps(out, help_text):
         ("llama8b-4L ours fp8 delayed", 120,
          f"{pre} {LLAMA8_4L} --vocab-size 32000 --train-iters 15 --fp8-format hybrid --fp8-recipe delayed" if fp8
          else (None, "pretrain_gpt.py has no --fp8-format here")),
+        # one optimizer step, AdamW against Muon + AdamW at 1.3B, Newton-Schulz's share (`--only muon`: past the budget)
+        (MUON_STEP, 150, f"{PY} bench/muon_step.py --shape gpt1.3b --device cuda --bf16"
+         if has("bench/muon_step.py") else (None, "no bench/muon_step.py here")),
         # opt-in fusions not yet measured, each beside the same run without it (`--only fusion`: past the budget;
         # the cross entropy's rows above match it too)
         ("fusion baseline: gpt1.3b ours", 120, f"{pre} {GPT13} --vocab-size 50304 --train-iters 15"),

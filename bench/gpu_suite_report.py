@@ -12,6 +12,7 @@ PRETRAIN_STEPS = ("gpt1.3b ours", f"gpt1.3b ours {CE_FUSION}", "llama1b ours", "
                   "fusion baseline: gpt1.3b ours", f"fusion: gpt1.3b ours {RN_FUSION}",
                   "fusion baseline: llama1b ours", f"fusion: llama1b ours {RN_FUSION}")
 PROFILE_STEP = "profile gpt1.3b ours vs plain compiled"
+MUON_STEP = "muon optimizer step gpt1.3b"  # bench/muon_step.py: its table follows the overhead ones
 OVERHEAD_STEPS = ("gpt1.3b ours vs plain", f"gpt1.3b ours {CE_FUSION} vs plain", "gpt1.3b plain compiled",
                   "llama1b ours vs plain", "moe ours vs plain", PROFILE_STEP)
 
@@ -113,7 +114,7 @@ def render(done, label, out):
             if "ms_per_step" in r:
                 lines.append(f"| {r['name']} | {r['ms_per_step']} | {r.get('tflops', 'n/a')} | "
                              f"{fmt(r['mfu'] * 100 if r.get('mfu') else None)} | {fmt(r.get('peak_mem_gib'))} | | |")
-    for name in OVERHEAD_STEPS:
+    for name in OVERHEAD_STEPS + (MUON_STEP,):
         text = by.get(name, {}).get("output", "")
         if text:
             lines += ["", f"### {name}", "", *tables_of(text), *profile_blocks(text)]

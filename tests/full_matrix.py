@@ -16,6 +16,7 @@ BERT = "tests/functional/test_bert_parity.py::test_bert_layout_matches_one_proce
 RESHARD = "tests/functional/test_checkpoint.py::test_checkpoint_loads_into_another_layout"
 NORMS = "tests/functional/test_observability.py::test_params_norm_and_zeros_match_one_process"
 FP8_GATHER = "tests/distributed/test_fp8_param_gather.py::test_fp8_param_gather_moves_bytes_and_changes_no_loss"
+MUON = "tests/functional/test_muon_parity.py::test_muon_layout_matches_one_process"
 
 FULL_ONLY = {
     # FP8: the default run keeps tensorwise TP2+SP, delayed PP2 zb-h1 and CP2, blockwise TP2+SP,
@@ -70,6 +71,14 @@ FULL_ONLY = {
     f"{NORMS}[pp2xdp2-zero2]",
     # --fp8-param-gather at TP2 x DP2: the default run keeps ZeRO-1 tensorwise, ZeRO-2 and ZeRO-3 delayed
     f"{FP8_GATHER}[optim_grads_params-tensorwise]",
+    # Muon: the default run keeps TP2 + SP in both exact TP modes, ZeRO-1 TP2 x PP2 x DP2, ZeRO-3 DP2, MoE EP2
+    # with the distributed optimizer and TP2 x EP2 folded (each a code path of its own); these are wider or
+    # other groups of the same code
+    *(f"{MUON}[{case}]" for case in ("tp4", "tp2-distributed-nesterov", "pp2", "pp2-vpp2", "pp2-zb-h1",
+                                     "distopt-dp2", "zero2-dp2-overlap", "cp2", "moe-ep2", "moe-tp2-ep2-sp")),
+    # a Muon checkpoint: the default run keeps the bitwise resume and TP2 x PP2 x DP2 -> one process; the reverse
+    # loads the momentum into the distributed optimizer's slices by the code Adam's moments take (RESHARD)
+    "tests/functional/test_muon_checkpoint.py::test_muon_checkpoint_of_one_process_resumes_at_tp2_pp2_dp2",
     # expert biases over TP: the default run keeps tp2xep2 alltoall, both folded layouts and the checkpoint
     *(f"{MOE_BIAS}[{case}]" for case in ("tp2xep2-allgather-sp", "tp1xdp2-etp2")),
 }

@@ -32,13 +32,14 @@ def rank(group) -> int:
     return group.rank if isinstance(group, PlanGroup) else dist.get_rank(group)
 
 
-def all_gather_dim0(x: torch.Tensor, group) -> torch.Tensor:
-    """[n, ...] on each rank -> [n * world, ...] concatenated in group-rank order."""
+def all_gather_dim0(x: torch.Tensor, group, tag=None) -> torch.Tensor:
+    """[n, ...] on each rank -> [n * world, ...] concatenated in group-rank order (tag: counted, debug.py)."""
     size = world(group)
     if size == 1:
         return x
     x = x.contiguous()
     out = torch.empty((x.shape[0] * size,) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+    _count(tag, out.numel() * out.element_size(), size, 1)
     with waiting("all-gather", group):
         _all_gather(out, x, group=group)
     return out
@@ -58,9 +59,10 @@ def reduce_scatter_dim0(x: torch.Tensor, group) -> torch.Tensor:
     return out
 
 
-def all_reduce_(x: torch.Tensor, group) -> torch.Tensor:
-    """Sum in place over the group; returns x."""
+def all_reduce_(x: torch.Tensor, group, tag=None) -> torch.Tensor:
+    """Sum in place over the group; returns x (tag: counted, debug.py)."""
     if world(group) > 1:
+        _count(tag, x.numel() * x.element_size(), world(group), 2)
         with waiting("all-reduce", group):
             dist.all_reduce(x, group=group)
     return x
@@ -135,3 +137,16 @@ def all_gather_inplace_async(x, group, tag=None):
         return None
     _count(tag, x.numel() * x.element_size(), n, 1)
     return Watched(_all_gather(x, _own_slice(x, group), group=group, async_op=True), f"all-gather ({tag})", group)
+
+
+def all_to_all_uneven(x, send_sizes, recv_sizes, group, tag=None):
+    """1-D x, cut into len(send_sizes) consecutive parts, part j to rank j; -> what every rank sent this
+    one, in rank order (recv_sizes elements from each). Counts what leaves this rank (not its own part)."""
+    if world(group) == 1:
+        return x
+    out = torch.empty(sum(recv_sizes), dtype=x.dtype, device=x.device)
+    if tag is not None:
+        debug.record_traffic(tag, (sum(send_sizes) - send_sizes[rank(group)]) * x.element_size())
+    with waiting("all-to-all", group):
+        dist.all_to_all_single(out, x.contiguous(), list(recv_sizes), list(send_sizes), group=group)
+    return out

@@ -1,5 +1,6 @@
 """The optimizer state API: state_pieces -> load_state_pieces into a fresh optimizer gives the
-same Adam state and the same next step, with and without the distributed optimizer (DP=1)."""
+same state (Adam's moments; Muon's momentum and AdamW's on the rest) and the same next step, with and
+without the distributed optimizer (DP=1)."""
 import pytest
 import torch
 
@@ -19,7 +20,7 @@ from megatron.core.tensor_parallel.param_meta import param_meta
 from tests.harness import spawn
 
 
-def _build(groups, distributed, seed):
+def _build(groups, distributed, seed, optimizer="adam"):
     cfg = TransformerConfig(num_layers=2, hidden_size=16, num_attention_heads=2, seq_length=8, vocab_size=64,
                             hidden_dropout=0.0, attention_dropout=0.0)
     cfg.validate()
@@ -27,7 +28,8 @@ def _build(groups, distributed, seed):
     initialize_parameters(model, seed, 0, 1)
     ddp = DistributedDataParallel(model, groups, DistributedDataParallelConfig("optim" if distributed else "no_shard",
                                                                                bucket_size=3000))
-    return model, ddp, get_megatron_optimizer(ddp, groups, 1e-2, 0.1, grad_scaler=DynamicGradScaler(2.0 ** 8))
+    return model, ddp, get_megatron_optimizer(ddp, groups, 1e-2, 0.1, grad_scaler=DynamicGradScaler(2.0 ** 8),
+                                              optimizer=optimizer)
 
 
 def _train(model, ddp, opt, groups, steps, seed):
@@ -45,15 +47,19 @@ def _snapshot(opt):
             for sp in opt.state_pieces()], opt.scalar_state()
 
 
-def _round_trip(groups, distributed):
-    model, ddp, opt = _build(groups, distributed, seed=1)
+def _round_trip(groups, distributed, optimizer="adam"):
+    model, ddp, opt = _build(groups, distributed, seed=1, optimizer=optimizer)
     assert isinstance(opt, DistributedOptimizer) == distributed
     _train(model, ddp, opt, groups, 3, seed=2)
     saved, scalars = _snapshot(opt)
-    assert scalars["step"] == 3.0 and scalars["grad_scaler"]["scale"] == 2.0 ** 8
-    assert all(list(t) == list(STATE_NAMES) for _, _, _, t in saved)
+    assert scalars["step"] == 3.0 and scalars["grad_scaler"]["scale"] == 2.0 ** 8 and scalars["optimizer"] == optimizer
+    names = {(param_meta(sp.param).init_key, sp.start): ("param",) + opt.state_names(sp.param)
+             for sp in opt.state_pieces()}
+    assert all(tuple(t) == names[(k, lo)] for k, lo, _, t in saved)
+    assert {n for ns in names.values() for n in ns} == (set(STATE_NAMES) if optimizer == "adam"
+                                                        else set(STATE_NAMES) | {"momentum_buffer"})
 
-    fresh_model, fresh_ddp, fresh = _build(groups, distributed, seed=7)  # other initial values
+    fresh_model, fresh_ddp, fresh = _build(groups, distributed, seed=7, optimizer=optimizer)  # other initial values
     by_key = {param_meta(p).init_key: p for p in fresh_model.parameters()}
     fresh.load_state_pieces(StatePiece(by_key[k], lo, hi, t) for k, lo, hi, t in saved)
     fresh.load_scalar_state(scalars)
@@ -61,7 +67,7 @@ def _round_trip(groups, distributed):
     assert loaded_scalars == scalars
     for (k, lo, hi, want), (k2, lo2, hi2, got) in zip(saved, loaded, strict=True):
         assert (k, lo, hi) == (k2, lo2, hi2)
-        for name in STATE_NAMES:
+        for name in want:
             assert torch.equal(want[name], got[name]), (k, name)
     # the fp32 main value is the fp32 model's own storage: loading it set the parameters too
     for p in model.parameters():
@@ -71,11 +77,12 @@ def _round_trip(groups, distributed):
     for p in model.parameters():
         assert torch.equal(p, by_key[param_meta(p).init_key]), param_meta(p).init_key
 
-    # a partial load (the parameter's value only) leaves Adam's state as it was
+    # a partial load (the parameter's value only) leaves the optimizer's state as it was
     sp = fresh.state_pieces()[0]
-    before = sp.tensors["exp_avg"].clone()
+    state = fresh.state_names(sp.param)[0]
+    before = sp.tensors[state].clone()
     fresh.load_state_pieces([StatePiece(sp.param, sp.start, sp.end, {"param": torch.zeros(sp.end - sp.start)})])
-    assert torch.equal(sp.tensors["exp_avg"], before) and not sp.tensors["param"].any()
+    assert torch.equal(sp.tensors[state], before) and not sp.tensors["param"].any()
     with pytest.raises(ValueError, match="no optimizer piece"):
         fresh.load_state_pieces([StatePiece(sp.param, sp.start, sp.end + 1, {})])
     with pytest.raises(ValueError, match="get_megatron_optimizer"):
@@ -84,8 +91,9 @@ def _round_trip(groups, distributed):
 
 
 def _both(groups):
-    return [_round_trip(groups, distributed) for distributed in (False, True)]
+    return [_round_trip(groups, distributed, optimizer) for optimizer in ("adam", "muon")
+            for distributed in (False, True)]
 
 
 def test_state_pieces_round_trip_plain_and_distributed():
-    assert spawn(1, _both) == [[True, True]]  # one process for both: spawning costs more than the test
+    assert spawn(1, _both) == [[True] * 4]  # one process for all: spawning costs more than the test

@@ -28,7 +28,8 @@ GPT3_RECIPE = [
     "--distributed-timeout-minutes", "10", "--exit-duration-in-mins", "230",
 ]
 LR_RE = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?\| learning rate: ([0-9.Ee+-]+) \|")
-RECIPES = {"examples/gpt/train_gpt3_small.sh": 4, "examples/llama/train_llama_small.sh": 2}
+RECIPES = {"examples/gpt/train_gpt3_small.sh": 4, "examples/llama/train_llama_small.sh": 2,
+           "examples/gpt/train_gpt3_small_muon.sh": 4}
 
 
 def _lrs(stdout):
@@ -42,6 +43,22 @@ def test_example_recipes_parse(script, world):
     model_cfg, train_cfg = parse_args(out.splitlines())
     resolve(model_cfg, train_cfg, world)
     validate(model_cfg, train_cfg, world)
+
+
+def test_seed004_muon_recipe_parses_and_trains_on_cpu_at_a_tiny_size(tmp_path):
+    script = os.path.join(REPO, "examples/moe/train_moe_seed004.sh")
+    env = dict(os.environ, OPTIMIZER="muon", PRINT_ARGS="1")
+    model_cfg, train_cfg = parse_args(subprocess.run(["bash", script], env=env, capture_output=True, text=True,
+                                                     check=True).stdout.splitlines())
+    assert train_cfg.optimizer == "muon" and model_cfg.num_experts == 8 and model_cfg.moe_grouped_gemm
+    tiny = ["--num-layers", "1", "--hidden-size", "64", "--num-attention-heads", "4", "--ffn-hidden-size", "128",
+            "--seq-length", "64", "--max-position-embeddings", "64", "--micro-batch-size", "2",
+            "--global-batch-size", "4", "--train-iters", "3", "--eval-iters", "0", "--log-interval", "1",
+            "--tensorboard-dir", str(tmp_path / "tb")]
+    env.pop("PRINT_ARGS")
+    proc = subprocess.run(["bash", script, *tiny], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(losses(proc.stdout)) == [1, 2, 3] and "> optimizer: Muon on the 2-D hidden matrices" in proc.stdout
 
 
 def test_slurm_recipe_is_valid_bash():

@@ -57,6 +57,20 @@ def test_estimator_predicts_tp_sp_distributed_fp32_with_padded_buckets():
     assert _estimate(flags, 4) == [params, grads, opt]
 
 
+@pytest.mark.slow
+def test_muon_holds_one_momentum_buffer_and_the_estimator_says_so():
+    # bf16: Muon's hidden matrices (12 h^2 a layer) hold a main copy and a momentum buffer (8 bytes), the rest
+    # AdamW's 12; fp32 TP2 x DP2 with padded buckets: the momentum in the distributed optimizer's slices
+    flags = BASE + ["--train-iters", "2", "--bf16", "--optimizer", "muon"]
+    n, params, grads, opt = _bytes(run_cli(flags).stdout)
+    assert (params, grads, opt) == (2 * n, 4 * n, 12 * n - 4 * 2 * 12 * 64 ** 2)
+    assert _estimate(flags, 1) == [params, grads, opt]
+    flags = BASE + ["--train-iters", "2", "--optimizer", "muon", "--tensor-model-parallel-size", "2",
+                    "--sequence-parallel", "--use-distributed-optimizer", "--ddp-bucket-size", "7777"]
+    _, params, grads, opt = _bytes(run_cli(flags, nproc=4).stdout)
+    assert _estimate(flags, 4) == [params, grads, opt]
+
+
 def test_fp16_with_oversized_loss_scale_backs_off_and_trains():
     proc = run_cli(BASE + ["--fp16", "--initial-loss-scale", str(2.0 ** 40), "--hysteresis", "1",
                            "--train-iters", "30"])
@@ -67,3 +81,14 @@ def test_fp16_with_oversized_loss_scale_backs_off_and_trains():
     lm = losses(proc.stdout)  # a skipped step's loss is finite (only its grads overflowed) and printed
     assert all(v == v for v in lm.values()) and "number of nan iterations:   0" in proc.stdout, lm
     assert lm[30] < lm[1] - 0.05, lm  # resumed and learning
+
+
+@pytest.mark.slow
+def test_muon_in_bf16_and_fp16_tracks_fp32():
+    # fp32 main values under bf16 and fp16 parameters, fp16's loss scale taken off before Muon's momentum (an
+    # overflowed step is skipped before any optimizer's update: test_fp16_with_oversized_loss_scale_backs_off...)
+    muon = BASE + ["--train-iters", "20", "--optimizer", "muon"]
+    fp32 = losses(run_cli(muon).stdout)
+    for flags in (["--bf16"], ["--fp16", "--loss-scale", "1024"]):
+        low = losses(run_cli(muon + flags).stdout)
+        assert abs(low[20] - fp32[20]) / fp32[20] < 0.03 and low[20] < low[1] - 0.1, (flags, low[20], fp32[20])

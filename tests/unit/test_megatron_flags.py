@@ -30,7 +30,12 @@ MEGATRON = dict(lr_decay_style="linear", weight_decay=0.01, adam_beta1=0.9, adam
                 rotary_percent=1.0, attention_backend="auto", attention_softmax_in_fp32=False,
                 distributed_timeout_minutes=10, exit_duration_in_mins=None, inference_max_seq_length=2560,
                 initial_loss_scale=2.0 ** 32, min_loss_scale=1.0, loss_scale_window=1000, hysteresis=2,
-                exit_interval=None, norm_epsilon=1e-5, position_embedding_type="learned_absolute")
+                exit_interval=None, norm_epsilon=1e-5, position_embedding_type="learned_absolute",
+                # --optimizer and Muon's (arguments.py _add_regularization_args)
+                optimizer="adam", sgd_momentum=0.9, muon_momentum=0.9, muon_split_qkv=True, muon_nesterov=False,
+                muon_scale_mode="spectral", muon_fp32_matmul_prec="medium", muon_coefficient_type="quintic",
+                muon_num_ns_steps=5, muon_tp_mode="duplicated", muon_extra_scale_factor=1.0,
+                muon_scalar_optimizer="adam")
 
 
 def _cfgs(args):
@@ -49,6 +54,12 @@ def test_defaults_are_megatron_lms():
     model_cfg, train_cfg = parse_args([])
     got = {**dataclasses.asdict(model_cfg), **dataclasses.asdict(train_cfg)}
     assert {k: got[k] for k in MEGATRON} == MEGATRON
+
+
+def test_dist_muon_is_muon_with_the_distributed_optimizer():
+    _, t = _cfgs(LEN + ["--optimizer", "dist_muon", "--muon-no-split-qkv"])
+    assert (t.optimizer, t.use_distributed_optimizer, t.data_parallel_sharding_strategy) == ("muon", True, "optim")
+    assert not t.muon_config().split_qkv
 
 
 def test_the_embedded_recipe_keeps_its_own_settings():

@@ -12,7 +12,7 @@ from megatron.core.checkpointing.hf_checks import with_whole_norm_weights
 from megatron.core.config import ConfigError, TransformerConfig
 from megatron.core.models.gpt import GPTModel
 from megatron.core.optimizer import LRScheduler
-from megatron.core.optimizer.megatron_optimizer import MegatronOptimizer
+from megatron.core.optimizer.adam import _adamw
 from megatron.core.parallel_layout import ParallelLayout
 from megatron.core.pipeline_parallel import forward_backward
 from megatron.core.tensor_parallel.initialization import initialize_parameters
@@ -124,7 +124,7 @@ def test_decoupled_lr_drives_the_embedding_and_output_layer():
     marked = sorted(n for n, p in model.named_parameters() if is_embedding_or_output(p))
     assert marked == ["output_layer.weight", "word_embeddings.weight"]
     pieces = [types.SimpleNamespace(param=p, main=p) for p in model.parameters()]
-    opt = MegatronOptimizer._adamw(pieces, 0.1, 1.0, (0.9, 0.95), 1e-8)
+    opt = _adamw(pieces, 0.1, 1.0, (0.9, 0.95), 1e-8)
     names = {id(p): n for n, p in model.named_parameters()}
     groups = [(sorted(names[id(p)] for p in g["params"]), g["weight_decay"], g["embedding_or_output"])
               for g in opt.param_groups]

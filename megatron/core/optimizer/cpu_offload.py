@@ -29,9 +29,3 @@ def host_copy(t):
     """A host fp32 copy of t, pinned when t lives on a GPU (for faster copies)."""
     out = torch.empty(t.shape, dtype=torch.float32, device=HOST, pin_memory=t.device.type == "cuda")
     return out.copy_(t)
-
-
-def host_adamw(params_by_decay, lr, betas, eps):
-    """AdamW on the host pieces, with the device optimizer's groups (weight decay, no decay)."""
-    groups = [{"params": ps, "weight_decay": wd} for ps, wd in params_by_decay]
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True)

@@ -1,26 +1,31 @@
-"""AdamW on fp32 main parameters, for any model dtype, and the state API checkpoints use.
+"""An optimizer (AdamW, SGD or Muon + AdamW) on fp32 main parameters, for any model dtype, and the
+state API checkpoints use.
 
 The optimizer works on "pieces": here each parameter whole; in the distributed optimizer
 (distributed_optimizer.py) the part of each parameter inside this DP rank's shard of its
 bucket. Each piece has an fp32 main copy (an alias of the parameter's own storage when
 the model is fp32, so no second copy exists) whose .grad is the matching view of the DDP
 gradient buffer. After the step, bf16/fp16 pieces are copied back into the parameters.
+What moves the main values is an update rule per piece (update_rule.py; update_rules.build
+picks them for --optimizer): loss scaling, the grad norm, clipping, the copy back and the
+gather are the same for every optimizer.
 
 Outside this package, optimizer state is seen only as StatePieces (state_pieces /
-load_state_pieces) and scalar_state / load_scalar_state: no one reads AdamW's internals.
+load_state_pieces) and scalar_state / load_scalar_state: no one reads an optimizer's internals.
 """
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from ..tensor_parallel.param_meta import counted_once, has_weight_decay, is_embedding_or_output, is_expert_parallel
+from ..tensor_parallel.param_meta import counted_once, is_expert_parallel
 from ..timers import phase
+from . import update_rules
+from .adam import ADAM_STATES
 from .clip_grads import clip_by_norm_, clip_divisor, model_sum, squares, zeros
 from .cpu_offload import host_copy, offloaded
 
-ADAM_STATES = ("exp_avg", "exp_avg_sq")
-STATE_NAMES = ("param",) + ADAM_STATES
+STATE_NAMES = ("param",) + ADAM_STATES  # Adam's pieces; the state names of any piece: state_names(param)
 
 
 @dataclass
@@ -28,8 +33,9 @@ class StatePiece:
     """Optimizer state of the flat range [start, end) of one parameter's local (TP) shard.
 
     tensors: state name -> 1-D fp32 tensor of end - start values; "param" is the fp32
-    main value, "exp_avg" / "exp_avg_sq" Adam's moments. From state_pieces() these are
-    the live tensors: read them, and write through load_state_pieces.
+    main value, then the piece's optimizer state (Adam's "exp_avg" / "exp_avg_sq", Muon's and
+    SGD's "momentum_buffer"). From state_pieces() these are the live tensors: read them, and
+    write through load_state_pieces.
     """
 
     param: torch.nn.Parameter
@@ -51,26 +57,28 @@ class _Piece:
     def __init__(self, param, lo, hi, main, grad_view, param_view):
         self.param, self.lo, self.hi = param, lo, hi
         self.main, self.grad_view, self.param_view = main, grad_view, param_view
-        self.opt = None  # the torch optimizer that updates it (the device's, or the host's when offloaded)
+        self.rule = None  # the update rule that moves it (update_rules.build)
         self.on_host = False
 
     def state(self):
-        return self.opt.state[self.main]
+        return self.rule.state(self)
 
 
 class MegatronOptimizer:
-    """Mixed-precision AdamW over the buffers of `ddp` (each DP rank updates every parameter).
+    """A mixed-precision optimizer over the buffers of `ddp` (each DP rank updates every parameter).
 
     groups: the rank grid; the grad norm is summed over groups.mp; overflow checks (fp16)
     over the whole world. grad_scaler: None (bf16/fp32) or a Constant/DynamicGradScaler (fp16).
     cpu_offload_fraction: the share of this rank's optimizer state kept and updated on the host
-    (cpu_offload.py); 0 keeps it all on the device.
+    (cpu_offload.py); 0 keeps it all on the device. optimizer: "adam" (AdamW), "sgd" or "muon"
+    (update_rules.build); sgd_momentum; muon: a muon.MuonConfig (None: Megatron-LM's defaults).
     """
 
     distributed_optimizer = False
 
     def __init__(self, ddp, groups, lr, weight_decay, betas=(0.9, 0.95), eps=1e-8,
-                 clip_grad=1.0, grad_scaler=None, cpu_offload_fraction=0.0):
+                 clip_grad=1.0, grad_scaler=None, cpu_offload_fraction=0.0, optimizer="adam", sgd_momentum=0.9,
+                 muon=None):
         if ddp.config.shards_optimizer != self.distributed_optimizer:
             raise ValueError(f"{type(self).__name__} does not match a DDP built with sharding strategy "
                              f"{ddp.config.data_parallel_sharding_strategy}: build it with get_megatron_optimizer")
@@ -80,37 +88,19 @@ class MegatronOptimizer:
         host = offloaded([hi - lo for _, lo, hi in ranges], cpu_offload_fraction)
         self._pieces = [self._make_piece(p, lo, hi, on_host) for (p, lo, hi), on_host in zip(ranges, host)]
         self._index = {(id(pc.param), pc.lo, pc.hi): pc for pc in self._pieces}
+        self._by_param = {id(pc.param): pc for pc in self._pieces}
         device = ddp.buffers[0].params[0].device
         self.device = device
-        self.optimizer = self._adamw([pc for pc in self._pieces if not pc.on_host], weight_decay, lr, betas, eps)
-        self.host_optimizer = self._adamw([pc for pc in self._pieces if pc.on_host], weight_decay, lr, betas, eps)
-        for pc in self._pieces:  # allocate the Adam state now: memory is accounted at start-up
-            pc.opt = self.host_optimizer if pc.on_host else self.optimizer
-            pc.opt.state[pc.main] = {
-                "step": torch.zeros((), dtype=torch.float32, device=pc.main.device),
-                "exp_avg": torch.zeros_like(pc.main), "exp_avg_sq": torch.zeros_like(pc.main)}
+        self.name = optimizer
+        self.rules = update_rules.build(optimizer, self._pieces, groups, ddp, self.distributed_optimizer, lr,
+                                        weight_decay, betas, eps, sgd_momentum, muon)
+        for rule in self.rules:
+            for pc in rule.pieces:
+                pc.rule = rule
         self._counted = [counted_once(pc.param, groups) for pc in self._pieces]
         # MoE with EP and replicated optimizer state: experts live on other EP ranks, summed over groups.ep
         self._expert = [is_expert_parallel(pc.param) for pc in self._pieces] \
             if groups.layout.expert_dp_apart and not self.distributed_optimizer else None
-
-    @staticmethod
-    def _adamw(pieces, weight_decay, lr, betas, eps):
-        """Fused AdamW over `pieces`' main values (decay and no-decay groups, and the same two for the
-        word embedding and output layer when there are any: the LR schedule's --decoupled-lr applies to
-        groups marked embedding_or_output); None when there are no pieces."""
-        if not pieces:
-            return None
-        groups = []
-        for eo in (False, True):
-            mine = [pc for pc in pieces if is_embedding_or_output(pc.param) == eo]
-            if eo and not mine:
-                break
-            groups += [{"params": [pc.main for pc in mine if has_weight_decay(pc.param)], "weight_decay": weight_decay,
-                        "embedding_or_output": eo},
-                       {"params": [pc.main for pc in mine if not has_weight_decay(pc.param)], "weight_decay": 0.0,
-                        "embedding_or_output": eo}]
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=True)
 
     def _ranges(self):
         """(param, lo, hi) flat ranges this rank updates, in buffer order: every parameter whole."""
@@ -151,7 +141,13 @@ class MegatronOptimizer:
 
     @property
     def param_groups(self):
-        return [g for opt in (self.optimizer, self.host_optimizer) if opt is not None for g in opt.param_groups]
+        """Every rule's param groups (the LR schedule sets their "lr")."""
+        return [g for rule in self.rules for g in rule.param_groups]
+
+    def state_names(self, param) -> tuple[str, ...]:
+        """The optimizer state a piece of `param` has besides "param" (Adam's moments, a momentum buffer)."""
+        pc = self._by_param.get(id(param))
+        return pc.rule.state_names if pc is not None else ()
 
     @property
     def loss_scale(self):
@@ -181,18 +177,15 @@ class MegatronOptimizer:
                 return False, None
         with phase(timers, "optimizer-clip-main-grad", 1):
             norm = self._model_total(squares, grads).sqrt()
-            # the device pieces' clip coefficient divides their gradients inside the fused AdamW step (torch's
-            # grad_scale, the channel its GradScaler uses): no pass of its own over the fp32 gradients
+            # the device pieces are divided by the clip divisor inside their rule's step (fused into AdamW's)
             clip_by_norm_([pc.grad_view for pc in self._pieces if pc.on_host], self.clip_grad, norm)
-            if self.optimizer is not None:
-                self.optimizer.grad_scale = clip_divisor(self.clip_grad, norm)
+            divisor = clip_divisor(self.clip_grad, norm)
         with phase(timers, "optimizer-inner-step", 1):
             for pc in self._pieces:
                 if pc.on_host:
                     pc.main.grad.copy_(pc.grad_view)
-            for opt in (self.optimizer, self.host_optimizer):
-                if opt is not None:
-                    opt.step()
+            for rule in self.rules:
+                rule.step(divisor)
         with phase(timers, "optimizer-copy-main-to-model-params", 1):
             # the new values into the model's parameters: one multi-tensor copy (per device)
             _copy_all([(pc.param_view, pc.main.detach()) for pc in self._pieces
@@ -232,15 +225,13 @@ class MegatronOptimizer:
     # ---- state API (checkpoints)
     def state_pieces(self) -> list[StatePiece]:
         """This rank's optimizer state, one StatePiece per (parameter, flat range) it updates."""
-        return [StatePiece(pc.param, pc.lo, pc.hi,
-                           {"param": pc.main.detach(), **{k: pc.state()[k] for k in ADAM_STATES}})
-                for pc in self._pieces]
+        return [StatePiece(pc.param, pc.lo, pc.hi, {"param": pc.main.detach(), **pc.state()}) for pc in self._pieces]
 
     @torch.no_grad()
     def load_state_pieces(self, pieces):
         """Copy each piece's tensors into this rank's matching piece (same parameter and range).
 
-        A piece may carry a subset of STATE_NAMES (e.g. "param" only, without Adam's state).
+        A piece may carry a subset of "param" and state_names(param) (e.g. "param" only, without the state).
         Writing "param" of an fp32 model writes the parameter (the main value is its storage).
         """
         for sp in pieces:
@@ -253,26 +244,22 @@ class MegatronOptimizer:
                 target.copy_(value.reshape(-1))
 
     def scalar_state(self) -> dict:
-        """{"step": Adam's step count (float), "grad_scaler": the loss scaler's state or None}."""
-        steps = [pc.state()["step"] for pc in self._pieces]
-        return {"step": float(steps[0]) if steps else 0.0,
-                "grad_scaler": self.grad_scaler.state_dict() if self.grad_scaler is not None else None}
+        """{"optimizer": its name, "step": Adam's step count (float; 0 without Adam pieces), "grad_scaler":
+        the loss scaler's state or None}."""
+        out = {"optimizer": self.name, "step": 0.0}
+        for rule in self.rules:
+            out.update(rule.scalar_state())
+        return dict(out, grad_scaler=self.grad_scaler.state_dict() if self.grad_scaler is not None else None)
 
     def load_scalar_state(self, state):
-        for pc in self._pieces:
-            pc.state()["step"].fill_(state["step"])
+        for rule in self.rules:
+            rule.load_scalar_state(state)
         if state.get("grad_scaler") and self.grad_scaler is not None:
             self.grad_scaler.load_state_dict(state["grad_scaler"])
 
     def memory_bytes(self, on_host=False):
         """Bytes of optimizer state on this rank's device (on_host: on the host, cpu_offload.py):
-        fp32 main copies (when not aliases) + Adam moments."""
-        total = 0
-        for pc in self._pieces:
-            if pc.on_host != on_host:
-                continue
-            if pc.param.dtype != torch.float32 or pc.on_host:
-                total += pc.main.numel() * 4
-            state = pc.state()
-            total += sum(state[k].numel() * state[k].element_size() for k in ADAM_STATES)
-        return total
+        fp32 main copies (when not aliases) + each rule's state (Adam's two moments, a momentum buffer)."""
+        mains = sum(pc.main.numel() * 4 for pc in self._pieces
+                    if pc.on_host == on_host and (pc.param.dtype != torch.float32 or pc.on_host))
+        return mains + sum(rule.memory_bytes(on_host) for rule in self.rules)

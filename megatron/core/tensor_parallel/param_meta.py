@@ -39,6 +39,10 @@ class ParamMeta:
     # the gradient goes through autograd (.grad). Not a fact of the model: not compared, not saved.
     grad_sink: object = dataclasses.field(default=None, compare=False, repr=False)
     embedding_or_output: bool = False  # the word embedding or the output layer's weight (--decoupled-lr)
+    # Muon (optimizer/muon.py): False keeps a 2-D parameter on the scalar optimizer (a position table);
+    # qkv_split: rows of Q, K and V in each query group of a fused QKV weight, orthogonalised apart
+    use_muon: bool = True
+    qkv_split: tuple[int, ...] | None = None
 
 
 def _default(param):
@@ -96,6 +100,28 @@ def set_grad_sink(param, sink):
 def set_embedding_or_output(param):
     """The word embedding or the output layer's weight: --decoupled-lr / --decoupled-min-lr apply to it."""
     _update(param, embedding_or_output=True)
+
+
+def set_not_muon(param):
+    """A 2-D parameter that is not a hidden matrix (an embedding table): the scalar optimizer takes it."""
+    _update(param, use_muon=False)
+
+
+def set_qkv_split(param, rows):
+    """A fused QKV weight: `rows` (Q, K, V) rows in each query group, which Muon orthogonalises apart."""
+    _update(param, qkv_split=tuple(rows))
+
+
+def is_muon_matrix(param) -> bool:
+    """Whether --optimizer muon orthogonalises `param`'s update: a 2-D weight that is not the word
+    embedding, the output layer or marked otherwise (Megatron-Core's rule, plus other embedding tables)."""
+    meta = param_meta(param)
+    return param.ndim == 2 and meta.use_muon and not meta.embedding_or_output
+
+
+def tensor_parallel_group(param, groups):
+    """The process group `param` is split over (tensor_parallel_split's): groups.etp for an expert's, else groups.tp."""
+    return groups.etp if param_meta(param).expert_parallel else groups.tp
 
 
 def is_embedding_or_output(param) -> bool:

@@ -8,6 +8,7 @@ from .. import comm
 from ..fp8.config import fp8_layer
 from ..fusions import rope as rope_front
 from ..tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from ..tensor_parallel.param_meta import set_qkv_split
 from ..tensor_parallel.random import checkpoint
 from .core_attention import CoreAttention
 from .kv_cache import causal_mask_after
@@ -46,6 +47,8 @@ class SelfAttention(nn.Module):
             config.hidden_size, qkv_size, group=tp_group, bias=config.add_bias_linear or config.add_qkv_bias,
             init_std=config.init_method_std, sequence_parallel=config.sequence_parallel,
             params_dtype=config.params_dtype, device=device, **fp8)
+        per_group = config.num_attention_heads // config.num_query_groups * config.kv_channels
+        set_qkv_split(self.linear_qkv.weight, (per_group, config.kv_channels, config.kv_channels))
         self.q_layernorm = self.k_layernorm = None
         if config.qk_layernorm:  # every rank normalises its own heads: the weights' grads are summed over TP
             self.q_layernorm, self.k_layernorm = (

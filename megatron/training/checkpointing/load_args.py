@@ -120,8 +120,29 @@ def check_checkpoint_args(model_cfg, path):
                               "checkpoint's value, or --use-checkpoint-args to take the model flags from it")
 
 
+def saved_optimizer(meta) -> str | None:
+    """The --optimizer whose state a checkpoint's metadata holds (None: no optimizer state; checkpoints
+    written before --optimizer existed hold AdamW's)."""
+    state = meta.get("optimizer")
+    return None if not state else state.get("optimizer", "adam")
+
+
+def check_checkpoint_optimizer(train_cfg, path, pretrained=False):
+    """ConfigError when the optimizer state that would be loaded from `path` is another optimizer's (Adam's
+    moments for Muon, or the reverse): one line naming both and the way out, --no-load-optim."""
+    if pretrained or train_cfg.finetune or train_cfg.no_load_optim:
+        return
+    saved = saved_optimizer(read_metadata(path))
+    if saved is not None and saved != train_cfg.optimizer:
+        raise ConfigError(f"--optimizer {train_cfg.optimizer} here but the checkpoint {path} holds {saved}'s "
+                          f"optimizer state: give --optimizer {saved}, or --no-load-optim to start the "
+                          f"{train_cfg.optimizer} state afresh from its weights")
+
+
 def check_load(model_cfg, train_cfg):
-    """Before any process group: the checkpoint to load exists, is ours and fits the model flags."""
-    path, _ = find_source(train_cfg)
+    """Before any process group: the checkpoint to load exists, is ours, fits the model flags and holds
+    this optimizer's state (or none is loaded)."""
+    path, pretrained = find_source(train_cfg)
     if path is not None:
         check_checkpoint_args(model_cfg, path)
+        check_checkpoint_optimizer(train_cfg, path, pretrained)

@@ -2,8 +2,9 @@
 --no-load-rng/--exit-signal-handler/--async-save/--ckpt-fully-parallel-save/-load) in the
 layout-free format of megatron/core/checkpointing.
 
-What is saved: every parameter as its fp32 master value ("param"), Adam's exp_avg and
-exp_avg_sq per parameter, Adam's step count and the loss scaler's state, the RNG states of
+What is saved: every parameter as its fp32 master value ("param"), its optimizer state (Adam's
+exp_avg and exp_avg_sq, or Muon's and SGD's momentum_buffer: optimizer.state_names), the
+optimizer's name, Adam's step count and the loss scaler's state, the RNG states of
 every rank with its layout position (rng_state.py), the iteration and consumed samples
 (data resumes at the next sample), and the arguments. The LR schedule's position is saved
 (fp16-skipped iterations do not advance it).
@@ -35,10 +36,10 @@ from ...core.checkpointing import (
     save_step,
     write_rank_file,
 )
-from ...core.optimizer import STATE_NAMES, StatePiece
+from ...core.optimizer import StatePiece
 from ...core.tensor_parallel.param_meta import counted_once, data_parallel_replica, param_meta, tensor_parallel_split
 from ..observability.log import print_rank_0
-from .load_args import find_source
+from .load_args import find_source, saved_optimizer
 from .model_state import load_model_state, missing_model_state, model_state_keys, model_state_pieces
 from .rng_state import layout_position, layout_sizes, restore_or_reseed, rng_payload
 
@@ -155,6 +156,22 @@ def _read_shard(reader, key, state, param, groups, ranges, fully_parallel):
     return torch.cat([parts[i][:bounds[i + 1] - bounds[i]] for i in range(dp)]).view(param.shape)
 
 
+def _loads_optimizer(reader, model, optimizer, train_cfg):
+    """Whether the optimizer state is loaded: not with --finetune / --no-load-optim, nor from a checkpoint
+    without it; a checkpoint of another optimizer is a CheckpointError (check_load says so up front)."""
+    if train_cfg.finetune or train_cfg.no_load_optim:
+        return False
+    saved = saved_optimizer(reader.metadata)
+    if saved is not None and saved != optimizer.name:
+        raise CheckpointError(f"checkpoint {reader.path} holds {saved}'s optimizer state, not {optimizer.name}'s: "
+                              "give --no-load-optim to load its weights only")
+    if saved is None:
+        return False
+    if optimizer.name == "adam":  # every tensor has Adam's moments (fast with an index)
+        return reader.complete("exp_avg")
+    return all(reader.has(param_meta(p).init_key, s) for p in model.parameters() for s in optimizer.state_names(p))
+
+
 @torch.no_grad()
 def load_checkpoint(path, model, optimizer, groups, train_cfg, device, scheduler=None):
     """Load a validated checkpoint directory into this rank's shards (any layout).
@@ -164,8 +181,7 @@ def load_checkpoint(path, model, optimizer, groups, train_cfg, device, scheduler
     reader = open_reader(path)  # with an index: only this rank's byte ranges
     meta = reader.metadata
     no_state, absent = _check_keys(reader, model, train_cfg.dist_ckpt_strictness)
-    load_optim = not (train_cfg.finetune or train_cfg.no_load_optim) and meta.get("optimizer") is not None \
-        and reader.complete("exp_avg")
+    load_optim = _loads_optimizer(reader, model, optimizer, train_cfg)
     ranges_of = {}
     for sp in optimizer.state_pieces():
         ranges_of.setdefault(id(sp.param), []).append((sp.start, sp.end))
@@ -179,7 +195,7 @@ def load_checkpoint(path, model, optimizer, groups, train_cfg, device, scheduler
         p.data.copy_(value)
         states = {"param": value}
         if load_optim:
-            for s in STATE_NAMES[1:]:
+            for s in optimizer.state_names(p):
                 states[s] = _read_shard(reader, key, s, p, groups, ranges_of.get(id(p), []),
                                         train_cfg.ckpt_fully_parallel_load)
         optimizer.load_state_pieces(StatePiece(p, lo, hi, {s: v.reshape(-1)[lo:hi] for s, v in states.items()})

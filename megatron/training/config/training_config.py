@@ -15,11 +15,12 @@ from . import training_checks as config_checks
 from .bert_flags import BertOptions as BertOptions
 from .fsdp_flags import FSDPOptions, resolve_fsdp
 from .logging_flags import LoggingOptions
+from .optimizer_flags import OptimizerOptions, check_optimizer
 from .recipe_flags import RunOptions, check_run_options
 
 
 @dataclass
-class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions):  # logging/timing/W&B/profiler flags: logging_flags.py
+class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions):  # flags by concern: *_flags.py
     micro_batch_size: int = opt(8, "Samples per microbatch per data-parallel rank.")
     global_batch_size: int | None = opt(
         None, "Samples per iteration over all data-parallel ranks (default micro batch x DP); "
@@ -44,7 +45,8 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions):  # logging/timing
     lr_wsd_decay_iters: int | None = opt(
         None, "Length of the final decay with WSD (default 10%% of the decay; Megatron-LM requires it).")
     lr_wsd_decay_samples: int | None = opt(None, "Length of the final WSD decay in samples, with --train-samples.")
-    weight_decay: float = opt(0.01, "AdamW weight decay (not applied to biases and norms).")
+    weight_decay: float = opt(0.01, "Weight decay, decoupled for AdamW and Muon, L2 for SGD (not applied to biases "
+                              "and norms).")
     clip_grad: float = opt(1.0, "Clip gradients to this global L2 norm (0 disables).")
     adam_beta1: float = opt(0.9, "Adam beta1.")
     adam_beta2: float = opt(0.999, "Adam beta2.")
@@ -133,7 +135,7 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions):  # logging/timing
     save: str | None = opt(None, "Directory to save checkpoints to.")
     load: str | None = opt(None, "Directory to load a checkpoint from (any parallel layout).")
     save_interval: int | None = opt(None, "Save a checkpoint every this many iterations (and at the end).")
-    no_load_optim: bool = opt(False, "Do not load the optimizer state (Adam moments, loss scale).")
+    no_load_optim: bool = opt(False, "Do not load the optimizer state (Adam moments, momentum buffers, loss scale).")
     no_load_rng: bool = opt(False, "Do not load the RNG states.")
     finetune: bool = opt(False, "Load only the model weights; start at iteration 0 with fresh optimizer and data.")
     pretrained_checkpoint: str | None = opt(
@@ -190,6 +192,7 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions):  # logging/timing
         schedule flags first. seq_length: the model's (a step schedule's thresholds count tokens)."""
         self.check_schedule()
         resolve_fsdp(self)
+        self.resolve_optimizer()
         self.resolve_sharding()
         derive = self.train_samples is not None and self.train_iters is None
         batch_schedule.resolve(self, seq_length or 1, dp_size)
@@ -222,6 +225,7 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions):  # logging/timing
         """Check the resolved configuration for a data-parallel size; assigns nothing (training_checks.py)."""
         config_checks.validate(self, dp_size)
         check_run_options(self)
+        check_optimizer(self)
 
     @property
     def per_split_paths(self):

@@ -24,6 +24,7 @@ FEATURES = {  # key -> (what a user reads, who builds it)
     "sinks": ("attention sinks, --softmax-type off-by-one / learnable (gpt-oss)", "not built: gpt-oss"),
     "gptoss_mlp": ("gpt-oss's clamped quick-GeGLU with a linear offset", "not built: gpt-oss"),
     "gptoss_rope": ("gpt-oss's YaRN RoPE settings (--enable-gpt-oss)", "not built: gpt-oss"),
+    "syrk": ("the Triton SYRK kernel for Muon's Gram matrices", "not built"),
 }
 
 
@@ -43,6 +44,7 @@ FLAGS = {
     "--glu-linear-offset": Flag("gptoss_mlp", {"type": float, "default": 0.0}),
     "--quick-geglu": Flag("gptoss_mlp", _SWITCH), "--activation-func-clamp-value": Flag("gptoss_mlp", _FLOAT),
     "--enable-gpt-oss": Flag("gptoss_rope", _SWITCH),
+    "--muon-use-syrk": Flag("syrk", _SWITCH),
 }
 
 

@@ -16,6 +16,7 @@ from .activations import keeps_scores
 from .fp8_cost import fp8_savings, head_fp8_savings
 from .hardware import Cluster, all_to_all_time, collective_time, gemm_time, memory_time, p2p_time, ring_bytes
 from .moe_cost import expert_parallel_time, moe_fraction, moe_mlp_costs, router_time
+from .muon_cost import muon_time
 from .pipeline_cost import pipeline_time
 from .traffic import (
     context_parallel_bytes,
@@ -256,8 +257,12 @@ def step_time(c, t, cluster: Cluster, layout, mems, sp_grad_bytes=0) -> StepTime
         owned = sum((part["params"] - part.get("fp8_copies", 0)) / elt
                     / (n if ddp.shards_optimizer and not ddp.shards_params else 1)
                     for n, part in dp_groups(mem, layout.dp_cp))
-        # Adam on fp32 main params: main, m, v read and written, the fp32 grad read, the param written
-        optimizer = max(optimizer, memory_time(cluster, owned * (3 * 2 * 4 + 4 + elt)))
+        # Adam on fp32 main params: main, m, v read and written, the fp32 grad read, the param written;
+        # Muon's matrices (muon_cost.py) instead: Newton-Schulz, its collectives and three elementwise passes
+        muon = mem.get("muon")
+        took = muon_time(cluster, t.muon_config(), muon) if muon else 0.0
+        optimizer = max(optimizer, took + memory_time(cluster, (owned - (muon["elements"] if muon else 0))
+                                                       * (3 * 2 * 4 + 4 + elt)))
     emb = collective_time(cluster, "all_reduce", sp_grad_bytes, tp, 1)
     if pp > 1 and not c.untie_embeddings_and_output_weights:  # tied word embeddings: first <-> last stage
         emb += collective_time(cluster, "all_reduce", c.padded_vocab_size * c.hidden_size / tp * 4, 2,

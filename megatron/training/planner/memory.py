@@ -9,8 +9,10 @@ from ...core.distributed import zero3
 from ...core.distributed.buffers import buffer_groups, buffer_layout
 from ...core.fp8.weights import fp8_weight_pairs
 from ...core.models.gpt import GPTModel
+from ...core.tensor_parallel.param_meta import is_muon_matrix
 from ..config.resolve import parallel_layout
 from .activations import kept_activation_bytes, loss_bytes
+from .muon_cost import muon_stage
 
 _built = {}  # (config, world, stage) -> its meta chunks: a planner asks for the same stage many times
 
@@ -41,7 +43,8 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
     """{'params', 'grads', 'optimizer', 'activations', 'working', 'layers', 'in_flight', 'gathered'} for
     a rank of pipeline stage pp_rank (DP rank 0, TP rank 0: other TP ranks hold the same). params,
     grads and optimizer: bytes held across the step (with --data-parallel-sharding-strategy
-    optim_grads the gradient shard, optim_grads_params the parameter shard too); expert_dp (MoE with
+    optim_grads the gradient shard, optim_grads_params the parameter shard too); muon (--optimizer muon:
+    muon_cost.muon_stage's, "exchange" one (DP ranks, gather, scatter bytes) per buffer); expert_dp (MoE with
     its own expert buffers only): (expert-DP size, the experts' part of params, of grads); activations: the layers'
     and, on the last stage, the cross entropy's (activations.loss_bytes); gathered: ZeRO-3's
     largest working set of full parameters (a chunk's root unit and one layer, two with
@@ -50,6 +53,7 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
     t.validate(layout.dp)
     ddp = t.ddp_config(model_cfg.fp8_param_gather)
     params, layers = stage_params(model_cfg, t, world_size, pp_rank)
+    groups = layout.plan_groups(layout.group_of("pp", 0)[pp_rank])  # the stand-ins the chunks were built with
     chunks = stage_chunks(model_cfg, t, world_size, pp_rank)
     fp8 = {id(p) for p, _ in fp8_weight_pairs(chunks)} if ddp.fp8_param_gather else set()
     chunk_units = zero3.units(nn.ModuleList(chunks)) if ddp.shards_params else None
@@ -74,12 +78,19 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
             out["params"] += total * elt // per_rank + copies
             out["fp8_copies"] += copies
             out["param_gather"] += total * gathered_elt // per_rank
-            # padding in a shard holds no parameter: no main copy, no Adam state for it
-            owned = _owned_real(offsets, numels, buckets, shards)
+            # padding in a shard holds no parameter: no main copy, no optimizer state for it
+            owned = [_owned_real(offsets, numels, buckets, shards, which=w) for w in _by_state(ordered, t)]
         else:
             out["params"] += sum(numels) * elt
-            owned = sum(numels)
-        out["optimizer"] += owned * (8 + (4 if dtype != torch.float32 else 0))
+            owned = [sum(n for n, m in zip(numels, w) if m) for w in _by_state(ordered, t)]
+        if t.optimizer == "muon":
+            part = muon_stage(ordered, offsets, buckets, shards, ddp.shards_optimizer, groups, t.muon_config())
+            muon = out.setdefault("muon", {"ns": [], "exchange": [], "elements": 0})
+            muon["ns"] += part["ns"]
+            muon["exchange"].append((shards, part["gather"], part["scatter"]))
+            muon["elements"] += part["elements"]
+        main = 4 if dtype != torch.float32 else 0  # the fp32 main copy (an fp32 model's is its own storage)
+        out["optimizer"] += sum(n * (state + main) for n, state in zip(owned, STATE_BYTES[t.optimizer]))
         if expert:  # (expert-DP size, params, grads, param_gather, fp8_copies): the planner moves these over expert-DP
             before = out.get("expert_dp", (shards, 0, 0, 0, 0))
             out["expert_dp"] = (shards, *(b + out[k] - h for b, k, h in
@@ -117,13 +128,25 @@ def _unit_sizes(chunk_units, ps, buckets):
     return {key: b.end - b.start for key, b in zip(keys, buckets)}
 
 
-def _owned_real(starts, numels, buckets, dp, rank=0):
+def _owned_real(starts, numels, buckets, dp, rank=0, which=None):
     """Parameter elements (padding excluded) in DP rank `rank`'s shard of every bucket; starts:
-    each parameter's buffer offset (the layout's)."""
+    each parameter's buffer offset (the layout's); which: per parameter whether it counts (None: all)."""
     offsets = [(s, s + n) for s, n in zip(starts, numels)]
     owned = 0
     for b in buckets:
         k = (b.end - b.start) // dp
         lo, hi = b.start + rank * k, b.start + (rank + 1) * k
-        owned += sum(max(0, min(e, hi) - max(s, lo)) for s, e in (offsets[i] for i in b.params))
+        owned += sum(max(0, min(offsets[i][1], hi) - max(offsets[i][0], lo)) for i in b.params
+                     if which is None or which[i])
     return owned
+
+
+# per optimizer, fp32 bytes of state per element of (Muon's matrices, the rest): Adam two moments, SGD's and
+# Muon's momentum one (muon.py), AdamW on what Muon does not take
+STATE_BYTES = {"adam": (8, 8), "sgd": (4, 4), "muon": (4, 8)}
+
+
+def _by_state(params, t):
+    """Per parameter (buffer order) whether it is one of Muon's matrices, and whether it is not."""
+    muon = [t.optimizer == "muon" and is_muon_matrix(p) for p in params]
+    return muon, [not m for m in muon]

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...tensor_parallel import mappings, wgrad_fusion
-from ...tensor_parallel.param_meta import set_init, set_sequence_parallel, set_tensor_parallel
+from ...tensor_parallel.param_meta import set_init, set_not_muon, set_sequence_parallel, set_tensor_parallel
 from ...transformer.norm import build_norm
 from ..common.language_module import LanguageModule
 
@@ -80,6 +80,7 @@ class BertModel(LanguageModule):
             self.tokentype_embeddings = nn.Parameter(torch.empty(
                 NUM_TOKENTYPES, config.hidden_size, dtype=config.params_dtype, device=device))
             set_init(self.tokentype_embeddings, "normal", config.init_method_std)
+            set_not_muon(self.tokentype_embeddings)
             if config.post_norm:
                 self.embedding_layernorm = build_norm(config, device)
         if post_process:

@@ -24,6 +24,7 @@ from ...tensor_parallel.param_meta import (
     set_embedding_or_output,
     set_init,
     set_init_key,
+    set_not_muon,
     set_tensor_parallel,
     set_tied_embedding,
 )
@@ -71,6 +72,7 @@ class LanguageModule(nn.Module):
             self.position_embeddings = nn.Parameter(torch.empty(
                 config.max_position_embeddings, config.hidden_size, dtype=config.params_dtype, device=device))
             set_init(self.position_embeddings, "normal", config.init_method_std)
+            set_not_muon(self.position_embeddings)  # an embedding table, not a hidden matrix
         self.decoder = TransformerBlock(config, groups, num_layers, layer_offset, post_process, device)
         fp8 = output_layer_fp8(config) if post_process else None
         # --fp8-output-layer with the tied table: the recipe of its GEMM as the output layer (amaxes as a
