@@ -18,6 +18,7 @@ from ...core.timers import phase
 from ...core.transformer.context_parallel import cp_slice
 from ...core.transformer.moe import step_hooks as moe_hooks
 from ..checkpointing.save_load import Checkpointer
+from ..config.offload_flags import attach_activation_offload
 from ..config.optimizer_flags import optimizer_line
 from ..data.loader import end_of_training_sets, microbatches, validation_window
 from ..observability.flops import num_floating_point_operations
@@ -175,6 +176,8 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                     ddp.memory_bytes() + (optimizer.memory_bytes(),))
     print_rank_0(ddp.describe())
     if (line := optimizer_line(train_cfg)) is not None:
+        print_rank_0(line)
+    if (line := attach_activation_offload(model, train_cfg, device)) is not None:
         print_rank_0(line)
     if train_cfg.optimizer_cpu_offload:
         print_rank_0(f"> optimizer CPU offload: {train_cfg.optimizer_offload_fraction:.0%} of the optimizer state and"
