@@ -36,8 +36,8 @@ class _HostCopy:
 
 
 def is_weight(t) -> bool:
-    """A parameter, a view of one, or another leaf that takes a gradient."""
-    return isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter) or (t.is_leaf and t.requires_grad)
+    """A parameter or a view of one."""
+    return isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter)
 
 
 class ActivationOffloader:

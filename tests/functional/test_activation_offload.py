@@ -1,0 +1,66 @@
+"""Activation offload (--cpu-offloading) through the CLI: every layout with offload gives one process's run
+(no offload) within 2e-6 at iteration 1 and 1e-5 over 10 iterations, losses and grad norms at full precision.
+
+The default run keeps one process (the offload units around plain layers) and PP2 1F1B with full recompute
+(units around checkpointed chunks: what recompute keeps goes, per micro-batch in flight); the rest, the same
+hooks under other layouts (TP2 + SP, interleaved PP2, CP2, EP2 MoE, selective recompute), are in
+tests/full_matrix.py. Bad values: one line, exit 2.
+"""
+import pytest
+
+from .cli import run_cli, run_metrics
+from .test_moe_parity import MOE, TERMS
+from .test_parity import BASE, DEEP, LLAMA, PP2, TP2, assert_metrics_parity
+
+FLAGS = BASE + ["--train-iters", "10", "--eval-iters", "0"]  # the last occurrence of a flag wins
+OFFLOAD = ["--cpu-offloading", "--cpu-offloading-num-layers", "1"]
+FULL = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+SELECTIVE = ["--recompute-granularity", "selective"]
+CP = LLAMA + ["--seq-length", "62", "--max-position-embeddings", "64"]
+EP2 = ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"]
+
+# name: (ranks, layout flags, model flags shared with the one-process reference, loss terms)
+LAYOUTS = {
+    "one": (1, [], [], ("lm loss",)),
+    "pp2-1f1b-full-recompute": (2, PP2 + FULL, DEEP, ("lm loss",)),
+    "one-selective": (1, SELECTIVE, [], ("lm loss",)),
+    "tp2-sp": (2, TP2 + ["--sequence-parallel"], [], ("lm loss",)),
+    "tp2-sp-selective": (2, TP2 + ["--sequence-parallel"] + SELECTIVE, [], ("lm loss",)),
+    "pp2-1f1b": (2, PP2, DEEP, ("lm loss",)),
+    "pp2-interleaved": (2, PP2 + ["--num-layers-per-virtual-pipeline-stage", "1"], DEEP, ("lm loss",)),
+    "cp2": (2, ["--context-parallel-size", "2"], CP, ("lm loss",)),
+    "ep2-moe": (2, EP2, MOE, TERMS),
+    "ep2-moe-selective": (2, EP2 + SELECTIVE, MOE, TERMS),
+}
+DEFAULT = ("one", "pp2-1f1b-full-recompute")
+
+_reference = {}
+
+
+def reference(model):
+    """The one-process run without offload for these model flags, once per session."""
+    key = tuple(model)
+    if key not in _reference:
+        _reference[key] = run_metrics(FLAGS + model)[1]
+        assert sorted(_reference[key]["train"]) == list(range(1, 11))
+    return _reference[key]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_offloaded_layout_matches_one_process(name):
+    nproc, flags, model, terms = LAYOUTS[name]
+    proc, got = run_metrics(FLAGS + model + flags + OFFLOAD, nproc=nproc)
+    assert "> activation offload (--cpu-offloading): the first 1 layers" in proc.stdout
+    assert_metrics_parity(reference(model), got, terms)
+
+
+@pytest.mark.parametrize("flags,line", [
+    (["--cpu-offloading-num-layers", "2"], "--cpu-offloading-num-layers 2 must be in [0, --num-layers (2))"),
+    (["--cpu-offloading", "--no-cpu-offloading-activations"], "--cpu-offloading with --no-cpu-offloading-activations"),
+])
+def test_bad_offload_values_are_one_line(flags, line):
+    r = run_cli(FLAGS + flags, check=False)
+    assert r.returncode == 2, r.stderr[-2000:]
+    errors = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(errors) == 1 and line in errors[0], r.stderr[-2000:]
