@@ -1,15 +1,18 @@
-"""Activation offload with Megatron-Core's names, defaults and meanings (its TransformerConfig fields
-cpu_offloading, cpu_offloading_num_layers, cpu_offloading_activations, cpu_offloading_weights), and their
-checks. TrainingConfig inherits them.
+"""Offload flags and their checks; TrainingConfig inherits them. docs/offload.md says what each does.
 
-What implements them: megatron/core/transformer/activation_offload.py (the saved-tensor hooks) and
-TransformerBlock.offload_first (which layers); the estimator counts it (planner/offload_cost.py);
-docs/offload.md.
+Activation offload with Megatron-Core's names, defaults and meanings (its TransformerConfig fields
+cpu_offloading, cpu_offloading_num_layers, cpu_offloading_activations, cpu_offloading_weights):
+megatron/core/transformer/activation_offload.py (the saved-tensor hooks) and TransformerBlock.offload_first
+(which layers); the estimator counts it (planner/offload_cost.py).
+Optimizer state in files (--optimizer-offload-path, ours; beside Megatron-LM's --optimizer-cpu-offload):
+megatron/core/optimizer/nvme_offload.py.
 """
 from dataclasses import dataclass
 
 from ...core.config import ConfigError, opt
+from ...core.optimizer.nvme_offload import FileOffload
 from ...core.transformer.activation_offload import ActivationOffloader, offload_model
+from .output_paths import check_writable
 
 
 @dataclass
@@ -26,6 +29,12 @@ class OffloadOptions:
     cpu_offloading_weights: bool = opt(False, "With --cpu-offloading, also offload the weights autograd saves (the "
                                        "model keeps its own copy, so this saves device memory only where a weight "
                                        "is saved as a separate tensor).")
+    optimizer_offload_path: str | None = opt(
+        None, "This project's (not in Megatron-LM; ZeRO-Infinity's idea): keep the fp32 main values and Adam moments "
+        "of this rank's share (all of it, or --optimizer-offload-fraction of it with --optimizer-cpu-offload) in a "
+        "file under this folder (fast local NVMe), updated chunk by chunk through a bounded host buffer.")
+    optimizer_offload_buffer_mb: float = opt(
+        64.0, "This project's: MiB of host memory --optimizer-offload-path's step streams the state through.")
 
     def resolve_offload(self) -> None:
         """--cpu-offloading-num-layers above 0 means --cpu-offloading (Megatron-LM's mapping), once."""
@@ -42,6 +51,45 @@ def check_offload(model_cfg, cfg) -> None:
     if cfg.cpu_offloading and not (cfg.cpu_offloading_activations or cfg.cpu_offloading_weights):
         raise ConfigError("--cpu-offloading with --no-cpu-offloading-activations and without "
                           "--cpu-offloading-weights offloads nothing: drop one of them or add --cpu-offloading-weights")
+
+
+def check_optimizer_offload(cfg) -> None:
+    """ConfigError (one line) for --optimizer-offload-path values that do not fit; an unwritable folder fails here."""
+    if cfg.optimizer_offload_path is None:
+        if cfg.optimizer_offload_buffer_mb != 64.0:
+            raise ConfigError("--optimizer-offload-buffer-mb goes with --optimizer-offload-path (without it no state "
+                              "is in a file); add the path or drop the buffer size")
+        return
+    if cfg.optimizer != "adam":
+        raise ConfigError(f"--optimizer-offload-path is built for --optimizer adam only, not {cfg.optimizer}: "
+                          "drop one of the two")
+    if not cfg.optimizer_offload_buffer_mb > 0:
+        raise ConfigError(f"--optimizer-offload-buffer-mb must be positive, got {cfg.optimizer_offload_buffer_mb}")
+    check_writable(cfg.optimizer_offload_path, "--optimizer-offload-path")
+
+
+def host_state_fraction(cfg) -> float:
+    """The share of this rank's optimizer state off the device: --optimizer-offload-fraction with
+    --optimizer-cpu-offload, all of it with only --optimizer-offload-path, none otherwise."""
+    if cfg.optimizer_cpu_offload:
+        return cfg.optimizer_offload_fraction
+    return 1.0 if cfg.optimizer_offload_path else 0.0
+
+
+def optimizer_file_offload(cfg, rank):
+    """The FileOffload of --optimizer-offload-path for this (global) rank, or None."""
+    if cfg.optimizer_offload_path is None:
+        return None
+    return FileOffload(cfg.optimizer_offload_path, rank, int(cfg.optimizer_offload_buffer_mb * 2 ** 20))
+
+
+def optimizer_offload_line(cfg, optimizer):
+    """The start-up line of --optimizer-offload-path (None without it)."""
+    if cfg.optimizer_offload_path is None:
+        return None
+    in_file, buffer = optimizer.file_bytes()
+    return (f"> optimizer state in files (--optimizer-offload-path {cfg.optimizer_offload_path}): {in_file:,} bytes "
+            f"of rank 0's fp32 main values and Adam moments, updated through a {buffer:,}-byte host buffer")
 
 
 def activation_offloader(cfg, device):
