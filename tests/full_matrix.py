@@ -18,6 +18,7 @@ NORMS = "tests/functional/test_observability.py::test_params_norm_and_zeros_matc
 FP8_GATHER = "tests/distributed/test_fp8_param_gather.py::test_fp8_param_gather_moves_bytes_and_changes_no_loss"
 MUON = "tests/functional/test_muon_parity.py::test_muon_layout_matches_one_process"
 OFFLOAD = "tests/functional/test_activation_offload.py::test_offloaded_layout_matches_one_process"
+NVME = "tests/functional/test_optimizer_offload.py::test_state_in_files_matches_the_state_in_memory"
 
 FULL_ONLY = {
     # FP8: the default run keeps tensorwise TP2+SP, delayed PP2 zb-h1 and CP2, blockwise TP2+SP,
@@ -86,4 +87,7 @@ FULL_ONLY = {
     # (units around checkpointed chunks, micro-batches in flight); the other layouts run the same hooks
     *(f"{OFFLOAD}[{case}]" for case in ("one-selective", "tp2-sp", "tp2-sp-selective", "pp2-1f1b", "pp2-interleaved",
                                         "cp2", "ep2-moe", "ep2-moe-selective")),
+    # optimizer state in files: the default run keeps the distributed optimizer at DP2, all and half of the state in
+    # files; under ZeRO-3 the same rule writes the parameter shard instead of the whole parameter's slice
+    f"{NVME}[zero3-dp2]",
 }
