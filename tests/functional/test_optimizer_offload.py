@@ -105,9 +105,9 @@ def test_disk_full_is_one_line_and_loses_no_checkpoint(tmp_path):
 
     def small_files():  # the state file (about 2 MB) cannot be allocated; logs and probes still can
         resource.setrlimit(resource.RLIMIT_FSIZE, (500_000, 500_000))
-    proc = subprocess.run([sys.executable, "pretrain_gpt.py"] + short + offload(tmp_path) + ["--save", ck, "--load", ck],
-                          cwd=REPO, env=run_environment(), capture_output=True, text=True, timeout=600,
-                          preexec_fn=small_files)
+    args = short + offload(tmp_path) + ["--save", ck, "--load", ck]
+    proc = subprocess.run([sys.executable, "pretrain_gpt.py"] + args, cwd=REPO, env=run_environment(),
+                          capture_output=True, text=True, timeout=600, preexec_fn=small_files)
     _one_error_line(proc, "--optimizer-offload-path")
     assert "cannot hold this rank's" in proc.stderr and " iteration " not in proc.stdout
     assert _digest(ck) == before, "the saved checkpoint changed"

@@ -88,7 +88,8 @@ class MegatronOptimizer:
         self.clip_grad, self.grad_scaler = clip_grad, grad_scaler
         ranges = self._ranges()
         host = offloaded([hi - lo for _, lo, hi in ranges], cpu_offload_fraction)
-        self._pieces = [self._make_piece(p, lo, hi, on_host, file_offload) for (p, lo, hi), on_host in zip(ranges, host)]
+        self._pieces = [self._make_piece(p, lo, hi, on_host, file_offload)
+                        for (p, lo, hi), on_host in zip(ranges, host)]
         self._index = {(id(pc.param), pc.lo, pc.hi): pc for pc in self._pieces}
         self._by_param = {id(pc.param): pc for pc in self._pieces}
         device = ddp.buffers[0].params[0].device

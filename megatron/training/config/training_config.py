@@ -20,8 +20,9 @@ from .optimizer_flags import OptimizerOptions, check_optimizer
 from .recipe_flags import RunOptions, check_run_options
 
 
+# the flags by concern: *_flags.py
 @dataclass
-class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions, OffloadOptions):  # flags by concern: *_flags.py
+class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions, OffloadOptions):
     micro_batch_size: int = opt(8, "Samples per microbatch per data-parallel rank.")
     global_batch_size: int | None = opt(
         None, "Samples per iteration over all data-parallel ranks (default micro batch x DP); "
