@@ -75,7 +75,7 @@ class ActivationOffloader:
             self._unit = None
 
     def _takes(self, t) -> bool:
-        if type(t) not in _PLAIN or t.device != self.device or t.numel() == 0 or t.is_conj() or t.is_neg():
+        if type(t) not in _PLAIN or t.device.type != self.device.type or t.numel() == 0 or t.is_conj() or t.is_neg():
             return False
         return self.weights if is_weight(t) else self.activations
 
