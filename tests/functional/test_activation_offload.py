@@ -8,6 +8,10 @@ tests/full_matrix.py. Bad values: one line, exit 2.
 """
 import pytest
 
+from megatron.training.config import no_effect_flags
+from megatron.training.config.arguments import parse_args
+from megatron.training.config.resolve import resolve
+
 from .cli import run_cli, run_metrics
 from .test_moe_parity import MOE, TERMS
 from .test_parity import BASE, DEEP, LLAMA, PP2, TP2, assert_metrics_parity
@@ -64,3 +68,15 @@ def test_bad_offload_values_are_one_line(flags, line):
     assert r.returncode == 2, r.stderr[-2000:]
     errors = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(errors) == 1 and line in errors[0], r.stderr[-2000:]
+
+
+def test_switches_without_offload_are_accepted_without_effect():
+    for flags, named in ((["--cpu-offloading-weights"], "--cpu-offloading-weights"),
+                         (["--no-cpu-offloading-activations"], "--no-cpu-offloading-activations"),
+                         (["--cpu-offloading"], "--cpu-offloading")):
+        m, t = parse_args(FLAGS + flags)[:2]
+        resolve(m, t, 1)
+        assert named in {flag for flag, _ in no_effect_flags.accepted(m, t)}
+    m, t = parse_args(FLAGS + OFFLOAD + ["--cpu-offloading-weights"])[:2]
+    resolve(m, t, 1)
+    assert not {flag for flag, _ in no_effect_flags.accepted(m, t)} & {"--cpu-offloading", "--cpu-offloading-weights"}
