@@ -35,9 +35,10 @@ class _HostCopy:
         self.host, self.done, self.reloaded = host, done, None
 
 
-def is_weight(t) -> bool:
-    """A parameter or a view of one."""
-    return isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter)
+def is_weight(t, param_storages=()) -> bool:
+    """A parameter, a view of one, or a tensor in a parameter's storage (DDP's flat parameter buffers)."""
+    return isinstance(t, nn.Parameter) or isinstance(t._base, nn.Parameter) or \
+        t.untyped_storage().data_ptr() in param_storages
 
 
 class ActivationOffloader:
@@ -50,6 +51,7 @@ class ActivationOffloader:
         self.activations, self.weights = activations, weights
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.held = self.peak = 0
+        self.param_storages = set()  # storages of the model's parameters (offload_model): weights, not activations
         self._unit = None  # storage address -> (its _HostCopy, the original tensor) during a unit's forward
 
     def describe(self) -> str:
@@ -77,12 +79,12 @@ class ActivationOffloader:
     def _takes(self, t) -> bool:
         if type(t) not in _PLAIN or t.device.type != self.device.type or t.numel() == 0 or t.is_conj() or t.is_neg():
             return False
-        return self.weights if is_weight(t) else self.activations
+        return self.weights if is_weight(t, self.param_storages) else self.activations
 
     def _pack(self, t):
         if self._unit is None or not self._takes(t):
             return t
-        if is_weight(t):  # only the tensor itself: its storage may be a whole parameter buffer
+        if is_weight(t, self.param_storages):  # only the tensor itself: its storage may be a whole parameter buffer
             return self._copy(t.detach()), None
         storage = t.untyped_storage()
         key = storage.data_ptr()
@@ -134,8 +136,9 @@ class ActivationOffloader:
 
 
 def offload_model(model, offloader, num_layers) -> int:
-    """Offload the first num_layers layers of every TransformerBlock of model (each pipeline chunk has one).
-    -> the layers offloaded on this rank."""
+    """Offload the first num_layers layers of every TransformerBlock of model (each pipeline chunk has one),
+    once its parameters are where they stay (DDP's buffers). -> the layers offloaded on this rank."""
+    offloader.param_storages |= {p.untyped_storage().data_ptr() for p in model.parameters()}
     blocks = [m for m in model.modules() if isinstance(m, TransformerBlock)]
     for b in blocks:
         b.offload_first(offloader, num_layers)
