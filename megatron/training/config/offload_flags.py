@@ -89,7 +89,8 @@ def optimizer_offload_line(cfg, optimizer):
         return None
     in_file, buffer = optimizer.file_bytes()
     return (f"> optimizer state in files (--optimizer-offload-path {cfg.optimizer_offload_path}): {in_file:,} bytes "
-            f"of rank 0's fp32 main values and Adam moments, updated through a {buffer:,}-byte host buffer")
+            f"of rank 0's fp32 main values and Adam moments, updated through a {buffer:,}-byte host buffer (torch's "
+            "fused AdamW kernel chunk by chunk; plain reads and writes, so the page cache stays out of this process)")
 
 
 def activation_offloader(cfg, device):
