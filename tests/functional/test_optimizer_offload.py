@@ -11,11 +11,16 @@ checkpoint already saved untouched.
 """
 import hashlib
 import os
+import re
 import resource
 import subprocess
 import sys
 
 import pytest
+
+from megatron.core.errors import ConfigError
+from megatron.training.config.arguments import parse_args
+from megatron.training.config.resolve import resolve, validate
 
 from .cli import REPO, run_cli, run_environment, run_metrics
 from .test_parity import BASE, assert_metrics_parity, max_relative_differences
@@ -117,3 +122,21 @@ def test_disk_full_is_one_line_and_loses_no_checkpoint(tmp_path):
 def test_unwritable_folder_is_one_line():
     proc = run_cli(FLAGS + ["--optimizer-offload-path", "/proc/i47-offload"], check=False)
     _one_error_line(proc, "--optimizer-offload-path /proc/i47-offload: cannot write in /proc")
+
+
+@pytest.mark.parametrize("flags,line", [
+    (["--optimizer", "sgd"], "--optimizer-offload-path is built for --optimizer adam only, not sgd"),
+    (["--optimizer-offload-buffer-mb", "0"], "--optimizer-offload-buffer-mb must be positive, got 0.0"),
+])
+def test_values_that_do_not_fit_are_one_line(flags, line, tmp_path):
+    m, t = parse_args(FLAGS + ["--optimizer-offload-path", str(tmp_path)] + flags)[:2]
+    resolve(m, t, 1)
+    with pytest.raises(ConfigError, match="^" + re.escape(line)):
+        validate(m, t, 1)
+
+
+def test_a_buffer_size_without_the_path_is_one_line():
+    m, t = parse_args(FLAGS + ["--optimizer-offload-buffer-mb", "8"])[:2]
+    resolve(m, t, 1)
+    with pytest.raises(ConfigError, match="goes with --optimizer-offload-path"):
+        validate(m, t, 1)
