@@ -86,7 +86,7 @@ FULL_ONLY = {
     # activation offload: the default run keeps one process (units around layers) and PP2 1F1B with full recompute
     # (units around checkpointed chunks, micro-batches in flight); the other layouts run the same hooks
     *(f"{OFFLOAD}[{case}]" for case in ("one-selective", "tp2-sp", "tp2-sp-selective", "pp2-1f1b", "pp2-interleaved",
-                                        "cp2", "ep2-moe", "ep2-moe-selective")),
+                                        "cp2", "ep2-moe", "ep2-moe-selective", "one-fp8")),
     # optimizer state in files: the default run keeps the distributed optimizer at DP2, all and half of the state in
     # files; under ZeRO-3 the same rule writes the parameter shard instead of the whole parameter's slice
     f"{NVME}[zero3-dp2]",

@@ -3,7 +3,7 @@
 
 The default run keeps one process (the offload units around plain layers) and PP2 1F1B with full recompute
 (units around checkpointed chunks: what recompute keeps goes, per micro-batch in flight); the rest, the same
-hooks under other layouts (TP2 + SP, interleaved PP2, CP2, EP2 MoE, selective recompute), are in
+hooks under other layouts (TP2 + SP, interleaved PP2, CP2, EP2 MoE, selective recompute, FP8), are in
 tests/full_matrix.py. Bad values: one line, exit 2.
 """
 import pytest
@@ -22,6 +22,8 @@ FULL = ["--recompute-granularity", "full", "--recompute-method", "uniform", "--r
 SELECTIVE = ["--recompute-granularity", "selective"]
 CP = LLAMA + ["--seq-length", "62", "--max-position-embeddings", "64"]
 EP2 = ["--expert-model-parallel-size", "2", "--moe-token-dispatcher-type", "alltoall"]
+FP8 = ["--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len", "4", "--fp8-amax-compute-algo",
+       "max"]
 
 # name: (ranks, layout flags, model flags shared with the one-process reference, loss terms)
 LAYOUTS = {
@@ -35,6 +37,7 @@ LAYOUTS = {
     "cp2": (2, ["--context-parallel-size", "2"], CP, ("lm loss",)),
     "ep2-moe": (2, EP2, MOE, TERMS),
     "ep2-moe-selective": (2, EP2 + SELECTIVE, MOE, TERMS),
+    "one-fp8": (1, [], FP8, ("lm loss",)),  # the FP8 linears keep FP8 inputs: those move
 }
 DEFAULT = ("one", "pp2-1f1b-full-recompute")
 
