@@ -128,4 +128,6 @@ def test_environment_variables_and_empty_files(tmp_path, monkeypatch):
     monkeypatch.setenv("MEGATRON_TEST_DATA", "/data/corpus")
     _, train = parse_args(["--yaml-cfg", _file(tmp_path, "data_path: ${MEGATRON_TEST_DATA}_text\n")])
     assert train.data_path == ["/data/corpus_text"]
+    _, train = parse_args(["--yaml-cfg", _file(tmp_path, "data_path: 0.3 ${MEGATRON_TEST_DATA} 0.7 b\n")])
+    assert train.data_path == ["0.3", "/data/corpus", "0.7", "b"]  # text splits at whitespace, as in a shell
     assert _without_file(parse_args(["--yaml-cfg", _file(tmp_path, "# nothing\n")])) == parse_args([])

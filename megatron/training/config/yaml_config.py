@@ -74,7 +74,8 @@ def _flags(action, by_field, value, path):
             return []
         raise ValueError(f"null is no value of {flag}: leave the key out for its default ({action.default})")
     if action.nargs in ("+", "*") or isinstance(action.nargs, int):
-        items = value if isinstance(value, list) else [value]
+        # a text scalar splits at whitespace, as the shell splits the flag's values (Megatron-LM's data_path too)
+        items = value if isinstance(value, list) else value.split() if isinstance(value, str) else [value]
         if isinstance(action.nargs, int) and len(items) != action.nargs:
             raise ValueError(f"expected a list of {action.nargs} values, got {_shown(value)}")
         if action.nargs == "+" and not items:

@@ -127,8 +127,8 @@ class _Tracker:
 
 
 # ops that pass a zero-padded head dimension on unchanged (the attention core's layout changes)
-_KEEPS_WIDTH = {"permute", "transpose", "view", "_unsafe_view", "reshape", "clone", "contiguous", "expand",
-                "unsqueeze", "squeeze", "detach", "alias", "_to_copy", "as_strided", "select", "slice"}
+_KEEPS_WIDTH = frozenset({"permute", "transpose", "view", "_unsafe_view", "reshape", "clone", "contiguous", "expand",
+                "unsqueeze", "squeeze", "detach", "alias", "_to_copy", "as_strided", "select", "slice"})
 
 
 class _Counting(TorchDispatchMode):
