@@ -53,6 +53,12 @@ def _rules(m, t, device):
          "without --fp8-format no GEMM runs in FP8"),
         (m, "mtp_loss_scaling_factor", not m.mtp_num_layers and m.mtp_loss_scaling_factor != 0.1,
          "without --mtp-num-layers there is no MTP loss"),
+        (t, "cpu_offloading", t.cpu_offloading and not t.cpu_offloading_num_layers,
+         "--cpu-offloading-num-layers is 0: no layer is offloaded, as in Megatron-LM"),
+        (t, "cpu_offloading_weights", t.cpu_offloading_weights and not t.cpu_offloading,
+         "without --cpu-offloading nothing is offloaded"),
+        (t, "cpu_offloading_activations", not t.cpu_offloading_activations and not t.cpu_offloading,
+         "without --cpu-offloading nothing is offloaded"),
     ] + _latent_attention_only(m)
 
 

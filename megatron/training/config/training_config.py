@@ -15,12 +15,14 @@ from . import training_checks as config_checks
 from .bert_flags import BertOptions as BertOptions
 from .fsdp_flags import FSDPOptions, resolve_fsdp
 from .logging_flags import LoggingOptions
+from .offload_flags import OffloadOptions
 from .optimizer_flags import OptimizerOptions, check_optimizer
 from .recipe_flags import RunOptions, check_run_options
 
 
+# the flags by concern: *_flags.py
 @dataclass
-class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions):  # flags by concern: *_flags.py
+class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions, OffloadOptions):
     micro_batch_size: int = opt(8, "Samples per microbatch per data-parallel rank.")
     global_batch_size: int | None = opt(
         None, "Samples per iteration over all data-parallel ranks (default micro batch x DP); "
@@ -193,6 +195,7 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions):
         self.check_schedule()
         resolve_fsdp(self)
         self.resolve_optimizer()
+        self.resolve_offload()
         self.resolve_sharding()
         derive = self.train_samples is not None and self.train_iters is None
         batch_schedule.resolve(self, seq_length or 1, dp_size)

@@ -18,6 +18,12 @@ from ...core.timers import phase
 from ...core.transformer.context_parallel import cp_slice
 from ...core.transformer.moe import step_hooks as moe_hooks
 from ..checkpointing.save_load import Checkpointer
+from ..config.offload_flags import (
+    attach_activation_offload,
+    host_state_fraction,
+    optimizer_file_offload,
+    optimizer_offload_line,
+)
 from ..config.optimizer_flags import optimizer_line
 from ..data.loader import end_of_training_sets, microbatches, validation_window
 from ..observability.flops import num_floating_point_operations
@@ -161,9 +167,9 @@ def setup_model_and_optimizer(model_cfg, train_cfg, groups, device, model_provid
         optimizer = get_megatron_optimizer(ddp, groups, train_cfg.lr, train_cfg.weight_decay,
                                            (train_cfg.adam_beta1, train_cfg.adam_beta2), train_cfg.adam_eps,
                                            train_cfg.clip_grad, build_grad_scaler(train_cfg),
-                                           train_cfg.optimizer_offload_fraction if train_cfg.optimizer_cpu_offload
-                                           else 0.0, train_cfg.optimizer, train_cfg.sgd_momentum,
-                                           train_cfg.muon_config() if train_cfg.optimizer == "muon" else None)
+                                           host_state_fraction(train_cfg), train_cfg.optimizer, train_cfg.sgd_momentum,
+                                           train_cfg.muon_config() if train_cfg.optimizer == "muon" else None,
+                                           optimizer_file_offload(train_cfg, groups.rank))
     return model, ddp, optimizer, build_scheduler(optimizer, train_cfg)
 
 
@@ -177,6 +183,9 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     print_rank_0(ddp.describe())
     if (line := optimizer_line(train_cfg)) is not None:
         print_rank_0(line)
+    for line in (attach_activation_offload(model, train_cfg, device), optimizer_offload_line(train_cfg, optimizer)):
+        if line is not None:
+            print_rank_0(line)
     if train_cfg.optimizer_cpu_offload:
         print_rank_0(f"> optimizer CPU offload: {train_cfg.optimizer_offload_fraction:.0%} of the optimizer state and"
                      f" its update on the host: {optimizer.memory_bytes(on_host=True):,} bytes on rank 0's host")

@@ -17,6 +17,7 @@ from .fp8_cost import fp8_savings, head_fp8_savings
 from .hardware import Cluster, all_to_all_time, collective_time, gemm_time, memory_time, p2p_time, ring_bytes
 from .moe_cost import expert_parallel_time, moe_fraction, moe_mlp_costs, router_time
 from .muon_cost import muon_time
+from .offload_cost import offload_seconds
 from .pipeline_cost import pipeline_time
 from .traffic import (
     context_parallel_bytes,
@@ -39,10 +40,11 @@ class StepTime:
     bubble: float        # the simulator's mean idle fraction of the pipeline part
     layer_forward: float  # one layer, one microbatch: compute + TP collectives
     schedule: str = ""   # the pipeline schedule simulated (schedules.SCHEDULES name, or zb_v)
+    offload: float = 0.0  # --cpu-offloading's reloads over PCIe, every microbatch (offload_cost.py)
 
     @property
     def total(self) -> float:
-        return self.pipeline + self.dp_exposed + self.optimizer + self.finalize
+        return self.pipeline + self.dp_exposed + self.optimizer + self.finalize + self.offload
 
 
 
@@ -267,4 +269,5 @@ def step_time(c, t, cluster: Cluster, layout, mems, sp_grad_bytes=0) -> StepTime
     if pp > 1 and not c.untie_embeddings_and_output_weights:  # tied word embeddings: first <-> last stage
         emb += collective_time(cluster, "all_reduce", c.padded_vocab_size * c.hidden_size / tp * 4, 2,
                               tp * dp * (pp - 1))
-    return StepTime(makespan, exposed, optimizer, emb, bubble, fwd, schedule)
+    offload = micro * max(offload_seconds(cluster, mem.get("offloaded", 0)) for mem in mems)
+    return StepTime(makespan, exposed, optimizer, emb, bubble, fwd, schedule, offload)

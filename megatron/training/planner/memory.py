@@ -13,6 +13,7 @@ from ...core.tensor_parallel.param_meta import is_muon_matrix
 from ..config.resolve import parallel_layout
 from .activations import kept_activation_bytes, loss_bytes
 from .muon_cost import muon_stage
+from .offload_cost import offloaded_bytes
 
 _built = {}  # (config, world, stage) -> its meta chunks: a planner asks for the same stage many times
 
@@ -48,7 +49,8 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
     its own expert buffers only): (expert-DP size, the experts' part of params, of grads); activations: the layers'
     and, on the last stage, the cross entropy's (activations.loss_bytes); gathered: ZeRO-3's
     largest working set of full parameters (a chunk's root unit and one layer, two with
-    --overlap-param-gather), 0 otherwise; working: the recomputed chunk's activations."""
+    --overlap-param-gather), 0 otherwise; working: the recomputed chunk's activations; offloaded: the bytes per
+    microbatch --cpu-offloading keeps on the host instead (left out of activations)."""
     layout = parallel_layout(model_cfg, t, world_size)
     t.validate(layout.dp)
     ddp = t.ddp_config(model_cfg.fp8_param_gather)
@@ -107,6 +109,9 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
     # the cross entropy's kept tensor on the last stage, once per loss (the model's and each MTP module's)
     losses = sum(1 + (len(c.mtp.layers) if c.mtp is not None else 0) for c in chunks if c.post_process)
     out["activations"] += int(losses * loss_bytes(model_cfg, t.micro_batch_size, layout.tp))
+    # --cpu-offloading: the first layers' kept activations live on the host (offload_cost.py)
+    out["offloaded"] = offloaded_bytes(model_cfg, t, layout.tp, [len(c.decoder.layers) for c in chunks])
+    out["activations"] -= out["offloaded"]
     num_micro = t.global_batch_size // (t.micro_batch_size * layout.dp)
     out["in_flight"] = min(layout.pp - pp_rank, num_micro) if layout.pp > 1 else 1  # 1F1B warm-up depth
     return out
