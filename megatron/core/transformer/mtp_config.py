@@ -17,7 +17,7 @@ class MTPConfig:
         "projection, one transformer layer, the shared output head). None: none.")
     mtp_loss_scaling_factor: float = opt(
         0.1, "The MTP losses' weight: each module's loss enters the training loss times this / --mtp-num-layers "
-        "(logged unscaled, as 'mtp_1 loss' ...).")
+        "(logged unscaled, as 'mtp_1 loss' ...).", requires="mtp_num_layers")
 
 
 def check_mtp(cfg) -> None:
