@@ -2,11 +2,15 @@
 TransformerConfig (config.py), so the CLI is generated from these fields; check_fp8() refuses values that do
 not fit, in one line. What is not built (mxfp8, FP8 through Transformer Engine, FP8 experts in some layouts)
 training/config/unbuilt_flags.py refuses with the other features that are not built."""
+import math
 from dataclasses import dataclass
+
+import torch
 
 from ..config_fields import flag_namer, opt
 from ..errors import ConfigError
 from .blockwise import TILE
+from .formats import FP8_MAX, formats
 
 
 @dataclass
@@ -84,6 +88,11 @@ def check_fp8(cfg) -> None:
     for name in ("fp8_margin", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"{f(name)} must be >= 0, got {getattr(cfg, name)}")
+    top = largest_margin(cfg.fp8_format)
+    if cfg.fp8_margin > top:
+        raise ConfigError(f"{f('fp8_margin')} must be in [0, {top}] with {f('fp8_format')} {cfg.fp8_format}, got "
+                          f"{cfg.fp8_margin}: above it the largest value lands below the format's smallest normal "
+                          "number and the scaled tensors underflow")
     per_stage = cfg.num_layers // cfg.pipeline_model_parallel_size
     for name in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
         if cfg.first_last_layers_bf16 and getattr(cfg, name) > per_stage:  # Megatron-LM's bound
@@ -93,6 +102,11 @@ def check_fp8(cfg) -> None:
         raise ConfigError(f"{f('fp8_amax_history_len')} must be >= 1, got {cfg.fp8_amax_history_len}")
     if cfg.fp8_recipe == "blockwise":
         _check_blockwise(cfg, f)
+
+
+def largest_margin(fmt) -> int:
+    """The largest --fp8-margin at which the amax still lands on a normal number of every format cast to."""
+    return min(int(math.log2(FP8_MAX[d] / torch.finfo(d).tiny)) for d in formats(fmt))
 
 
 def check_fp8_param_gather(cfg, shards_optimizer: bool) -> None:

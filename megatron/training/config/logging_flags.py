@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from ...core.config import ConfigError, opt
+from ...core.config_fields import flag_namer
+from ...core.ranges import NON_NEGATIVE, check_ranges
 from ...core.timers import LEVELS, OPTIONS
 
 
@@ -81,6 +83,8 @@ class LoggingOptions:
 def check_logging(cfg, world_size, cuda=None):
     """ConfigError for logging flags that cannot work, before anything runs. cuda: whether this
     machine has a GPU (default: torch.cuda.is_available())."""
+    # a negative level or start iteration would never match anything: refused, not silently nothing
+    check_ranges(cfg, {"logging_level": NON_NEGATIVE, "profile_step_start": NON_NEGATIVE}, flag_namer(cfg))
     if cfg.tensorboard_log_interval < 1 or cfg.tensorboard_queue_size < 1:
         raise ConfigError("--tensorboard-log-interval and --tensorboard-queue-size must be at least 1")
     if cfg.wandb_project:

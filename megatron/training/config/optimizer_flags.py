@@ -62,8 +62,12 @@ def check_optimizer(cfg) -> None:
     """ConfigError (one line) for optimizer values that do not fit; nothing for AdamW's defaults."""
     if cfg.optimizer in NOT_BUILT:
         raise ConfigError(f"--optimizer {cfg.optimizer} is not built here: use adam, sgd or muon")
+    if cfg.optimizer == "sgd" and not 0.0 <= cfg.sgd_momentum < 1.0:
+        raise ConfigError(f"--sgd-momentum must be in [0, 1), got {cfg.sgd_momentum}")
     if cfg.optimizer != "muon":
         return
+    if not 0.0 < cfg.muon_extra_scale_factor < float("inf"):
+        raise ConfigError(f"--muon-extra-scale-factor must be a positive number, got {cfg.muon_extra_scale_factor}")
     if cfg.muon_scalar_optimizer != "adam":
         raise ConfigError(f"--muon-scalar-optimizer {cfg.muon_scalar_optimizer} is not built here: use adam")
     if cfg.optimizer_cpu_offload:

@@ -13,7 +13,8 @@ NUMBER_RULES = {
     "seed": ("[]", 0, 2 ** 31 - 1),  # numpy seeds (and seed + 1) must fit 32 bits
     "lr_warmup_iters": NON_NEGATIVE, "lr_decay_iters": AT_LEAST_ONE, "lr_wsd_decay_iters": AT_LEAST_ONE,
     "loss_scale": POSITIVE, "initial_loss_scale": POSITIVE, "min_loss_scale": POSITIVE,
-    "eval_iters": NON_NEGATIVE,
+    "eval_iters": NON_NEGATIVE, "exit_duration_in_mins": POSITIVE, "decoupled_lr": NON_NEGATIVE,
+    "decoupled_min_lr": NON_NEGATIVE, "tiktoken_num_special_tokens": NON_NEGATIVE,
 }
 
 

@@ -8,13 +8,16 @@ from dataclasses import dataclass
 from ...config_fields import flag_namer, opt
 from ...errors import ConfigError
 from ...parallel_layout import experts_folded
-from ...ranges import NON_NEGATIVE, POSITIVE, check_ranges
+from ...ranges import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check_ranges
 from .layer_pattern import every_n, moe_freq
 
 # the MoE numbers outside these ranges fail in check_moe (NaN and inf everywhere, ranges.py); a negative loss
 # weight or bias step would push the routing away from balance, silently
 NUMBER_RULES = {"moe_aux_loss_coeff": NON_NEGATIVE, "moe_z_loss_coeff": NON_NEGATIVE,
-                "moe_router_bias_update_rate": NON_NEGATIVE, "moe_expert_capacity_factor": POSITIVE}
+                "moe_router_bias_update_rate": NON_NEGATIVE, "moe_expert_capacity_factor": POSITIVE,
+                "moe_router_topk_scaling_factor": POSITIVE,
+                # 0 would read as "not given" (no group-limited routing) where a count was asked for
+                "moe_router_num_groups": AT_LEAST_ONE, "moe_router_group_topk": AT_LEAST_ONE}
 # the name each balance loss is logged under when several are combined (Megatron-Core's names)
 _BALANCE_NAMES = {"aux_loss": "load_balancing_loss", "seq_aux_loss": "seq_load_balancing_loss"}
 
@@ -37,7 +40,7 @@ class MoEConfig:
     moe_router_topk: int = opt(2, "Experts each token is routed to.", requires="num_experts")
     moe_router_num_groups: int | None = opt(
         None, "Group-limited routing: the experts split into this many equal groups (in index order; e.g. the EP "
-        "size for device-limited, the nodes for node-limited routing).", requires="num_experts")
+        "size for device-limited, the nodes for node-limited routing).", requires="moe_router_group_topk")
     moe_router_group_topk: int | None = opt(
         None, "Group-limited routing: each token's experts come from this many groups, those whose top-(topk / "
         "group-topk) scores sum highest (None: not group-limited).", requires="num_experts")
@@ -188,9 +191,6 @@ def check_group_routing(cfg, f) -> None:
     """--moe-router-group-topk needs groups that split the experts evenly and leave top-k experts to choose;
     topk below group-topk would sum no score per group (every group ties), so it is refused too."""
     groups, group_topk, k = cfg.moe_router_num_groups, cfg.moe_router_group_topk, cfg.moe_router_topk
-    if cfg.moe_router_topk_scaling_factor is not None and not cfg.moe_router_topk_scaling_factor > 0:
-        raise ConfigError(f"{f('moe_router_topk_scaling_factor')} ({cfg.moe_router_topk_scaling_factor}) must be "
-                          "positive")
     if not group_topk:
         return
     if not groups:
