@@ -188,6 +188,12 @@ CASES = {
     "plan network 0": (PLAN, TINY_MODEL + ["--network-gbps", "0"], "--network-gbps"),
     "plan nvlink 0": (PLAN, TINY_MODEL + ["--nvlink-gbps", "0"], "--nvlink-gbps"),
     "plan top -1": (PLAN, TINY_MODEL + ["--top", "-1"], "--top"),
+    # issue 41: the planner named no flag ("no valid layout"), a traceback, a "best" command where nothing fits
+    "plan layers 0": (PLAN, TINY_MODEL + ["--global-batch-size", "4", "--num-layers", "0"], "--num-layers"),
+    "plan hidden too large": (PLAN, TINY_MODEL[:2] + ["--hidden-size", "4000000000", "--num-attention-heads", "1",
+                                                      "--global-batch-size", "4"], "storage size overflows"),
+    "plan nothing fits": (PLAN, TINY_MODEL + ["--global-batch-size", "2", "--num-layers", "1", "--num-gpus", "1",
+                                              "--gpus-per-node", "1", "--gpu-memory-gb", "1e-6"], "no layout fits"),
     "finetune into its own load dir": (GPT, MOCK + ["--finetune", "--load", "{d}/folder", "--save", "{d}/folder/"],
                                        "give another --save"),
     "moe index files garbage": (GPT, MOE + ["--load", "{d}/moeidx"], "moeidx/iter_0000001/index/"),
