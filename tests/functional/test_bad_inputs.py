@@ -170,6 +170,13 @@ CASES = {
                                                    "{d}/folder", "--save-dir", "{d}/out/mg"], "--load-dir"),
     "generate missing checkpoint": (GENERATE, ["--load", "{d}/nothere", "--prompt-ids", "1"], "--load"),
     "generate broken checkpoint": (GENERATE, ["--load", "{d}/badckpt", "--prompt-ids", "1"], "iter_0000007"),
+    # issue 41: argparse's usage block, all four sampling rules in one message
+    "generate no prompt": (GENERATE, ["--load", "{d}/badckpt"], "one of the arguments --prompt-ids --prompt"),
+    "generate top-p 2": (GENERATE, ["--load", "{d}/badckpt", "--prompt-ids", "1", "--top-p", "2"],
+                         "--top-p must be in (0, 1], got 2.0"),
+    "generate temperature nan": (GENERATE, ["--load", "{d}/badckpt", "--prompt-ids", "1", "--temperature", "nan"],
+                                 "--temperature must be a positive number, got nan"),
+    "generate top-k -1": (GENERATE, ["--load", "{d}/badckpt", "--prompt-ids", "1", "--top-k", "-1"], "--top-k must"),
     # issue 26: tracebacks before
     "capacity factor nan": (GPT, MOE + ["--moe-expert-capacity-factor", "nan"], "--moe-expert-capacity-factor"),
     "capacity factor inf": (GPT, MOE + ["--moe-expert-capacity-factor", "inf"], "--moe-expert-capacity-factor"),
