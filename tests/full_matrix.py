@@ -81,4 +81,7 @@ FULL_ONLY = {
     "tests/functional/test_muon_checkpoint.py::test_muon_checkpoint_of_one_process_resumes_at_tp2_pp2_dp2",
     # expert biases over TP: the default run keeps tp2xep2 alltoall, both folded layouts and the checkpoint
     *(f"{MOE_BIAS}[{case}]" for case in ("tp2xep2-allgather-sp", "tp1xdp2-etp2")),
+    # the FLOPs profiler's counter at one process: the default run keeps TP2, the same counter on the same four
+    # models (each rank's share, so its total too)
+    "tests/distributed/test_flops_profiler.py::test_total_is_the_model_flops_and_each_rank_its_share[1]",
 }

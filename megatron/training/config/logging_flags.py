@@ -78,6 +78,10 @@ class LoggingOptions:
                                                 requires="use_pytorch_profiler")
     pytorch_profiler_collect_callstack: bool = opt(False, "torch.profiler: record the Python call stacks.",
                                                    requires="use_pytorch_profiler")
+    flops_profiler_step: int | None = opt(
+        None, "This project's (not in Megatron-LM; DeepSpeed's flops profiler): at this iteration measure every "
+        "module's forward and backward FLOPs and time; the logging rank prints the table (module, parameters, FLOPs, "
+        "time, achieved TFLOP/s, share of the step), also written to TensorBoard and --log-metrics-jsonl.")
 
 
 def check_logging(cfg, world_size, cuda=None):
@@ -94,6 +98,7 @@ def check_logging(cfg, world_size, cuda=None):
         if not (cfg.wandb_save_dir or cfg.save):
             raise ConfigError("--wandb-project needs a directory for W&B's files: give --wandb-save-dir DIR "
                               "(or --save, whose wandb/ subdirectory is the default)")
+    check_flops_profiler(cfg)
     if not cfg.profile:
         return
     if cfg.profile_step_end <= cfg.profile_step_start:
@@ -109,6 +114,19 @@ def check_logging(cfg, world_size, cuda=None):
     if not cfg.use_pytorch_profiler and not (torch.cuda.is_available() if cuda is None else cuda):
         raise ConfigError("--profile without --use-pytorch-profiler marks the steps for nsys through the CUDA "
                           "profiler API, which needs a GPU; add --use-pytorch-profiler for a torch.profiler trace")
+
+
+def check_flops_profiler(cfg):
+    """ConfigError for a --flops-profiler-step that would never run (train_iters resolved)."""
+    step = cfg.flops_profiler_step
+    if step is None:
+        return
+    if not 1 <= step <= cfg.train_iters:
+        raise ConfigError(f"--flops-profiler-step {step}: not an iteration of this run (1 to {cfg.train_iters}); "
+                          "give one of them")
+    if cfg.skip_train:
+        raise ConfigError("--flops-profiler-step measures a training iteration and --skip-train runs none; "
+                          "drop one of them")
 
 
 def configure_logging(level=None):

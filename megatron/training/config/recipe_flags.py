@@ -56,6 +56,10 @@ class RunOptions:
                         "not built here: accepted, no effect).", flag="--use-nccl-ub")
     enable_experimental: bool = opt(False, "Megatron-LM's switch for its experimental code paths; none is gated by "
                                     "it here: accepted, no effect.")
+    yaml_cfg: str | None = opt(
+        None, "A YAML file of these options (keys: the options' names with underscores, in groups if wanted, as "
+        "Megatron-LM's language_model: and model_parallel:); flags on the command line override it "
+        "(docs/yaml_config.md).")
     # set by resolve() when --train-iters was derived from --train-samples (resolving twice keeps it)
     train_iters_derived: bool = dataclasses.field(default=False, metadata={"cli": False})
 

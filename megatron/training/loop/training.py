@@ -21,6 +21,7 @@ from ..checkpointing.save_load import Checkpointer
 from ..config.optimizer_flags import optimizer_line
 from ..data.loader import end_of_training_sets, microbatches, validation_window
 from ..observability.flops import num_floating_point_operations
+from ..observability.flops_profiler import FlopsProfiler
 from ..observability.log import EvalProgress, print_rank_0, print_rank_last, startup_summary
 from ..observability.memory_report import estimated_peak, report_memory
 from ..observability.metrics_jsonl import MetricsLog
@@ -185,6 +186,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     logger, timers, profiler = open_observability(model_cfg, train_cfg, groups, device, iteration)
     sizes = batch_schedule.build(train_cfg, model_cfg.seq_length)  # the global batch by consumed samples
     metrics = MetricsLog(train_cfg.log_metrics_jsonl, groups, iteration > 0, device)
+    flops_profiler = FlopsProfiler(train_cfg, model, groups, device)  # --flops-profiler-step
     print_rank_0(f"> training for {train_cfg.train_iters} iterations ({len(train_ds)} samples per epoch)")
     predicted = predicted_step_line(model_cfg, train_cfg, groups.world_size, device) if groups.rank == 0 else None
     if predicted:  # on a known GPU: the planner's step time, to read beside the measured ones
@@ -212,13 +214,15 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                                    groups.dp_rank, groups.dp_size, device, spec.collate, cp_slice(groups))
         trace = [] if iteration == trace_iter else None
         fb = forward_backward_func if trace is None else functools.partial(forward_backward_func, trace=trace)
-        with out_of_memory(f"iteration {iteration}"):
+        with out_of_memory(f"iteration {iteration}"), flops_profiler.step(iteration):
             losses, grad_norm, lr, updated = train_step(model, ddp, optimizer, scheduler, batches, spec.forward_step,
                                                         groups, iteration, fb, spec.loss_terms, model_cfg,
                                                         timers=timers, lr_increment=global_batch,
                                                         empty_cache_level=train_cfg.empty_unused_memory_level,
                                                         router_losses=router_losses)
         stats = step_stats(optimizer, train_cfg, updated, timers)
+        flops_profiler.report(iteration, num_floating_point_operations(model_cfg, global_batch), logger.writers,
+                              metrics)
         if trace is not None:
             write_pipeline_trace(train_cfg.pipeline_trace, trace, groups, model_cfg, len(batches), iteration,
                                  schedule)
