@@ -195,6 +195,7 @@ CASES = {
     "plan network 0": (PLAN, TINY_MODEL + ["--network-gbps", "0"], "--network-gbps"),
     "plan nvlink 0": (PLAN, TINY_MODEL + ["--nvlink-gbps", "0"], "--nvlink-gbps"),
     "plan top -1": (PLAN, TINY_MODEL + ["--top", "-1"], "--top"),
+    "checkpoint args without a checkpoint": (GPT, MOCK + ["--use-checkpoint-args"], "--use-checkpoint-args"),
     # issue 41: the planner named no flag ("no valid layout"), a traceback, a "best" command where nothing fits
     "plan layers 0": (PLAN, TINY_MODEL + ["--global-batch-size", "4", "--num-layers", "0"], "--num-layers"),
     "plan hidden too large": (PLAN, TINY_MODEL[:2] + ["--hidden-size", "4000000000", "--num-attention-heads", "1",

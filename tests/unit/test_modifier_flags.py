@@ -23,6 +23,8 @@ from megatron.training.config.training_config import TrainingConfig
 
 MOCK = ["--mock-data", "--vocab-size", "100", "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
         "--seq-length", "16", "--micro-batch-size", "2", "--train-iters", "4", "--lr", "1e-3"]
+# features on in the default configs (AdamW), switched off to walk their modifiers
+FEATURE_OFF = {"optimizer": "sgd"}
 # the switch of each feature whose every other field modifies it
 FAMILIES = {MoEConfig: "num_experts", Fp8Config: "fp8_format", MTPConfig: "mtp_num_layers"}
 # fields of those families that are not modifiers, and why
@@ -36,7 +38,10 @@ PREFIXES = [(LoggingOptions, lambda n: n.startswith("wandb_") and n != "wandb_pr
             (LoggingOptions, lambda n: n.startswith(("profile_", "pytorch_profiler_", "use_pytorch_profiler"))),
             (LoggingOptions, lambda n: "tensorboard" in n),
             (LoggingOptions, lambda n: n in ("timing_log_option", "barrier_with_l1_time")),
-            (OptimizerOptions, lambda n: n.startswith(("muon_", "sgd_")))]
+            (OptimizerOptions, lambda n: n.startswith(("muon_", "sgd_"))),
+            (TrainingConfig, lambda n: n.startswith(("adam_", "lr_wsd_", "tiktoken_", "manual_gc_"))
+             or "loss_scale" in n or n in ("hysteresis", "special_tokens", "no_load_optim", "no_load_rng", "async_save", "lr_warmup_init",
+                      "ckpt_fully_parallel_save", "ckpt_fully_parallel_load"))]
 
 
 def _cfgs(args):
@@ -72,10 +77,14 @@ def test_every_modifier_without_its_feature_is_named_with_the_feature(name, requ
     fields = {f.name: (cfg, f) for cfg in cfgs for f in dataclasses.fields(cfg)}
     for term, _ in modifier_flags.terms(requires):
         assert term in fields, f"{name}: requires names no field {term}"
+    changed = [copy.copy(c) for c in cfgs]
+    if modifier_flags.missing(fields, requires) is None:  # a feature on by default (AdamW): switched off
+        for term, value in FEATURE_OFF.items():
+            setattr(next(c for c in changed if hasattr(c, term)), term, value)
+    fields = {f.name: (c, f) for c in changed for f in dataclasses.fields(c)}
     assert modifier_flags.missing(fields, requires) is not None, f"{name}: the default configs have its feature on"
     cfg, f = fields[name]
-    changed = [copy.copy(c) for c in cfgs]
-    setattr(changed[cfgs.index(cfg)], name, _other_value(f))
+    setattr(cfg, name, _other_value(f))
     found = dict(no_effect.accepted(*changed))
     flag = flag_of(type(cfg), name)
     assert flag in found, f"{flag} given without its feature is not named"

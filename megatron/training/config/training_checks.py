@@ -108,6 +108,9 @@ def validate(cfg, dp_size: int) -> None:
 def _validate_finetune(cfg):
     """--finetune saving into its own --load directory would make the finetune's checkpoints that
     directory's latest: the pretraining command would then resume from them and overwrite its own."""
+    if cfg.use_checkpoint_args and not (cfg.load or cfg.pretrained_checkpoint):
+        raise ConfigError("--use-checkpoint-args takes the architecture from a checkpoint: give --load DIR (or "
+                          "--pretrained-checkpoint DIR), as Megatron-LM requires")
     if cfg.finetune and same_dir(cfg.load, cfg.save):
         raise ConfigError(f"--finetune with --save the same directory as --load ({cfg.load}): the finetune's "
                           "checkpoints would become the pretraining run's latest; give another --save (to resume "
