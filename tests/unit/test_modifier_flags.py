@@ -40,8 +40,8 @@ PREFIXES = [(LoggingOptions, lambda n: n.startswith("wandb_") and n != "wandb_pr
             (LoggingOptions, lambda n: n in ("timing_log_option", "barrier_with_l1_time")),
             (OptimizerOptions, lambda n: n.startswith(("muon_", "sgd_"))),
             (TrainingConfig, lambda n: n.startswith(("adam_", "lr_wsd_", "tiktoken_", "manual_gc_"))
-             or "loss_scale" in n or n in ("hysteresis", "special_tokens", "no_load_optim", "no_load_rng", "async_save", "lr_warmup_init",
-                      "ckpt_fully_parallel_save", "ckpt_fully_parallel_load"))]
+             or "loss_scale" in n or n in ("hysteresis", "special_tokens", "no_load_optim", "no_load_rng", "async_save",
+                                           "lr_warmup_init", "ckpt_fully_parallel_save", "ckpt_fully_parallel_load"))]
 
 
 def _cfgs(args):
