@@ -45,7 +45,7 @@ class OffloadOptions:
 def check_offload(model_cfg, cfg) -> None:
     """ConfigError (one line) for activation-offload values that do not fit the model."""
     n, layers = cfg.cpu_offloading_num_layers, model_cfg.num_layers
-    if cfg.cpu_offloading and not 0 <= n < layers:
+    if n < 0 or cfg.cpu_offloading and not n < layers:
         raise ConfigError(f"--cpu-offloading-num-layers {n} must be in [0, --num-layers ({layers})): the last "
                           "layer's activations are needed as soon as the backward starts; give fewer layers")
     if cfg.cpu_offloading and not (cfg.cpu_offloading_activations or cfg.cpu_offloading_weights):
