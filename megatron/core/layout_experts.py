@@ -9,6 +9,19 @@ import functools
 class ExpertRows:
     """Mixed into ParallelLayout: needs its rank_lists, position and experts_folded."""
 
+    # ---- who routes which tokens
+    @property
+    def token_group(self) -> str:
+        """The group whose ranks route parts of one micro-batch (an MoE router's statistics and drops span it):
+        CP, and folded TP x CP, each TP rank then routing its own share of the tokens."""
+        return "tp_cp" if self.experts_folded else "cp"
+
+    @property
+    def routing_groups(self) -> tuple[str, ...]:
+        """The groups over which a pipeline stage's ranks route different tokens (router losses add up over
+        them): DP x CP, and TP when folded."""
+        return ("dp_cp", "tp") if self.experts_folded else ("dp_cp",)
+
     # ---- where an expert's rows come from (FP8 experts cast each micro-batch's rows with one scale)
     def expert_row_sources(self, rank: int) -> list[int]:
         """The ranks whose tokens reach `rank`'s experts, in the order their rows stand in each expert's input:

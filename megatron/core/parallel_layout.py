@@ -20,6 +20,7 @@ PP [0,4] [1,5] [2,6] [3,7], MP (TP x PP, one model replica) [0,1,4,5] [2,3,6,7].
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch.distributed as dist
 
@@ -72,6 +73,22 @@ def experts_folded(tp: int, etp: int | None) -> bool:
     return etp is not None and etp != tp
 
 
+def expert_tensor_parallel(tp: int, etp: int | None) -> int:
+    """Expert TP: --expert-tensor-parallel-size where given, else TP (Megatron-Core's default)."""
+    return tp if etp is None else etp
+
+
+def sequence_multiple(tp: int, cp: int) -> int:
+    """The multiple a sequence is padded to under CP: 2 x CP chunks (a CP rank holds two, balancing causal
+    attention's work), each split evenly over TP by sequence parallelism."""
+    return 2 * cp * tp
+
+
+def sequence_split(sequence_parallel: bool, tp: int) -> bool:
+    """Sequence parallelism in effect: --sequence-parallel and TP > 1 (one TP rank has nothing to split over)."""
+    return bool(sequence_parallel) and tp > 1
+
+
 def data_parallel_size(world: int, tp: int, cp: int = 1, pp: int = 1) -> int:
     """world / (TP x CP x PP), at least 1 (ParallelLayout refuses a world they do not divide)."""
     return max(1, world // (tp * cp * pp))
@@ -92,9 +109,9 @@ class Position:
 @dataclasses.dataclass(frozen=True)
 class ParallelLayout(ExpertRows):
     """The sizes of a run: world, TP, CP, PP, the interleaved schedule's model chunks per pipeline rank
-    (vpp, None for one), EP and expert TP (None: TP), and the pipeline schedule (a SCHEDULES name, from
-    schedule_flag.schedule_for_flag; None: the default for the layout). ZB-V ("zb_v") puts two chunks per
-    rank in a V, whose gradients travel over a second pipeline group (pp_grad). Raises
+    (vpp, None for one), EP and expert TP (None: TP), the pipeline schedule (a SCHEDULES name, from
+    schedule_flag.schedule_for_flag; None: the default for the layout) and whether SP is asked for. ZB-V
+    ("zb_v") puts two chunks per rank in a V, whose gradients travel over a second pipeline group (pp_grad). Raises
     ParallelConfigError, naming the flags and the fix, for sizes that do not fit the world."""
     world: int
     tp: int = 1
@@ -104,11 +121,11 @@ class ParallelLayout(ExpertRows):
     ep: int = 1
     etp: int | None = None
     schedule: str | None = None
+    sequence_parallel: bool = False  # --sequence-parallel as asked; sequence_split: in effect
 
     def __post_init__(self):
         check_dense(self.world, self.tp, self.cp, self.pp, self.vpp)
-        if self.etp is None:
-            object.__setattr__(self, "etp", self.tp)
+        object.__setattr__(self, "etp", expert_tensor_parallel(self.tp, self.etp))
         check_experts(self.tp, self.dp_cp, self.ep, self.etp, self.experts_folded)
 
     @classmethod
@@ -117,7 +134,7 @@ class ParallelLayout(ExpertRows):
         c = config
         return cls(world, c.tensor_model_parallel_size, c.context_parallel_size, c.pipeline_model_parallel_size,
                    c.virtual_pipeline_model_parallel_size, c.expert_model_parallel_size,
-                   c.expert_tensor_parallel_size if c.num_experts else None, schedule)
+                   c.expert_tensor_parallel_size if c.num_experts else None, schedule, c.sequence_parallel)
 
     # ---- the pipeline
     @property
@@ -144,6 +161,16 @@ class ParallelLayout(ExpertRows):
     def dp_cp(self) -> int:
         """DP x CP: the ranks holding the same parameters, over which gradients and loss sums are reduced."""
         return self.dp * self.cp
+
+    @property
+    def sequence_split(self) -> bool:
+        """Activations outside the TP regions split along the sequence over TP (sequence_split())."""
+        return sequence_split(self.sequence_parallel, self.tp)
+
+    @property
+    def sequence_multiple(self) -> int:
+        """What each sequence is padded to under CP (sequence_multiple())."""
+        return sequence_multiple(self.tp, self.cp)
 
     @property
     def stage_ranks(self) -> int:
@@ -188,6 +215,11 @@ class ParallelLayout(ExpertRows):
     # ---- groups by name (GROUPS, embd, pp_grad, ecp): their size and reach, what the planner prices
     def group_size(self, name: str) -> int:
         """Ranks in a group of kind `name` (the largest, for ecp's sets; embd: 1 at PP 1)."""
+        if name in GROUPS:
+            grid, dims = GROUPS[name]
+            return functools.reduce(lambda n, d: n * self.sizes(grid)[d], dims.split("-"), 1)
+        if name in ("embd", "pp_grad"):
+            return min(self.pp, 2) if name == "embd" else self.pp
         return max(len(r) for r in self.rank_lists(name))
 
     def stride(self, name: str) -> int:

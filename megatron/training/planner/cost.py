@@ -62,7 +62,7 @@ def layer_costs(c, b, cluster: Cluster, layout) -> PassCosts:
     s, h, a, d = c.seq_length, c.hidden_size, c.num_attention_heads, mla_cost.core_head_dim(c)
     q, kv, f = a * d, c.num_query_groups * d, c.ffn_hidden_size
     tp, cp = layout.tp, layout.cp
-    sp, elt, m = c.sequence_parallel and tp > 1, element_bytes(c), s // cp * b  # this CP rank's s / C queries
+    sp, elt, m = layout.sequence_split, element_bytes(c), s // cp * b  # this CP rank's s / C queries
     fc1 = f * (2 if c.swiglu else 1)
     mlp = gemm_time(cluster, m, fc1 // tp, h) + gemm_time(cluster, m, h, f // tp)
     mlp_stream = elt * (3 if c.swiglu else 2) * m * f / tp

@@ -1,6 +1,6 @@
 """The layouts the planner tries: each parallelism or memory choice is one Dimension.
 
-A candidate is a ParallelLayout (the sizes: TP, PP, CP, EP, virtual stages; sizes that make none are not
+A candidate is a ParallelLayout (TP, PP, CP, EP, virtual stages, SP; sizes that make none are not
 offered) with the other dimensions' choices; its command line is the concatenation of each dimension's flags.
 A new dimension (context parallel, expert parallel, a ZeRO stage) is one more Dimension in DIMENSIONS: what
 it allows given the choices made before it, and its flags. Whether a combination is valid is decided by the
@@ -30,31 +30,34 @@ class Space:
 
 @dataclasses.dataclass(frozen=True)
 class Candidate:
-    """One layout the planner tries: the ParallelLayout of its sizes (TP, PP, CP, EP, virtual stages) and the
-    other dimensions' choices; cand[name] reads either (vpp: 1 for one chunk)."""
+    """One layout the planner tries: the ParallelLayout of its sizes (TP, PP, CP, EP, virtual stages, SP) and
+    the other dimensions' choices; cand[name] reads either (vpp: 1 for one chunk)."""
     layout: ParallelLayout
     layers: int
     choices: tuple = ()  # ((dimension name, value), ...) of the dimensions that are not sizes
 
     def __getitem__(self, name):
-        if name in SIZES:
-            return getattr(self.layout, name) or 1
+        if name == "sp":
+            return self.layout.sequence_parallel
+        if name in FIELDS:
+            return getattr(self.layout, FIELDS[name]) or 1
         return dict(self.choices)[name]
 
     def grown(self, name, value):
         """This candidate with dimension `name` chosen; None where the sizes make no ParallelLayout."""
-        if name not in SIZES:
+        if name not in FIELDS:
             return dataclasses.replace(self, choices=self.choices + ((name, value),))
         try:
             size = None if name == "vpp" and value == 1 else value
             # expert TP is not searched: None keeps it TP's (the layout fills it in)
-            layout = dataclasses.replace(self.layout, etp=None, **{name: size})
+            layout = dataclasses.replace(self.layout, etp=None, **{FIELDS[name]: size})
         except ParallelConfigError:
             return None
         return dataclasses.replace(self, layout=layout)
 
 
-SIZES = ("tp", "pp", "cp", "ep", "vpp")  # the dimensions that are ParallelLayout fields
+# the dimensions that are ParallelLayout fields, and their field
+FIELDS = {"tp": "tp", "pp": "pp", "cp": "cp", "ep": "ep", "vpp": "vpp", "sp": "sequence_parallel"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +121,7 @@ def _mb(space, lay):
 
 
 def _sp(space, lay):
-    if lay.layout.tp == 1:
+    if lay.layout.tp == 1:  # nothing to split over (ParallelLayout.sequence_split)
         return [False]
     return [False, True] if space.full else [True]
 
@@ -191,7 +194,7 @@ def describe(cand: Candidate) -> str:
         parts.append(f"CP{lay.cp}" + {"all_gather": "ag", "a2a": "a2a"}.get(cand["cp_comm"], ""))
     if lay.ep > 1:
         parts.append(f"EP{lay.ep}")
-    parts += [f"DP{lay.dp}", f"mb{cand['mb']}"] + (["SP"] if cand["sp"] else [])
+    parts += [f"DP{lay.dp}", f"mb{cand['mb']}"] + (["SP"] if lay.sequence_split else [])
     zero = {"optim": [], "optim_grads": ["Z2"], "optim_grads_params": ["Z3"]}.get(cand["zero"], [])
     parts += (["DO"] if cand["dist_opt"] else []) + zero
     parts += [f"rec={cand['recompute']}"] if cand["recompute"] else []

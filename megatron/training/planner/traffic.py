@@ -6,6 +6,7 @@ tests/distributed/test_planner_traffic.py checks them against the bytes a gloo r
 Kinds: all_reduce, all_gather, reduce_scatter; bytes: the full (gathered / unreduced) buffer.
 Activations have the parameters' dtype; the cross entropy's statistics are fp32.
 """
+from ...core.parallel_layout import sequence_split
 from ...core.pipeline_parallel.schedules import build_schedule
 from ...core.pipeline_parallel.zb_v import zb_v
 from ...core.tensor_parallel.param_meta import param_meta
@@ -161,7 +162,7 @@ def iteration_tp_traffic(c, t, tp, dp, params, layers, first=True, last=True) ->
 
 def p2p_message_bytes(c, b, tp):
     """Bytes of one message between pipeline stages: [s (/TP with SP), b, h] activations or grads."""
-    return _act(c, b) // (tp if c.sequence_parallel and tp > 1 else 1)
+    return _act(c, b) // (tp if sequence_split(c.sequence_parallel, tp) else 1)
 
 
 def layout_actions(layout, M) -> dict:
