@@ -1,6 +1,8 @@
 """The planner prices each group where the layout puts it (ParallelLayout.stride / crosses_node), not where
 a rank-order formula of its own says: the tied embedding's first <-> last stage all-reduce, the CP ring, the
 pipeline's sends and ZB-V's two chunks."""
+import collections
+
 import pytest
 
 from megatron.core.parallel_layout import ParallelLayout
@@ -40,6 +42,11 @@ def test_the_layout_answers_the_planners_distance_questions():
     folded = ParallelLayout(8, tp=2, ep=4, etp=1)
     assert folded.stride("ep") == 1 and folded.stride("edp") == 4 and folded.group_size("ep") == 4
     assert [lay.rank_in("embd", r) for r in (0, 5, 8, 15)] == [0, 0, 1, 1]
+    four = ParallelLayout(16, tp=4, pp=4)  # stages 4 ranks apart: only the hops 1 -> 2 and 3 -> 0 leave a node of 8
+    assert [four.stages_cross_node(r, (r + 1) % 4, 8) for r in range(4)] == [False, True, False, True]
+    assert ParallelLayout(4, tp=2, sequence_parallel=True).sequence_split
+    assert not ParallelLayout(2, sequence_parallel=True).sequence_split
+    assert ParallelLayout(8, tp=2, cp=2).sequence_multiple == 8 and ParallelLayout(8, tp=2, ep=2, etp=1).etp == 1
 
 
 def test_zb_v_sends_count_its_two_chunks():
@@ -63,3 +70,17 @@ def test_enumerated_layouts_are_parallel_layouts():
     assert cands and all(isinstance(x.layout, ParallelLayout) for x in cands)
     assert {(x.layout.tp, x.layout.pp) for x in cands} >= {(1, 1), (4, 2), (2, 4)}
     assert all(x.layout.world == 16 and x.layout.pp <= 4 for x in cands)
+
+
+def test_the_meta_model_cache_keeps_the_most_recent_stages_only(monkeypatch):
+    """planner/memory's cache of meta models is bounded: past its limit the least recently asked stage goes."""
+    from megatron.training.planner import memory
+    monkeypatch.setattr(memory, "_BUILT_LIMIT", 2)
+    monkeypatch.setattr(memory, "_built", collections.OrderedDict())
+    c, t = configs(TOY + ["--pipeline-model-parallel-size", "2"], 2)
+    first = memory.stage_chunks(c, t, 2, 0)
+    memory.stage_chunks(c, t, 2, 1)
+    assert memory.stage_chunks(c, t, 2, 0) is first  # a hit, now the most recent
+    memory.stage_chunks(c, t, 4, 0)  # a third stage: stage 1 of world 2 goes
+    assert len(memory._built) == 2 and memory.stage_chunks(c, t, 2, 0) is first
+    assert memory.stage_chunks(c, t, 2, 1) is not None and len(memory._built) == 2
