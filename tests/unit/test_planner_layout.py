@@ -84,3 +84,17 @@ def test_the_meta_model_cache_keeps_the_most_recent_stages_only(monkeypatch):
     memory.stage_chunks(c, t, 4, 0)  # a third stage: stage 1 of world 2 goes
     assert len(memory._built) == 2 and memory.stage_chunks(c, t, 2, 0) is first
     assert memory.stage_chunks(c, t, 2, 1) is not None and len(memory._built) == 2
+
+
+def test_moe_activations_split_each_expert_over_the_layouts_expert_tp():
+    """Folded at TP4 x ETP2 each expert's hidden activations are split 2 ways, not TP's 4 (nor 1)."""
+    from megatron.core.config import TransformerConfig
+    from megatron.training.planner.moe_activations import _ffn_bytes, moe_mlp_bytes
+
+    def cfg(etp):
+        return TransformerConfig(num_layers=2, hidden_size=16, num_attention_heads=4, num_experts=4,
+                                 moe_ffn_hidden_size=32, moe_router_topk=2, tensor_model_parallel_size=4,
+                                 expert_tensor_parallel_size=etp)
+    tokens, pairs = 64, 2 * 64
+    gap = moe_mlp_bytes(cfg(2), tokens, tp=4) - moe_mlp_bytes(cfg(None), tokens, tp=4)
+    assert gap == pytest.approx(pairs * (_ffn_bytes(32 / 2, False, 2) - _ffn_bytes(32 / 4, False, 2)), rel=1e-12)
