@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 
 from megatron.core.checkpointing import find_checkpoint, read_metadata
-from megatron.core.errors import ConfigError, MegatronUserError, TokenizerError
+from megatron.core.errors import ConfigError, MegatronUserError, ParallelConfigError, TokenizerError
 from megatron.core.inference.generation import generate, load_model
-from megatron.core.parallel_state import ParallelConfigError, initialize_model_parallel
+from megatron.core.parallel_layout import ParallelLayout
 from megatron.core.ranges import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check_ranges
 from megatron.training.tokenizer import build_tokenizer
 from megatron.training.tokenizer.simple import NullTokenizer
@@ -134,14 +134,10 @@ def _run(a):
     tp, pp, ep = a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.expert_model_parallel_size
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
-    if min(tp, pp, ep) < 1 or int(os.environ["WORLD_SIZE"]) != tp * pp * ep:
-        raise ParallelConfigError(f"launch exactly --tensor-model-parallel-size x --pipeline-model-parallel-size x "
-                                  f"--expert-model-parallel-size ({tp} x {pp} x {ep}) processes, "
-                                  f"got {os.environ['WORLD_SIZE']}")
+    layout = _layout(int(os.environ["WORLD_SIZE"]), tp, pp, ep)
     dist.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
     try:
-        # the EP ranks are the data-parallel ones: they all run the same prompts, each with its experts
-        groups = initialize_model_parallel(tp, pp, expert_model_parallel_size=ep)
+        groups = layout.build_groups()
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
             if torch.cuda.is_available() else torch.device("cpu")
         model, _, _ = load_model(a.load, groups, device)
@@ -157,6 +153,19 @@ def _run(a):
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def _layout(world, tp, pp, ep) -> ParallelLayout:
+    """The layout generation runs on: every rank runs the same prompts, so a data-parallel rank is there only to
+    hold other experts (expert-DP 1: the EP ranks are the data-parallel ones). ParallelConfigError otherwise."""
+    try:
+        layout = ParallelLayout(world, tp, pp=pp, ep=ep)
+    except ParallelConfigError:
+        layout = None
+    if layout is None or layout.edp != 1:
+        raise ParallelConfigError(f"launch exactly --tensor-model-parallel-size x --pipeline-model-parallel-size x "
+                                  f"--expert-model-parallel-size ({tp} x {pp} x {ep}) processes, got {world}")
+    return layout
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import torch
 
 from ..config_fields import flag_namer, opt
 from ..errors import ConfigError
+from ..parallel_layout import expert_tensor_parallel
 from .blockwise import TILE
 from .formats import FP8_MAX, formats
 
@@ -71,7 +72,7 @@ def _sharded_dims(cfg):
                                                 cfg.num_attention_heads * cfg.kv_channels // tp, tp),
             ("--ffn-hidden-size", cfg.ffn_hidden_size // tp, tp)]
     if cfg.num_experts:
-        etp = cfg.expert_tensor_parallel_size or tp
+        etp = expert_tensor_parallel(tp, cfg.expert_tensor_parallel_size)
         dims.append(("each expert's FFN (--moe-ffn-hidden-size)", cfg.expert_ffn_hidden_size // etp, etp))
         if cfg.moe_shared_expert_intermediate_size:
             dims.append(("--moe-shared-expert-intermediate-size", cfg.moe_shared_expert_intermediate_size // tp, tp))

@@ -41,7 +41,9 @@ from .nan_check import check_finite
 from .optimizer_setup import build_grad_scaler, build_scheduler
 from .runtime_switches import ManualGC, empty_unused_memory, set_matmul_precision
 
-_START_TIME = time.time()  # --exit-duration-in-mins counts from here (the trainer's import, near start-up)
+# --exit-duration-in-mins counts from here, the trainer's import near start-up, as Megatron-LM's _TRAIN_START_TIME
+# does: a number written once at import and only read after (taking it later would shorten what the flag allows)
+_START_TIME = time.time()
 
 
 def exit_duration_reached(train_cfg, device):

@@ -261,7 +261,7 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
 def context_parallel_summary(model_cfg, train_cfg, groups):
     """One line: CP size and attention, tokens per rank, and the estimated saved activations per layer."""
     c, cp = model_cfg, groups.cp_size
-    multiple = 2 * cp * groups.tp_size
+    multiple = groups.layout.sequence_multiple
     padded = -(-c.seq_length // multiple) * multiple
     act = context_parallel.activation_bytes_per_layer(
         padded, train_cfg.micro_batch_size, c.hidden_size, c.num_attention_heads, groups.tp_size,

@@ -2,6 +2,8 @@
 exact (the model built on the meta device from the rank's stand-in groups, and DDP's own buffer
 grouping and bucket layout, core/distributed/buffers.py) and activations (activations.py).
 tools/estimate_memory.py is its command line; the planner (predict.py) calls it as is."""
+import collections
+
 import torch
 from torch import nn
 
@@ -15,7 +17,12 @@ from .activations import kept_activation_bytes, loss_bytes
 from .muon_cost import muon_stage
 from .offload_cost import offloaded_bytes
 
-_built = {}  # (config, world, stage) -> its meta chunks: a planner asks for the same stage many times
+# (config, layout, stage) -> its meta chunks, least recently used first. Module state because it is only a
+# cache (a miss rebuilds the same chunks), bounded because a search over thousands of layouts would otherwise
+# keep every model it built: a prediction asks for each stage of one layout a few times in a row, so the
+# limit only needs to hold one layout's stages (pipeline sizes above it rebuild, slower but the same)
+_BUILT_LIMIT = 32
+_built = collections.OrderedDict()
 
 
 def stage_chunks(model_cfg, t, world_size, pp_rank):
@@ -23,12 +30,16 @@ def stage_chunks(model_cfg, t, world_size, pp_rank):
     training.build_model's order, built once per config from its stand-in groups (ParallelLayout.plan_groups)."""
     layout = parallel_layout(model_cfg, t, world_size)
     key = (repr(model_cfg), repr(layout), pp_rank)
-    if key not in _built:
-        groups = layout.plan_groups(layout.group_of("pp", 0)[pp_rank])
-        V = layout.chunks
-        _built[key] = [GPTModel(model_cfg, groups, pre_process=groups.is_first_stage and v == 0,
-                                post_process=groups.is_last_stage and v == V - 1, device="meta", vp_stage=v)
-                       for v in range(V)]
+    if key in _built:
+        _built.move_to_end(key)
+        return _built[key]
+    groups = layout.plan_groups(layout.group_of("pp", 0)[pp_rank])
+    V = layout.chunks
+    _built[key] = [GPTModel(model_cfg, groups, pre_process=groups.is_first_stage and v == 0,
+                            post_process=groups.is_last_stage and v == V - 1, device="meta", vp_stage=v)
+                   for v in range(V)]
+    while len(_built) > _BUILT_LIMIT:
+        _built.popitem(last=False)
     return _built[key]
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from ...config_fields import flag_namer, opt
 from ...errors import ConfigError
-from ...parallel_layout import experts_folded
+from ...parallel_layout import experts_folded, sequence_multiple
 from ...ranges import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check_ranges
 from .layer_pattern import every_n, moe_freq
 
@@ -149,7 +149,7 @@ def check_moe(cfg) -> None:
     if cfg.num_experts % ep:
         raise ConfigError(f"{f('num_experts')} ({cfg.num_experts}) is not divisible by "
                           f"{f('expert_model_parallel_size')} ({ep}); each expert-parallel rank needs whole experts")
-    multiple = 2 * cfg.context_parallel_size * cfg.tensor_model_parallel_size
+    multiple = sequence_multiple(cfg.tensor_model_parallel_size, cfg.context_parallel_size)
     if cfg.context_parallel_size > 1 and cfg.seq_length % multiple:  # pad tokens would be routed and counted
         raise ConfigError(f"MoE layers with {f('context_parallel_size')} {cfg.context_parallel_size} need "
                           f"{f('seq_length')} ({cfg.seq_length}) to be a multiple of 2 x CP x TP ({multiple}): "
