@@ -33,7 +33,7 @@ def test_batch_is_padded_with_masked_tokens_and_gets_global_positions():
     assert parts[0]["position_ids"][0].tolist() == [0, 1, 2, 3, 12, 0, 0, 0]  # the padding gets position 0
     assert parts[0]["loss_mask"][0].tolist() == [1, 1, 1, 1, 1, 0, 0, 0]
     with pytest.raises(ValueError, match="--reset-attention-mask"):
-        batch_on_this_cp_rank(dict(batch, attention_mask=torch.ones(b, 1, s, s, dtype=torch.bool)), CPSlice(0, 2, 4))
+        batch_on_this_cp_rank(dict(batch, segment_ids=torch.zeros(b, s, dtype=torch.long)), CPSlice(0, 2, 4))
 
 
 def test_sizes_are_checked_before_any_group():

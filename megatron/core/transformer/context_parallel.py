@@ -65,8 +65,8 @@ def batch_on_this_cp_rank(batch: dict, cp: CPSlice) -> dict:
     """A GPT batch (tokens, labels, loss_mask [b, s], optional position_ids [b, s]) -> this CP rank's
     tokens [b, s' / C] (s' = s padded to cp.multiple with loss-masked tokens at the end), with
     position_ids always given (the global positions; padding gets position 0). An explicit
-    attention_mask (--reset-attention-mask) is refused: no CP attention takes one."""
-    if "attention_mask" in batch:
+    segment_ids (--reset-attention-mask) are refused: no CP attention takes documents yet."""
+    if "segment_ids" in batch:
         raise ValueError("--context-parallel-size > 1 does not take --reset-attention-mask (no attention mask "
                          "crosses context-parallel ranks); drop the flag or use --context-parallel-size 1")
     tokens = batch["tokens"]

@@ -7,6 +7,7 @@ import time
 import torch.distributed as dist
 
 from ...core import fusions
+from ...core.fusions import document_attention
 from ...core.pipeline_parallel import ReducedLosses, default_schedule, loss_means, stage_layers
 from ...core.transformer import context_parallel
 from ...core.transformer.moe.describe import describe as moe_describe
@@ -243,6 +244,8 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
         f" | distributed optimizer {train_cfg.ddp_config().shards_optimizer}",
     ]
     lines += [x for x in (fsdp_options.describe(train_cfg), no_effect.line(model_cfg, train_cfg, device)) if x]
+    if train_cfg.document_masking():
+        lines.append(document_summary(model_cfg, device))
     if groups.pp_size > 1:
         lines.append(pipeline_summary(model_cfg, groups.layout, train_cfg.pipeline_schedule))
     if groups.cp_size > 1:
@@ -254,6 +257,14 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
               f" optimizer {m[2]:,} (total {sum(m) / 2**20:.1f} MiB)" for r, (t, d, p, n, m) in enumerate(counts)]
     print("\n".join(lines), flush=True)
     sys.stdout.flush()
+
+
+def document_summary(model_cfg, device):
+    """One line: which attention serves packed documents, and why (fusions/document_attention.py)."""
+    c = model_cfg
+    impl = document_attention.select(fusions.attention.select(c.attention_backend, device, c.params_dtype),
+                                     device, c.params_dtype, c.attention_dropout)
+    return f"> document masks: {document_attention.NAMES[impl]} ({document_attention.why(impl)})"
 
 
 def context_parallel_summary(model_cfg, train_cfg, groups):

@@ -1,0 +1,34 @@
+"""Packed documents (--reset-attention-mask: segment ids, no [s, s] mask) through the CLI: every layout gives
+the losses and grad norms of one process. --mock-data samples are one document followed by end-of-document
+padding, each EOD its own document: documents of one token up to the whole sample in every micro-batch."""
+import pytest
+
+from .cli import run_metrics
+from .test_parity import BASE, DEEP, LLAMA, PP2, SMALL_BUCKETS, TP2, assert_metrics_parity
+
+# Llama-style: RoPE restarts at each document (--reset-position-ids), GQA
+DOCS = LLAMA + ["--reset-attention-mask", "--reset-position-ids", "--eod-mask-loss"]
+LAYOUTS = {  # name: (processes, layout flags, model flags shared with the reference)
+    "tp2-sp-pp2": (4, TP2 + PP2 + ["--sequence-parallel"], DEEP),
+    "distopt-dp2": (2, ["--use-distributed-optimizer"] + SMALL_BUCKETS, []),
+    "tp2-sp": (2, TP2 + ["--sequence-parallel"], []),
+    "pp2": (2, PP2, DEEP),
+    "pp2-vpp2": (2, PP2 + ["--num-layers-per-virtual-pipeline-stage", "1"], DEEP),
+}
+_reference = {}
+
+
+def _reference_run(model):
+    key = tuple(model)
+    if key not in _reference:
+        _reference[key] = run_metrics(BASE + DOCS + model)[1]
+    return _reference[key]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_packed_documents_layout_matches_one_process(name):
+    nproc, flags, model = LAYOUTS[name]
+    proc, got = run_metrics(BASE + DOCS + model + flags, nproc=nproc)
+    assert "> document masks: exact per-document SDPA" in proc.stdout
+    assert_metrics_parity(_reference_run(model), got)
