@@ -83,6 +83,7 @@ FULL_ONLY = {
     # expert biases over TP: the default run keeps tp2xep2 alltoall, both folded layouts and the checkpoint
     *(f"{MOE_BIAS}[{case}]" for case in ("tp2xep2-allgather-sp", "tp1xdp2-etp2")),
     # packed documents: the default run keeps TP2 + SP x PP2 (segment ids on every stage, the full sequence
-    # gathered back for attention) and the distributed optimizer at DP2 (micro-batches sliced over DP)
-    *(f"{PACKING}[{case}]" for case in ("tp2-sp", "pp2", "pp2-vpp2")),
+    # gathered back for attention), the distributed optimizer at DP2 (micro-batches sliced over DP) and CP2
+    # through each of p2p, all_gather and a2a (tests/distributed/test_cp_documents.py runs the CP4 ring)
+    *(f"{PACKING}[{case}]" for case in ("tp2-sp", "pp2", "pp2-vpp2", "cp4-p2p")),
 }

@@ -8,12 +8,17 @@ from .test_parity import BASE, DEEP, LLAMA, PP2, SMALL_BUCKETS, TP2, assert_metr
 
 # Llama-style: RoPE restarts at each document (--reset-position-ids), GQA
 DOCS = LLAMA + ["--reset-attention-mask", "--reset-position-ids", "--eod-mask-loss"]
+CP = ["--context-parallel-size"]
 LAYOUTS = {  # name: (processes, layout flags, model flags shared with the reference)
     "tp2-sp-pp2": (4, TP2 + PP2 + ["--sequence-parallel"], DEEP),
     "distopt-dp2": (2, ["--use-distributed-optimizer"] + SMALL_BUCKETS, []),
     "tp2-sp": (2, TP2 + ["--sequence-parallel"], []),
     "pp2": (2, PP2, DEEP),
     "pp2-vpp2": (2, PP2 + ["--num-layers-per-virtual-pipeline-stage", "1"], DEEP),
+    # CP: chunks of 16 (CP2) or 8 (CP4) tokens; the document crosses chunks, the EOD padding's one-token
+    # documents let the ring skip blocks
+    **{f"cp2-{c}": (2, CP + ["2", "--cp-comm-type", c], []) for c in ("p2p", "all_gather", "a2a")},
+    "cp4-p2p": (4, CP + ["4", "--cp-comm-type", "p2p"], []),
 }
 _reference = {}
 

@@ -59,9 +59,11 @@ class CoreAttention(nn.Module):
 
     def forward(self, q, k, v, attn_mask=None):
         if self.cp_group is not None:  # this rank holds two chunks of each sequence (context_parallel.py)
-            if attn_mask is not None:
-                raise ValueError("context parallelism takes the causal mask only")
-            return context_parallel_attention(q, k, v, self.cp_group, self.cp_comm_type, self.scale)
+            documents = attn_mask if isinstance(attn_mask, Documents) else None
+            if attn_mask is not None and documents is None:
+                raise ValueError("context parallelism takes the causal mask or packed documents only")
+            return context_parallel_attention(q, k, v, self.cp_group, self.cp_comm_type, self.scale,
+                                              documents=documents)
         if isinstance(attn_mask, Documents):
             return self._documents(q, k, v, attn_mask)
         backend = self.backend

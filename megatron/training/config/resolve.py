@@ -62,9 +62,6 @@ def validate(model_cfg, train_cfg, world_size) -> ParallelLayout:
     train_cfg.validate(dp)
     check_fp8_param_gather(model_cfg, train_cfg.ddp_config().shards_optimizer)
     check_fp8_layout(model_cfg, layout, train_cfg.micro_batch_size)
-    if model_cfg.context_parallel_size > 1 and train_cfg.document_masking():
-        raise ConfigError("document masks (--reset-attention-mask, --dataloader-inter-document-masking) need "
-                          "--context-parallel-size 1 for now; drop one of them")
     check_ckpt_format(train_cfg)
     check_logging(train_cfg, world_size)
     batch_schedule.check(train_cfg, model_cfg.seq_length, dp, (pp, vpp) if vpp else None)
