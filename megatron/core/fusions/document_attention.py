@@ -6,6 +6,8 @@ document's attention needs:
              per distinct length over all of its documents (gathered into [n, heads, L, d]), the outputs
              scattered back. Any device and dtype; the reference every other path is tested against.
   varlen     torch.nn.attention.varlen.varlen_attn (flash attention with cu_seqlens), CUDA, fp16/bf16.
+  windowed   a sliding window (--window-size) or an attention sink (--softmax-type off-by-one): explicit
+             scores per document-length group with the band mask and the sink column (O(L^2) per document).
   dense      --attention-backend unfused: the documents' [b, 1, s, s] bool mask through the unfused
              front, because that is what the user asked for (Megatron-LM's "local" attention).
 Tensors as the other fronts: q [s, b, heads, d], k / v [s, b, groups, d(v)] -> [s, b, heads * d(v)].
@@ -60,6 +62,36 @@ def segmented(q, k, v, documents, p, scale):
         pieces.append(out.transpose(1, 2).reshape(-1, heads, out.shape[-1]))
         order.append(idx)
     # every flat position belongs to one document: the inverse permutation puts each output home
+    out = torch.cat(pieces)[torch.argsort(torch.cat(order))]
+    return out.view(b, s, heads * out.shape[-1]).transpose(0, 1)
+
+
+def windowed(q, k, v, documents, p, scale, window=None, sink=None):
+    """Causal attention within each document, each query seeing at most `window` earlier keys (None: all) and,
+    with `sink` (a logit), exp(sink) added to its softmax denominator: explicit scores per length group."""
+    s, b, heads, _ = q.shape
+    if k.shape[2] != heads:  # query head i uses key / value group i // (heads / groups)
+        k, v = (t.repeat_interleave(heads // k.shape[2], dim=2) for t in (k, v))
+    qf, kf, vf = (_flat(t) for t in (q, k, v))
+    pieces, order = [], []
+    for length, starts in documents.by_length:
+        idx = (starts[:, None] + torch.arange(length, device=starts.device)).reshape(-1)
+        qd, kd, vd = (t.index_select(0, idx).view(len(starts), length, heads, t.shape[2]).transpose(1, 2)
+                      for t in (qf, kf, vf))
+        scores = torch.matmul(qd, kd.transpose(-1, -2)).float() * scale
+        pos = torch.arange(length, device=q.device)
+        allowed = pos[:, None] >= pos[None, :]
+        if window is not None:
+            allowed &= pos[:, None] - pos[None, :] <= window
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        if sink is not None:  # the sink: one more column every query sees, dropped after the softmax
+            scores = torch.cat([scores, scores.new_full(scores.shape[:-1] + (1,), sink)], dim=-1)
+        probs = torch.softmax(scores, dim=-1)[..., :length].to(vd.dtype)
+        if p > 0:
+            probs = F.dropout(probs, p, True)
+        out = torch.matmul(probs, vd)
+        pieces.append(out.transpose(1, 2).reshape(-1, heads, out.shape[-1]))
+        order.append(idx)
     out = torch.cat(pieces)[torch.argsort(torch.cat(order))]
     return out.view(b, s, heads * out.shape[-1]).transpose(0, 1)
 

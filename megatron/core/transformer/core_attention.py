@@ -44,6 +44,8 @@ class CoreAttention(nn.Module):
                                                         force=config.fused_kernels)
         self.softmax_in_fp32 = config.attention_softmax_in_fp32
         self.documents_impl = document_attention.select(self.backend, device, dtype, self.dropout)
+        # --window-size / --softmax-type off-by-one (window_config.py): this layer's window and sink
+        self.window, self.sink = config.layer_window(layer_number), config.attention_sink()
         self.te_attention = None
         self.cp_group, self.cp_comm_type = cp_group, config.cp_comm_type
         if self.backend == "te":
@@ -64,6 +66,8 @@ class CoreAttention(nn.Module):
                 raise ValueError("context parallelism takes the causal mask or packed documents only")
             return context_parallel_attention(q, k, v, self.cp_group, self.cp_comm_type, self.scale,
                                               documents=documents)
+        if self.window is not None or self.sink is not None:
+            return self._windowed(q, k, v, attn_mask)
         if isinstance(attn_mask, Documents):
             return self._documents(q, k, v, attn_mask)
         backend = self.backend
@@ -76,6 +80,18 @@ class CoreAttention(nn.Module):
             with get_rng_tracker().fork():  # heads differ per TP rank: so must their dropout
                 return self._run(backend, q, k, v, attn_mask, p)
         return self._run(backend, q, k, v, attn_mask, p)
+
+    def _windowed(self, q, k, v, attn_mask):
+        """Windows and sinks: the whole sample one document unless documents are given."""
+        if attn_mask is not None and not isinstance(attn_mask, Documents):
+            raise ValueError("a sliding window or attention sink takes the causal mask or packed documents only "
+                             "(no KV cache, no explicit mask)")
+        documents = attn_mask or Documents(torch.zeros(q.shape[1], q.shape[0], dtype=torch.long, device=q.device))
+        p = self.dropout if self.training else 0.0
+        if p > 0:
+            with get_rng_tracker().fork():
+                return document_attention.windowed(q, k, v, documents, p, self.scale, self.window, self.sink)
+        return document_attention.windowed(q, k, v, documents, p, self.scale, self.window, self.sink)
 
     def _documents(self, q, k, v, documents):
         impl = self.documents_impl
