@@ -56,7 +56,7 @@ def test_window_and_sink_equal_the_dense_reference(window, softmax_type, documen
     grads = torch.autograd.grad(out, (q, k, v), dout)
     ref = _reference(q, k, v, segments, window, 0.0 if softmax_type == "off-by-one" else None)
     ref_grads = torch.autograd.grad(ref, (q, k, v), dout)
-    for name, got, want in zip("out dq dk dv".split(), (out, *grads), (ref, *ref_grads)):
+    for name, got, want in zip(("out", "dq", "dk", "dv"), (out, *grads), (ref, *ref_grads)):
         err = ((got - want).abs().max() / want.abs().max()).item()
         assert err <= 1e-6, f"{name}: relative {err:.2e}"
 
