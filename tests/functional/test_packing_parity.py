@@ -9,6 +9,8 @@ from .test_parity import BASE, DEEP, LLAMA, PP2, SMALL_BUCKETS, TP2, assert_metr
 # Llama-style: RoPE restarts at each document (--reset-position-ids), GQA
 DOCS = LLAMA + ["--reset-attention-mask", "--reset-position-ids"]
 CP = ["--context-parallel-size"]
+# a window shorter than the mock documents on layers 1 and 3, full attention on 2 and 4, the off-by-one sink
+WINDOW = ["--window-size", "8,0", "--window-attn-skip-freq", "2", "--softmax-type", "off-by-one"]
 LAYOUTS = {  # name: (processes, layout flags, model flags shared with the reference)
     "tp2-sp-pp2": (4, TP2 + PP2 + ["--sequence-parallel"], DEEP),
     "distopt-dp2": (2, ["--use-distributed-optimizer"] + SMALL_BUCKETS, []),
@@ -19,6 +21,7 @@ LAYOUTS = {  # name: (processes, layout flags, model flags shared with the refer
     # documents let the ring skip blocks
     **{f"cp2-{c}": (2, CP + ["2", "--cp-comm-type", c], []) for c in ("p2p", "all_gather", "a2a")},
     "cp4-p2p": (4, CP + ["4", "--cp-comm-type", "p2p"], []),
+    "window-tp2-sp": (2, TP2 + ["--sequence-parallel"], DEEP + WINDOW),
 }
 _reference = {}
 
@@ -37,4 +40,6 @@ def test_packed_documents_layout_matches_one_process(name):
     proc, got = run_metrics(BASE + DOCS + model + flags, nproc=nproc)
     assert ("> document masks: across context-parallel" if "cp" in name else
             "> document masks: exact per-document SDPA") in proc.stdout
+    assert ("> attention window / sink: window (8, 0) on layers [1, 3], softmax off-by-one" in proc.stdout) == \
+        ("window" in name)
     assert_metrics_parity(_reference_run(model), got)
