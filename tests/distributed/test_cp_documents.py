@@ -26,43 +26,61 @@ def _segments(s, b, seed):
     return torch.stack([first] + [torch.zeros(s, dtype=torch.long)] * (b - 1))
 
 
-def _dense(q, k, v, segments):
-    """[s, b, h, d] -> [s, b, h x d]: softmax attention, causal within each document, fp64."""
+def _dense(q, k, v, segments, window=None, sink=None):
+    """[s, b, h, d] -> [s, b, h x d]: softmax attention, causal within each document and the window, with
+    the sink column, fp64."""
     h, g = q.shape[2], k.shape[2]
     k, v = (t.repeat_interleave(h // g, dim=2) for t in (k, v))
     scores = torch.einsum("sbhd,tbhd->bhst", q, k) / math.sqrt(q.shape[-1])
-    scores = scores.masked_fill(~Documents(segments).dense_mask(), float("-inf"))
-    return torch.einsum("bhst,tbhd->sbhd", scores.softmax(-1), v).reshape(q.shape[0], q.shape[1], -1)
+    allowed = Documents(segments).dense_mask()
+    if window is not None:
+        i = torch.arange(q.shape[0])
+        allowed = allowed & (i[:, None] - i[None, :] <= window)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    if sink is not None:
+        scores = torch.cat([scores, torch.full(scores.shape[:-1] + (1,), sink, dtype=scores.dtype)], dim=-1)
+    probs = scores.softmax(-1)[..., :q.shape[0]]
+    return torch.einsum("bhst,tbhd->sbhd", probs, v).reshape(q.shape[0], q.shape[1], -1)
 
 
 def _compare(groups, cases):
     cp, rank = dist.get_world_size(), dist.get_rank()
     errors = {}
-    for comm_type, heads, kv_groups, seed in cases:
+    for comm_type, heads, kv_groups, seed, *extra in cases:
+        window, sink = extra if extra else (None, None)
         gen = torch.Generator().manual_seed(seed)
         s, b, d = 8 * cp, 2, 8
         segments = _segments(s, b, seed)
         q, k, v = (torch.randn(s, b, n, d, generator=gen, dtype=torch.float64) for n in (heads, kv_groups, kv_groups))
         dout = torch.randn(s, b, heads * d, generator=gen, dtype=torch.float64)
         full = [t.clone().requires_grad_() for t in (q, k, v)]
-        ref = _dense(*full, segments)
+        ref = _dense(*full, segments, window, sink)
         ref.backward(dout)
         local = [slice_sequence(t, 0, rank, cp).clone().requires_grad_() for t in (q, k, v)]
         out = context_parallel_attention(*local, dist.group.WORLD, comm_type, 1 / math.sqrt(d),
-                                         documents=Documents(segments))
+                                         documents=Documents(segments), window=window, sink=sink)
         out.backward(slice_sequence(dout, 0, rank, cp))
         err = (out - slice_sequence(ref, 0, rank, cp)).abs().max().item()
         for t, f in zip(local, full):
             err = max(err, (t.grad - slice_sequence(f.grad, 0, rank, cp)).abs().max().item())
-        errors[(comm_type, heads, kv_groups, seed)] = err
+        errors[(comm_type, heads, kv_groups, seed, window, sink)] = err
     return errors
 
 
 CASES = [(c, 4, g, seed) for c in ("p2p", "all_gather", "a2a") for g in (4, 2) for seed in (1, 2)]
+# windows shorter (3) and longer (12) than a CP2 chunk of 8, with and without the off-by-one sink
+WINDOW_CASES = [(c, 4, 2, 5, window, sink) for c in ("p2p", "all_gather", "a2a") for window in (3, 12, None)
+                for sink in (None, 0.0) if (window, sink) != (None, None)]
 
 
 def test_cp2_documents_match_dense_attention_forward_and_backward():
     for rank_errors in spawn(2, _compare, CASES):
+        for case, err in rank_errors.items():
+            assert err < 1e-10, f"{case}: max abs error {err}; all: {rank_errors}"
+
+
+def test_cp2_windows_and_sinks_match_dense_attention():
+    for rank_errors in spawn(2, _compare, WINDOW_CASES):
         for case, err in rank_errors.items():
             assert err < 1e-10, f"{case}: max abs error {err}; all: {rank_errors}"
 

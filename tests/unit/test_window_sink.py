@@ -75,7 +75,6 @@ def test_window_layers_follow_megatron_skip_freq():
     (dict(window_size=(4, 2)), "give right 0"),
     (dict(window_size=(4, 0), window_attn_skip_freq=[1, 0]), "gives 2 layers"),
     (dict(softmax_type="learnable"), "not built here"),
-    (dict(window_size=(4, 0), context_parallel_size=2), "context-parallel-size 1"),
 ])
 def test_bad_window_flags_are_refused(kw, match):
     with pytest.raises(ConfigError, match=match):

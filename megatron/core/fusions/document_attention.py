@@ -66,6 +66,11 @@ def segmented(q, k, v, documents, p, scale):
     return out.view(b, s, heads * out.shape[-1]).transpose(0, 1)
 
 
+def _acc(t):
+    """Scores in fp32 at least (fp64 stays fp64)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def windowed(q, k, v, documents, p, scale, window=None, sink=None):
     """Causal attention within each document, each query seeing at most `window` earlier keys (None: all) and,
     with `sink` (a logit), exp(sink) added to its softmax denominator: explicit scores per length group."""
@@ -78,7 +83,7 @@ def windowed(q, k, v, documents, p, scale, window=None, sink=None):
         idx = (starts[:, None] + torch.arange(length, device=starts.device)).reshape(-1)
         qd, kd, vd = (t.index_select(0, idx).view(len(starts), length, heads, t.shape[2]).transpose(1, 2)
                       for t in (qf, kf, vf))
-        scores = torch.matmul(qd, kd.transpose(-1, -2)).float() * scale
+        scores = _acc(torch.matmul(qd, kd.transpose(-1, -2))) * scale
         pos = torch.arange(length, device=q.device)
         allowed = pos[:, None] >= pos[None, :]
         if window is not None:
@@ -94,6 +99,19 @@ def windowed(q, k, v, documents, p, scale, window=None, sink=None):
         order.append(idx)
     out = torch.cat(pieces)[torch.argsort(torch.cat(order))]
     return out.view(b, s, heads * out.shape[-1]).transpose(0, 1)
+
+
+def masked_with_sink(q, k, v, mask, scale, sink):
+    """q [s, b, h, d], k / v [sk, b, g, d], mask [b, 1, s, sk] bool (True = may attend) -> [s, b, h x d]:
+    explicit scores with one more column of `sink` every query sees (its value 0)."""
+    s, b, heads, _ = q.shape
+    if k.shape[2] != heads:
+        k, v = (t.repeat_interleave(heads // k.shape[2], dim=2) for t in (k, v))
+    scores = _acc(torch.einsum("sbhd,tbhd->bhst", q, k)) * scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    scores = torch.cat([scores, scores.new_full(scores.shape[:-1] + (1,), sink)], dim=-1)
+    probs = torch.softmax(scores, dim=-1)[..., :-1].to(v.dtype)
+    return torch.einsum("bhst,tbhd->sbhd", probs, v).reshape(s, b, -1)
 
 
 @functools.cache

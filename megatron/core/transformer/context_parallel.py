@@ -27,6 +27,7 @@ from ..fusions import document_attention
 from ..tensor_parallel.mappings import gather_from_sequence_parallel_region
 from ..watchdog import waiting
 from .cp_documents import CPDocuments
+from .documents import Documents
 from .ring_attention import ring_attention
 
 COMM_TYPES = ("p2p", "all_gather", "a2a")
@@ -111,10 +112,11 @@ def _gathered_positions(s_local, cp_size, device):
     return torch.cat([local_positions(s_local * cp_size, r, cp_size, device) for r in range(cp_size)])
 
 
-def all_gather_attention(q, k, v, group, causal=True, documents=None):
+def all_gather_attention(q, k, v, group, causal=True, documents=None, scale=None, sink=None):
     """q [s, b, h, d], k / v [s, b, g, d] (this rank's chunks) -> [s, b, h x d]: K/V gathered over
     `group`, the local queries attend to the positions a causal (or full) mask allows; with documents
-    (a CPDocuments) causal within each document, the mask [b, 1, s, C x s] per sample."""
+    (a CPDocuments) causal within each document, the mask [b, 1, s, C x s] per sample; a sink (a logit)
+    takes explicit scores with the sink column (document_attention.windowed's rule)."""
     cp, rank = comm.world(group), comm.rank(group)
     s = q.shape[0]
     # backward reduce-scatters: every rank's queries contribute to each K/V block's gradient
@@ -123,6 +125,8 @@ def all_gather_attention(q, k, v, group, causal=True, documents=None):
     mask = None
     if documents is not None:
         mask = torch.cat([documents.block_mask(rank, r) for r in range(cp)], dim=-1)
+        if sink is not None:
+            return document_attention.masked_with_sink(q, k, v, mask, scale, sink)
     elif causal:
         q_pos = local_positions(s * cp, rank, cp, q.device)
         mask = q_pos[:, None] >= _gathered_positions(s, cp, q.device)[None, :]
@@ -131,7 +135,7 @@ def all_gather_attention(q, k, v, group, causal=True, documents=None):
     return attention_front.sdpa(q, k, v, mask, 0.0)
 
 
-def a2a_attention(q, k, v, group, causal=True, documents=None, scale=None):
+def a2a_attention(q, k, v, group, causal=True, documents=None, scale=None, window=None, sink=None):
     """Ulysses: q [s, b, h, d], k / v [s, b, g, d] -> [s, b, h x d]. An all-to-all over `group` gives
     each rank the whole sequence for h / C heads; attention there (per document with documents, a
     Documents of the whole sequence); the inverse all-to-all."""
@@ -146,7 +150,9 @@ def a2a_attention(q, k, v, group, causal=True, documents=None, scale=None):
         t = t.reshape(s, b, cp, n // cp, d).permute(2, 0, 1, 3, 4)
         return _AllToAll.apply(t, group).reshape(cp * s, b, n // cp, d)[order]
 
-    if documents is not None:
+    if documents is not None and (window is not None or sink is not None):
+        out = document_attention.windowed(*(scatter_heads(t) for t in (q, k, v)), documents, 0.0, scale, window, sink)
+    elif documents is not None:
         out = document_attention.segmented(*(scatter_heads(t) for t in (q, k, v)), documents, 0.0, scale)
     else:
         out = attention_front.sdpa(*(scatter_heads(t) for t in (q, k, v)), None if causal else
@@ -165,29 +171,35 @@ def activation_bytes_per_layer(s, b, h, a, tp=1, sp=False, cp=1, element_bytes=2
     return int(s_local * b * h * per_token * element_bytes / 2 + 4 * b * (a / tp) * s_local)
 
 
-def cp_documents(documents, cp_size):
+def cp_documents(documents, cp_size, window=None):
     """The CPDocuments of a Documents of the whole padded sequence: with every rank's global positions."""
     seq = documents.shape[1]
     device = documents.segment_ids.device
     return CPDocuments(documents.segment_ids, torch.stack([local_positions(seq, r, cp_size, device)
-                                                           for r in range(cp_size)]))
+                                                           for r in range(cp_size)]), window)
 
 
-def context_parallel_attention(q, k, v, group, comm_type, scale, causal=True, documents=None):
+def context_parallel_attention(q, k, v, group, comm_type, scale, causal=True, documents=None, window=None,
+                               sink=None):
     """q [s, b, h, d], k / v [s, b, g, d] holding this CP rank's chunks -> [s, b, h x d], exact
     attention over the whole sequence. Talks to the CP group `group` (see the module docstring).
-    documents: a Documents of the whole padded sequence (causal within each document) or None."""
+    documents: a Documents of the whole padded sequence (causal within each document) or None; window
+    (earlier keys a query sees at most) and sink (a logit added to each softmax denominator): None or
+    --window-size / --softmax-type off-by-one's."""
+    if (window is not None or sink is not None) and documents is None:  # the whole sequence one document
+        documents = Documents(torch.zeros(q.shape[1], q.shape[0] * comm.world(group), dtype=torch.long,
+                                          device=q.device))
     if documents is not None and documents.shape[1] != q.shape[0] * comm.world(group):
         raise ValueError(f"documents cover {documents.shape[1]} positions, the CP ranks hold "
                          f"{q.shape[0] * comm.world(group)}: give the whole sequence's segment ids")
     if comm_type == "p2p":
         to_bhsd = [t.permute(1, 2, 0, 3) for t in (q, k, v)]
-        docs = cp_documents(documents, comm.world(group)) if documents is not None else None
-        out = ring_attention(*to_bhsd, group, scale, causal, documents=docs)
+        docs = cp_documents(documents, comm.world(group), window) if documents is not None else None
+        out = ring_attention(*to_bhsd, group, scale, causal, documents=docs, sink=sink)
         return out.permute(2, 0, 1, 3).reshape(q.shape[0], q.shape[1], -1)
     if comm_type == "all_gather":
-        docs = cp_documents(documents, comm.world(group)) if documents is not None else None
-        return all_gather_attention(q, k, v, group, causal, docs)
+        docs = cp_documents(documents, comm.world(group), window) if documents is not None else None
+        return all_gather_attention(q, k, v, group, causal, docs, scale, sink)
     if comm_type == "a2a":
-        return a2a_attention(q, k, v, group, causal, documents, scale)
+        return a2a_attention(q, k, v, group, causal, documents, scale, window, sink)
     raise ValueError(f"--cp-comm-type {comm_type!r}: use one of {', '.join(COMM_TYPES)}")

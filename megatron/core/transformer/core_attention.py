@@ -65,7 +65,7 @@ class CoreAttention(nn.Module):
             if attn_mask is not None and documents is None:
                 raise ValueError("context parallelism takes the causal mask or packed documents only")
             return context_parallel_attention(q, k, v, self.cp_group, self.cp_comm_type, self.scale,
-                                              documents=documents)
+                                              documents=documents, window=self.window, sink=self.sink)
         if self.window is not None or self.sink is not None:
             return self._windowed(q, k, v, attn_mask)
         if isinstance(attn_mask, Documents):

@@ -10,6 +10,8 @@ columns) that is one of:
   full    every query sees every key (one document spans both, the keys earlier): the unmasked kernel;
   causal  the diagonal block within one document: the causal kernel;
   masked  anything else: the block's [b, 1, rows, cols] bool mask through the explicit kernel.
+A sliding window (--window-size) narrows what a query sees the same way, so a window shorter than the
+distance between two chunks skips their block.
 """
 import torch
 
@@ -18,16 +20,20 @@ SKIP, FULL, CAUSAL, MASKED = "skip", "full", "causal", "masked"
 
 class CPDocuments:
     """segment_ids [b, S] of the whole padded sequence; positions [C, S / C]: the global position of
-    each CP rank's local tokens, in local order."""
+    each CP rank's local tokens, in local order; window: how many earlier keys a query sees at most
+    (--window-size; None: all of its document's)."""
 
-    def __init__(self, segment_ids, positions):
-        self.segment_ids, self.positions = segment_ids, positions
+    def __init__(self, segment_ids, positions, window=None):
+        self.segment_ids, self.positions, self.window = segment_ids, positions, window
 
     def block_mask(self, q_rank, k_rank, rows=slice(None), cols=slice(None)):
         """[b, 1, rows, cols] bool: which of q_rank's query rows see which of k_rank's key columns."""
         qpos, kpos = self.positions[q_rank][rows], self.positions[k_rank][cols]
         qseg, kseg = self.segment_ids[:, qpos], self.segment_ids[:, kpos]
-        return ((qpos[:, None] >= kpos[None, :]) & (qseg[:, :, None] == kseg[:, None, :]))[:, None]
+        seen = qpos[:, None] >= kpos[None, :]
+        if self.window is not None:
+            seen = seen & (qpos[:, None] - kpos[None, :] <= self.window)
+        return (seen & (qseg[:, :, None] == kseg[:, None, :]))[:, None]
 
     def classify(self, q_rank, k_rank, rows, cols, causal_diagonal):
         """(kind, mask): kind one of SKIP, FULL, CAUSAL, MASKED for the block; mask only for MASKED."""

@@ -86,7 +86,7 @@ class RingAttention(torch.autograd.Function):
     a cp_documents.CPDocuments (causal within each packed document) or None."""
 
     @staticmethod
-    def forward(ctx, q, k, v, group, scale, causal, kernel=None, documents=None):
+    def forward(ctx, q, k, v, group, scale, causal, kernel=None, documents=None, sink=None):
         ring = _Ring(group)
         blocks = BlockKernel(kernel or choose_kernel(q.device.type, q.dtype, q.shape[-1], usable_kernels(q.device)))
         kv = torch.stack([k, v]).contiguous()
@@ -107,6 +107,11 @@ class RingAttention(torch.autograd.Function):
                 out[:, :, rows], lse[:, :, rows] = merge(out[:, :, rows], lse[:, :, rows], o, s)
             if pending is not None:
                 kv = ring.finish(pending)
+        if sink is not None:
+            # an attention sink adds exp(sink) to every row's denominator: rescale the merged rows once and
+            # keep the larger log-sum-exp, which is all the unchanged backward needs (the sink has no value)
+            with_sink = torch.logaddexp(lse, torch.full_like(lse, sink))
+            out, lse = out * torch.exp(lse - with_sink).unsqueeze(-1), with_sink
         # stored as [s, b, h, d]: the caller's [s, b, h x d] view of it is then the same storage,
         # so linear_proj's saved input costs nothing on top of what is kept here
         b, h, _, d = out.shape
@@ -145,12 +150,13 @@ class RingAttention(torch.autograd.Function):
                 kv = ring.finish(pending)
         dkv = ring.finish(carried)
         dk, dv = dkv.to(k.dtype).unbind(0)
-        return dq.to(q.dtype), dk, dv, None, None, None, None, None
+        return dq.to(q.dtype), dk, dv, None, None, None, None, None, None
 
 
-def ring_attention(q, k, v, group, scale, causal=True, kernel=None, documents=None):
+def ring_attention(q, k, v, group, scale, causal=True, kernel=None, documents=None, sink=None):
     """q [b, h, s, d], k / v [b, g, s, d] holding chunks (i, 2C-1-i) of the sequence on CP rank i of
     `group` -> out [b, h, s, d]; exact attention over the whole sequence (causal or full, or causal within
     each of `documents`, a cp_documents.CPDocuments). kernel: the blocks' attention kernel (ring_kernels.py;
-    None: the one chosen for q's device, dtype and head dim)."""
-    return RingAttention.apply(q, k, v, group, scale, causal, kernel, documents)
+    None: the one chosen for q's device, dtype and head dim). sink: an attention-sink logit (--softmax-type
+    off-by-one: 0.0) or None."""
+    return RingAttention.apply(q, k, v, group, scale, causal, kernel, documents, sink)

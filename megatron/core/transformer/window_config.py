@@ -67,10 +67,6 @@ def check_window(cfg):
         raise ConfigError(f"{f('window_attn_skip_freq')} gives {len(freq)} layers, the model has {cfg.num_layers}")
     if isinstance(freq, int) and freq < 1:
         raise ConfigError(f"{f('window_attn_skip_freq')} must be at least 1, got {freq}")
-    windowed = cfg.window_size is not None or cfg.softmax_type != "vanilla"
     if cfg.softmax_type == "learnable":
         raise ConfigError(f"{f('softmax_type')} learnable (a sink logit per head) is not built here; use "
                           "vanilla or off-by-one")
-    if windowed and cfg.context_parallel_size > 1:
-        raise ConfigError(f"{f('window_size')} / {f('softmax_type')} off-by-one take --context-parallel-size 1 "
-                          "for now; drop one of them")
