@@ -85,5 +85,8 @@ FULL_ONLY = {
     # packed documents: the default run keeps TP2 + SP x PP2 (segment ids on every stage, the full sequence
     # gathered back for attention), the distributed optimizer at DP2 (micro-batches sliced over DP) and CP2
     # through each of p2p, all_gather and a2a (tests/distributed/test_cp_documents.py runs the CP4 ring)
-    *(f"{PACKING}[{case}]" for case in ("tp2-sp", "pp2", "pp2-vpp2", "cp4-p2p")),
+    # windows and sinks: the default run keeps TP2 + SP and the CP2 ring with a window shorter than a chunk
+    # (tests/distributed/test_cp_documents.py runs all_gather and a2a with both window lengths)
+    *(f"{PACKING}[{case}]" for case in ("tp2-sp", "pp2", "pp2-vpp2", "cp4-p2p", "window-cp2-all_gather",
+                                        "window-cp2-a2a", "window24-cp2-p2p")),
 }

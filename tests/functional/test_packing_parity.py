@@ -11,6 +11,7 @@ DOCS = LLAMA + ["--reset-attention-mask", "--reset-position-ids"]
 CP = ["--context-parallel-size"]
 # a window shorter than the mock documents on layers 1 and 3, full attention on 2 and 4, the off-by-one sink
 WINDOW = ["--window-size", "8,0", "--window-attn-skip-freq", "2", "--softmax-type", "off-by-one"]
+WINDOW24 = ["--window-size", "24,0", "--softmax-type", "off-by-one"]
 LAYOUTS = {  # name: (processes, layout flags, model flags shared with the reference)
     "tp2-sp-pp2": (4, TP2 + PP2 + ["--sequence-parallel"], DEEP),
     "distopt-dp2": (2, ["--use-distributed-optimizer"] + SMALL_BUCKETS, []),
@@ -22,6 +23,9 @@ LAYOUTS = {  # name: (processes, layout flags, model flags shared with the refer
     **{f"cp2-{c}": (2, CP + ["2", "--cp-comm-type", c], []) for c in ("p2p", "all_gather", "a2a")},
     "cp4-p2p": (4, CP + ["4", "--cp-comm-type", "p2p"], []),
     "window-tp2-sp": (2, TP2 + ["--sequence-parallel"], DEEP + WINDOW),
+    # CP2 chunks of 16: a window of 8 (shorter than a chunk) and of 24 (longer)
+    **{f"window-cp2-{c}": (2, CP + ["2", "--cp-comm-type", c], DEEP + WINDOW) for c in ("p2p", "all_gather", "a2a")},
+    "window24-cp2-p2p": (2, CP + ["2", "--cp-comm-type", "p2p"], DEEP + WINDOW24),
 }
 _reference = {}
 
@@ -40,6 +44,6 @@ def test_packed_documents_layout_matches_one_process(name):
     proc, got = run_metrics(BASE + DOCS + model + flags, nproc=nproc)
     assert ("> document masks: across context-parallel" if "cp" in name else
             "> document masks: exact per-document SDPA") in proc.stdout
-    assert ("> attention window / sink: window (8, 0) on layers [1, 3], softmax off-by-one" in proc.stdout) == \
-        ("window" in name)
+    window = "window (24, 0) on layers [1, 2, 3, 4]" if "window24" in name else "window (8, 0) on layers [1, 3]"
+    assert (f"> attention window / sink: {window}, softmax off-by-one" in proc.stdout) == ("window" in name)
     assert_metrics_parity(_reference_run(model), got)
