@@ -47,22 +47,46 @@ def _flat(t):
     return t.transpose(0, 1).reshape(b * s, *t.shape[2:])
 
 
+class _Permute(torch.autograd.Function):
+    """x[perm] along dim 0 for a permutation perm; its gradient is grad[inverse] (a gather, where index_select's
+    own backward would scatter-add into a zero-filled copy)."""
+
+    @staticmethod
+    def forward(ctx, x, perm, inverse):
+        ctx.save_for_backward(inverse)
+        return x.index_select(0, perm)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (inverse,) = ctx.saved_tensors
+        return grad.index_select(0, inverse), None, None
+
+
+def _grouped(documents, device):
+    """(perm, inverse, [(length, count)]): the flat positions ordered document by document, the documents
+    grouped by length, so that each group is one contiguous [count * length] run of the permuted tokens."""
+    idx = [(starts[:, None] + torch.arange(length, device=device)).reshape(-1)
+           for length, starts in documents.by_length]
+    perm = torch.cat(idx).to(device)
+    return perm, torch.argsort(perm), [(length, len(starts)) for length, starts in documents.by_length]
+
+
 def segmented(q, k, v, documents, p, scale):
     """Exact causal attention within each document: one SDPA call per distinct document length."""
     s, b, heads, _ = q.shape
-    qf, kf, vf = (_flat(t) for t in (q, k, v))
+    perm, inverse, groups = _grouped(documents, q.device)
+    qf, kf, vf = (_Permute.apply(_flat(t), perm, inverse) for t in (q, k, v))
     gqa = {"enable_gqa": True} if k.shape[2] != heads else {}
-    pieces, order = [], []
-    for length, starts in documents.by_length:
-        idx = (starts[:, None] + torch.arange(length, device=starts.device)).reshape(-1)
+    # one split per tensor (its backward is one cat; slices would each add into a zero-filled full copy)
+    sizes = [count * length for length, count in groups]
+    pieces = []
+    for (length, count), qg, kg, vg in zip(groups, *(t.split(sizes) for t in (qf, kf, vf))):
         # [n * L, heads, d] -> [n, heads, L, d]: SDPA's layout, each document one batch entry
-        qd, kd, vd = (t.index_select(0, idx).view(len(starts), length, t.shape[1], t.shape[2]).transpose(1, 2)
-                      for t in (qf, kf, vf))
+        qd, kd, vd = (t.view(count, length, t.shape[1], t.shape[2]).transpose(1, 2) for t in (qg, kg, vg))
         out = F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, dropout_p=p, scale=scale, **gqa)
         pieces.append(out.transpose(1, 2).reshape(-1, heads, out.shape[-1]))
-        order.append(idx)
     # every flat position belongs to one document: the inverse permutation puts each output home
-    out = torch.cat(pieces)[torch.argsort(torch.cat(order))]
+    out = _Permute.apply(torch.cat(pieces), inverse, perm)
     return out.view(b, s, heads * out.shape[-1]).transpose(0, 1)
 
 
