@@ -131,3 +131,16 @@ def test_implementation_choice():
     assert document_attention.select("unfused", "cpu", torch.float32) == "dense"
     assert document_attention.select("sdpa", "cpu", torch.bfloat16) == "segmented"
     assert document_attention.select("auto", "cuda", torch.float32) == "segmented"
+
+
+def test_flops_document_masking_removes():
+    from megatron.training.observability.flops import (
+        core_attention_flops_per_token,
+        document_attention_flops_removed,
+        document_attention_share,
+    )
+    assert document_attention_share([S], S) == 1.0  # one document: the full square Megatron-LM counts
+    assert document_attention_share([S // 2, S // 2, S], S) == pytest.approx(0.75)  # (1/4 + 1/4 + 1) / 2
+    c = _model("gpt").config
+    removed = document_attention_flops_removed(c, [S // 4] * 4)
+    assert removed == pytest.approx(3 * S * c.num_layers * core_attention_flops_per_token(c) * 0.75)
