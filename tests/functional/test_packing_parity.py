@@ -1,13 +1,13 @@
 """Packed documents (--reset-attention-mask: segment ids, no [s, s] mask) through the CLI: every layout gives
-the losses and grad norms of one process. --mock-data samples are one document followed by end-of-document
-padding, each EOD its own document: documents of one token up to the whole sample in every micro-batch."""
+the losses and grad norms of one process. --mock-data samples pack documents of mean length 12 (seeded,
+exponential: from one token to several CP chunks, crossing chunk boundaries)."""
 import pytest
 
 from .cli import run_metrics
 from .test_parity import BASE, DEEP, LLAMA, PP2, SMALL_BUCKETS, TP2, assert_metrics_parity
 
 # Llama-style: RoPE restarts at each document (--reset-position-ids), GQA
-DOCS = LLAMA + ["--reset-attention-mask", "--reset-position-ids"]
+DOCS = LLAMA + ["--reset-attention-mask", "--reset-position-ids", "--mock-document-length", "12"]
 CP = ["--context-parallel-size"]
 # a window shorter than the mock documents on layers 1 and 3, full attention on 2 and 4, the off-by-one sink
 WINDOW = ["--window-size", "8,0", "--window-attn-skip-freq", "2", "--softmax-type", "off-by-one"]
@@ -18,8 +18,7 @@ LAYOUTS = {  # name: (processes, layout flags, model flags shared with the refer
     "tp2-sp": (2, TP2 + ["--sequence-parallel"], []),
     "pp2": (2, PP2, DEEP),
     "pp2-vpp2": (2, PP2 + ["--num-layers-per-virtual-pipeline-stage", "1"], DEEP),
-    # CP: chunks of 16 (CP2) or 8 (CP4) tokens; the document crosses chunks, the EOD padding's one-token
-    # documents let the ring skip blocks
+    # CP: chunks of 16 (CP2) or 8 (CP4) tokens; documents cross chunks, short ones let the ring skip blocks
     **{f"cp2-{c}": (2, CP + ["2", "--cp-comm-type", c], []) for c in ("p2p", "all_gather", "a2a")},
     "cp4-p2p": (4, CP + ["4", "--cp-comm-type", "p2p"], []),
     "window-tp2-sp": (2, TP2 + ["--sequence-parallel"], DEEP + WINDOW),

@@ -12,6 +12,9 @@ def document_flag(train_cfg):
 
 def check_documents(model_cfg, train_cfg, tokenizer):
     """Document masks need an attention backend that takes them and an end-of-document id. Raises ConfigError."""
+    length = getattr(train_cfg, "mock_document_length", None)
+    if length is not None and (length < 1 or not train_cfg.mock_data):
+        raise ConfigError(f"--mock-document-length {length}: give a positive mean document length, with --mock-data")
     if not train_cfg.document_masking():
         return
     backend = model_cfg.attention_backend

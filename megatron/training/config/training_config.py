@@ -72,6 +72,9 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions):
         choices=["1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v"])
     mock_data: bool = opt(
         False, "Train on deterministic synthetic tokens (with --tokenizer-type NullTokenizer --vocab-size N).")
+    mock_document_length: int | None = opt(
+        None, "Ours: --mock-data samples pack documents of this mean length (seeded, exponential), each ended "
+        "by end-of-document, instead of one document and end-of-document padding (docs/packing.md).")
     data_path: list[str] | None = opt(
         None, "Indexed dataset prefix(es) from tools/preprocess_data.py, split by --split: 'PREFIX', "
         "or a blend 'W1 PREFIX1 W2 PREFIX2 ...' (without any data flag: the embedded standard-library "

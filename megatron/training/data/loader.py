@@ -40,7 +40,8 @@ def build_datasets(train_cfg, model_cfg, tokenizer):
     t, s = train_cfg, model_cfg.seq_length
     counts = sample_counts(t)
     if t.mock_data:
-        return _mock(lambda n, seed: MockGPTDataset(n, s, tokenizer.vocab_size, seed, tokenizer.eod), t, counts)
+        return _mock(lambda n, seed: MockGPTDataset(n, s, tokenizer.vocab_size, seed, tokenizer.eod,
+                                                    t.mock_document_length), t, counts)
     config = GPTDatasetConfig(seq_length=s, seed=t.seed, cache_dir=index_cache_dir(t),
                               vocab_size=tokenizer.vocab_size, tokenizer=tokenizer_record(t, tokenizer),
                               mmap_bin_files=t.mmap_bin_files)
