@@ -88,5 +88,5 @@ FULL_ONLY = {
     # windows and sinks: the default run keeps TP2 + SP and the CP2 ring with a window shorter than a chunk
     # (tests/distributed/test_cp_documents.py runs all_gather and a2a with both window lengths)
     *(f"{PACKING}[{case}]" for case in ("tp2-sp", "pp2", "pp2-vpp2", "cp4-p2p", "window-cp2-all_gather",
-                                        "window-cp2-a2a", "window24-cp2-p2p")),
+                                        "window-cp2-a2a", "window24-cp2-p2p", "tp2-cp2-pp2", "moe-ep2")),
 }

@@ -11,6 +11,7 @@ DOCS = LLAMA + ["--reset-attention-mask", "--reset-position-ids", "--mock-docume
 CP = ["--context-parallel-size"]
 # a window shorter than the mock documents on layers 1 and 3, full attention on 2 and 4, the off-by-one sink
 WINDOW = ["--window-size", "8,0", "--window-attn-skip-freq", "2", "--softmax-type", "off-by-one"]
+MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "96"]
 WINDOW24 = ["--window-size", "24,0", "--softmax-type", "off-by-one"]
 LAYOUTS = {  # name: (processes, layout flags, model flags shared with the reference)
     "tp2-sp-pp2": (4, TP2 + PP2 + ["--sequence-parallel"], DEEP),
@@ -25,6 +26,8 @@ LAYOUTS = {  # name: (processes, layout flags, model flags shared with the refer
     # CP2 chunks of 16: a window of 8 (shorter than a chunk) and of 24 (longer)
     **{f"window-cp2-{c}": (2, CP + ["2", "--cp-comm-type", c], DEEP + WINDOW) for c in ("p2p", "all_gather", "a2a")},
     "window24-cp2-p2p": (2, CP + ["2", "--cp-comm-type", "p2p"], DEEP + WINDOW24),
+    "tp2-cp2-pp2": (8, TP2 + CP + ["2"] + PP2 + ["--sequence-parallel"], DEEP),
+    "moe-ep2": (2, ["--expert-model-parallel-size", "2"], MOE),
 }
 _reference = {}
 
