@@ -37,10 +37,10 @@ def _tokens():
     return t
 
 
-def _model(kind, backend="auto", dtype=torch.float32):
+def _model(kind, backend="auto", dtype=torch.float32, **extra):
     c = TransformerConfig(num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=S, vocab_size=V,
                           hidden_dropout=0.0, attention_dropout=0.0, attention_backend=backend, params_dtype=dtype,
-                          **MODELS[kind])
+                          **MODELS[kind], **extra)
     c.resolve()
     c.validate()
     model_parallel_seed(5, 0, 0, "cpu")
@@ -115,6 +115,18 @@ def test_unfused_backend_takes_the_dense_mask_and_agrees():
     loss, _ = _loss_and_grads(model, tokens, docs, positions)
     ref, _ = _loss_and_grads(_model("gpt"), tokens, docs, positions)
     assert _rel(loss, ref) <= REL
+
+
+@pytest.mark.parametrize("recompute", [dict(recompute_granularity="selective"),
+                                       dict(recompute_granularity="full", recompute_method="uniform",
+                                            recompute_num_layers=1)])
+def test_recompute_replays_the_documents(recompute):
+    # the same ops in the same order (the documents object rides along into the recomputed call): bitwise
+    tokens = _tokens()
+    positions, docs = _batch(tokens)
+    loss, grads = _loss_and_grads(_model("llama"), tokens, docs, positions)
+    again, again_grads = _loss_and_grads(_model("llama", **recompute).train(), tokens, docs, positions)
+    assert torch.equal(loss, again) and all(torch.equal(grads[n], again_grads[n]) for n in grads)
 
 
 def test_documents_by_hand():
