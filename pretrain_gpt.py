@@ -12,6 +12,7 @@ import sys
 from megatron.core.models.gpt import GPTModel
 from megatron.core.pipeline_parallel.losses import TOKEN_LOSS
 from megatron.core.transformer import mtp
+from megatron.core.transformer.documents import Documents
 from megatron.training.config.arguments import parse_args
 from megatron.training.config.yaml_config import yaml_cfg_first
 from megatron.training.data.embedded import EMBEDDED, embedded_recipe
@@ -30,10 +31,12 @@ def model_provider(config, groups, device, pre_process=True, post_process=True, 
 def forward_step(model, batch):
     """-> {"lm loss": (per-token loss [b, s], loss mask [b, s])} on the last pipeline stage, with
     --mtp-num-layers also "mtp_1 loss" ... (transformer/mtp.py); earlier stages return their hidden
-    states [s(/TP), b, h] to send on."""
+    states [s(/TP), b, h] to send on. A batch with segment_ids (packed documents) attends within each
+    document (transformer/documents.py); every stage reads them from its own micro-batch."""
     inputs = mtp.mtp_inputs(batch, model.config)
+    documents = Documents(batch["segment_ids"]) if "segment_ids" in batch else None
     out = model(batch["tokens"], labels=batch["labels"], position_ids=batch.get("position_ids"),
-                attention_mask=batch.get("attention_mask"), mtp_inputs=inputs)
+                attention_mask=documents, mtp_inputs=inputs)
     if not model.post_process:
         return out
     if inputs is None:

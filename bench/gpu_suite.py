@@ -122,6 +122,10 @@ def steps(out, help_text):
         ("fusion baseline: llama1b ours", 100, f"{pre} {LLAMA1} --vocab-size 50304 --train-iters 15"),
         (f"fusion: llama1b ours {RN_FUSION}", 100, f"{pre} {LLAMA1} --vocab-size 50304 --train-iters 15 {RN_FUSION}"
          if RN_FUSION in help_text["pretrain"] else (None, f"pretrain_gpt.py has no {RN_FUSION} here")),
+        # packed documents: the attention core with document boundaries vs a dense mask vs causal (`--only packing`)
+        ("packing", 120, f"{PY} bench/packing.py --device cuda --dtype bfloat16 --heads 16 --groups 8 --head-dim 128 "
+                         f"--rounds 5 --out {out}/packing.md" if has("bench/packing.py")
+         else (None, "no bench/packing.py here")),
         # where ours and the compiled plain loop spend GPU time, kernel by kernel (`--only profile`: past the budget)
         (PROFILE_STEP, 200, overhead("gpt-1.3b", " --models ours --compile --profile --rounds 1 --steps-per-round 1")
          if "--profile" in ovh else (None, "bench/overhead.py has no --profile here")),

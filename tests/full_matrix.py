@@ -19,6 +19,7 @@ FP8_GATHER = "tests/distributed/test_fp8_param_gather.py::test_fp8_param_gather_
 MUON = "tests/functional/test_muon_parity.py::test_muon_layout_matches_one_process"
 OFFLOAD = "tests/functional/test_activation_offload.py::test_offloaded_layout_matches_one_process"
 NVME = "tests/functional/test_optimizer_offload.py::test_state_in_files_matches_the_state_in_memory"
+PACKING = "tests/functional/test_packing_parity.py::test_packed_documents_layout_matches_one_process"
 
 FULL_ONLY = {
     # FP8: the default run keeps tensorwise TP2+SP, delayed PP2 zb-h1 and CP2, blockwise TP2+SP,
@@ -93,4 +94,11 @@ FULL_ONLY = {
     # the FLOPs profiler's counter at one process: the default run keeps TP2, the same counter on the same four
     # models (each rank's share, so its total too)
     "tests/distributed/test_flops_profiler.py::test_total_is_the_model_flops_and_each_rank_its_share[1]",
+    # packed documents: the default run keeps TP2 + SP x PP2 (segment ids on every stage, the full sequence
+    # gathered back for attention), the distributed optimizer at DP2 (micro-batches sliced over DP) and CP2
+    # through each of p2p, all_gather and a2a (tests/distributed/test_cp_documents.py runs the CP4 ring)
+    # windows and sinks: the default run keeps TP2 + SP and the CP2 ring with a window shorter than a chunk
+    # (tests/distributed/test_cp_documents.py runs all_gather and a2a with both window lengths)
+    *(f"{PACKING}[{case}]" for case in ("tp2-sp", "pp2", "pp2-vpp2", "cp4-p2p", "window-cp2-all_gather",
+                                        "window-cp2-a2a", "window24-cp2-p2p", "tp2-cp2-pp2", "moe-ep2")),
 }

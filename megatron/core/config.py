@@ -19,6 +19,7 @@ from .transformer.mla_config import MLAConfig
 from .transformer.model_options import ModelOptions, check_options, resolve_options
 from .transformer.moe.moe_config import MoEConfig
 from .transformer.mtp_config import MTPConfig
+from .transformer.window_config import WindowConfig, check_window
 
 
 @dataclass
@@ -45,7 +46,7 @@ class ModelParallelConfig:
 
 
 @dataclass
-class TransformerConfig(ModelParallelConfig, MoEConfig, MLAConfig, MTPConfig, ModelOptions, Fp8Config):
+class TransformerConfig(ModelParallelConfig, MoEConfig, MLAConfig, MTPConfig, ModelOptions, Fp8Config, WindowConfig):
     num_layers: int = opt(4, "Number of transformer layers.")
     decoder_first_pipeline_num_layers: int | None = opt(
         None, "Layers on the first pipeline stage (uneven split; the other stages share the rest evenly).")
@@ -204,3 +205,4 @@ class TransformerConfig(ModelParallelConfig, MoEConfig, MLAConfig, MTPConfig, Mo
         config_checks.validate(self)
         check_options(self)
         check_fp8(self)
+        check_window(self)

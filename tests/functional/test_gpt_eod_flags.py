@@ -17,3 +17,12 @@ def test_all_eod_flags_train(pos):
     flagged = losses(run_cli(BASE + FLAGS + ["--position-embedding-type", pos]).stdout)
     assert sorted(flagged) == [1, 2] and all(v == v for v in flagged.values())
     assert flagged[1] != plain[1]  # fewer loss terms: the masked predictions are out of the mean
+
+
+def test_document_masks_refuse_a_backend_that_cannot_mask():
+    proc = run_cli(BASE + ["--dataloader-inter-document-masking", "--attention-backend", "flash"], check=False)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert errors == ["error: --attention-backend flash cannot mask documents (flash-attn's flash_attn_func takes "
+                      "the causal mask only) and --dataloader-inter-document-masking needs it; use "
+                      "--attention-backend auto, sdpa or unfused"], errors

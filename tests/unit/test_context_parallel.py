@@ -32,8 +32,11 @@ def test_batch_is_padded_with_masked_tokens_and_gets_global_positions():
     assert parts[1]["position_ids"][0].tolist() == [4, 5, 6, 7, 8, 9, 10, 11]
     assert parts[0]["position_ids"][0].tolist() == [0, 1, 2, 3, 12, 0, 0, 0]  # the padding gets position 0
     assert parts[0]["loss_mask"][0].tolist() == [1, 1, 1, 1, 1, 0, 0, 0]
-    with pytest.raises(ValueError, match="--reset-attention-mask"):
-        batch_on_this_cp_rank(dict(batch, attention_mask=torch.ones(b, 1, s, s, dtype=torch.bool)), CPSlice(0, 2, 4))
+    # packed documents: every rank keeps the whole sequence's segment ids, the padding a document of its own
+    segments = torch.zeros(b, s, dtype=torch.long)
+    segments[:, 7:] = 1
+    part = batch_on_this_cp_rank(dict(batch, segment_ids=segments), CPSlice(0, 2, 4))["segment_ids"]
+    assert part[0].tolist() == [0] * 7 + [1] * 6 + [2] * 3
 
 
 def test_sizes_are_checked_before_any_group():

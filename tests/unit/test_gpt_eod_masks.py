@@ -7,6 +7,7 @@ from megatron.core.config import TransformerConfig
 from megatron.core.datasets.gpt_masks import EodOptions, ltor_masks
 from megatron.core.models.gpt import GPTModel
 from megatron.core.parallel_layout import ParallelLayout
+from megatron.core.transformer.documents import Documents
 from tests.rounding import assert_chain_close
 
 EOD = 0
@@ -29,8 +30,10 @@ def test_reset_position_ids_restart_after_each_eod():
 
 
 def test_reset_attention_mask_is_causal_within_each_document():
-    _, positions, mask = ltor_masks(TOKENS, EodOptions(EOD, reset_attention_mask=True))
-    assert positions is None and mask.shape == (2, 1, 6, 6)
+    _, positions, segments = ltor_masks(TOKENS, EodOptions(EOD, reset_attention_mask=True))
+    assert positions is None and segments.tolist() == [[0, 0, 0, 1, 1, 2], [0] * 6]
+    mask = Documents(segments).dense_mask()
+    assert mask.shape == (2, 1, 6, 6)
     assert mask[0, 0].int().tolist() == [[1, 0, 0, 0, 0, 0],
                                          [1, 1, 0, 0, 0, 0],
                                          [1, 1, 1, 0, 0, 0],
@@ -53,8 +56,9 @@ def test_model_sees_each_document_alone(pos):
         for p in model.parameters():
             p.normal_(0, 0.2)
         sample = torch.tensor([[5, 9, EOD, 7, 8, 3]])
-        _, positions, mask = ltor_masks(sample, EodOptions(EOD, reset_position_ids=True, reset_attention_mask=True))
-        whole = model(sample, position_ids=positions, attention_mask=mask)
+        _, positions, segments = ltor_masks(sample, EodOptions(EOD, reset_position_ids=True,
+                                                               reset_attention_mask=True))
+        whole = model(sample, position_ids=positions, attention_mask=Documents(segments))
         first, second = model(sample[:, :3]), model(sample[:, 3:])
         assert_chain_close(whole, torch.cat([first, second], dim=1), "the documents alone")
         assert not torch.allclose(whole[:, 3:], model(sample)[:, 3:])  # the plain causal model sees doc 1

@@ -27,7 +27,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 ALLOWED = {"fp8_te": "issue 28", "mxfp8": "issue 28",
            "yarn": "issue 30: built with MLA only",
            "flex": "issue 31: refuse in one line",
-           "window": "issue 31: gpt-oss, refuse each", "sinks": "issue 31: gpt-oss, refuse each",
+           "sinks": "issue 31: gpt-oss, refuse each",
            "gptoss_mlp": "issue 31: gpt-oss, refuse each", "gptoss_rope": "issue 31: gpt-oss, refuse each"}
 EXPECTED_REFUSED = {
     "gpt3-175b": set(),
@@ -35,7 +35,7 @@ EXPECTED_REFUSED = {
     "mixtral-8x7b": set(),
     "megatron-fsdp llama3-8b-fp8 (mock data)": set(), "megatron-fsdp llama3-8b-fp8 (real data)": set(),
     "deepseek-v3 (megatron-fsdp)": {"flex"},
-    "gpt-oss (mock data)": {"fp8_te", "window", "sinks", "gptoss_mlp", "gptoss_rope"},
+    "gpt-oss (mock data)": {"fp8_te", "sinks", "gptoss_mlp", "gptoss_rope"},
 }
 
 

@@ -10,23 +10,42 @@ class MockGPTDataset:
     """Sample i: an arithmetic sequence mod (vocab_size - 1) from a start and step drawn
     with seed (seed, i), then end-of-document. Learnable (the next token follows from the
     previous two), identical on every rank and machine.
+
+    With mean_document_length (--mock-document-length) a sample packs several such documents instead, each
+    ended by end-of-document, of lengths drawn (seeded) from an exponential distribution of that mean, the
+    last one cut at the sample's end: the packed samples --reset-attention-mask is for.
     """
 
-    def __init__(self, num_samples, seq_length, vocab_size, seed, eod):
+    def __init__(self, num_samples, seq_length, vocab_size, seed, eod, mean_document_length=None):
         self.num_samples, self.seq_length = num_samples, seq_length
         self.vocab_size, self.seed, self.eod = vocab_size, seed, eod
+        self.mean_document_length = mean_document_length
 
     def __len__(self):
         return self.num_samples
 
     def __getitem__(self, idx):
         rng = np.random.default_rng([self.seed, idx])
+        if self.mean_document_length:
+            return {"tokens": self._packed(rng)}
         modulus = max(self.vocab_size - 1, 1)
         start, step = rng.integers(0, modulus), rng.integers(1, max(modulus, 2))
         length = int(rng.integers(self.seq_length // 2, self.seq_length + 1))
         tokens = np.full(self.seq_length + 1, self.eod, dtype=np.int64)
         tokens[:length] = (start + step * np.arange(length)) % modulus
         return {"tokens": tokens}
+
+    def _packed(self, rng):
+        modulus = max(self.vocab_size - 1, 1)
+        tokens = np.empty(self.seq_length + 1, dtype=np.int64)
+        at = 0
+        while at < len(tokens):
+            length = min(max(1, int(rng.exponential(self.mean_document_length))), len(tokens) - at)
+            start, step = rng.integers(0, modulus), rng.integers(1, max(modulus, 2))
+            tokens[at:at + length] = (start + step * np.arange(length)) % modulus
+            tokens[at + length - 1] = self.eod
+            at += length
+        return tokens
 
 
 def mock_bert_special_ids(vocab_size):

@@ -11,6 +11,10 @@ a causal model never lets a real token see. Attention (--cp-comm-type, Megatron-
               heads, then back (heads per TP rank must divide by C).
 Everything else in a layer is per token, so it runs on the local chunks unchanged; the layer's
 parameters get gradients on every CP rank, which are summed over DP x CP with the data-parallel ones.
+Packed documents (--reset-attention-mask): every rank keeps the whole sequence's segment ids (b x S
+integers) and each path attends within documents across chunks: the ring classifies and skips its
+blocks (cp_documents.py), all_gather masks the gathered keys by document, a2a runs the per-document
+attention on the whole sequence it holds.
 """
 import dataclasses
 
@@ -19,8 +23,11 @@ import torch.distributed as dist
 
 from .. import comm
 from ..fusions import attention as attention_front
+from ..fusions import document_attention
 from ..tensor_parallel.mappings import gather_from_sequence_parallel_region
 from ..watchdog import waiting
+from .cp_documents import CPDocuments
+from .documents import Documents
 from .ring_attention import ring_attention
 
 COMM_TYPES = ("p2p", "all_gather", "a2a")
@@ -64,11 +71,8 @@ def cp_slice(groups) -> "CPSlice | None":
 def batch_on_this_cp_rank(batch: dict, cp: CPSlice) -> dict:
     """A GPT batch (tokens, labels, loss_mask [b, s], optional position_ids [b, s]) -> this CP rank's
     tokens [b, s' / C] (s' = s padded to cp.multiple with loss-masked tokens at the end), with
-    position_ids always given (the global positions; padding gets position 0). An explicit
-    attention_mask (--reset-attention-mask) is refused: no CP attention takes one."""
-    if "attention_mask" in batch:
-        raise ValueError("--context-parallel-size > 1 does not take --reset-attention-mask (no attention mask "
-                         "crosses context-parallel ranks); drop the flag or use --context-parallel-size 1")
+    position_ids always given (the global positions; padding gets position 0). segment_ids (packed
+    documents) stay whole, [b, s'], the padding a document of its own: every rank needs them all."""
     tokens = batch["tokens"]
     b, s = tokens.shape
     pad = -s % cp.multiple
@@ -77,6 +81,9 @@ def batch_on_this_cp_rank(batch: dict, cp: CPSlice) -> dict:
         positions = torch.arange(s, device=tokens.device).expand(b, s)
     out = {}
     for key, value in dict(batch, position_ids=positions).items():
+        if key == "segment_ids":
+            out[key] = torch.cat([value, value[:, -1:].expand(b, pad) + 1], dim=1) if pad else value
+            continue
         if pad:
             value = torch.cat([value, value.new_zeros(b, pad)], dim=1)
         out[key] = slice_sequence(value, 1, cp.rank, cp.size).contiguous()
@@ -105,16 +112,22 @@ def _gathered_positions(s_local, cp_size, device):
     return torch.cat([local_positions(s_local * cp_size, r, cp_size, device) for r in range(cp_size)])
 
 
-def all_gather_attention(q, k, v, group, causal=True):
+def all_gather_attention(q, k, v, group, causal=True, documents=None, scale=None, sink=None):
     """q [s, b, h, d], k / v [s, b, g, d] (this rank's chunks) -> [s, b, h x d]: K/V gathered over
-    `group`, the local queries attend to the positions a causal (or full) mask allows."""
+    `group`, the local queries attend to the positions a causal (or full) mask allows; with documents
+    (a CPDocuments) causal within each document, the mask [b, 1, s, C x s] per sample; a sink (a logit)
+    takes explicit scores with the sink column (document_attention.windowed's rule)."""
     cp, rank = comm.world(group), comm.rank(group)
     s = q.shape[0]
     # backward reduce-scatters: every rank's queries contribute to each K/V block's gradient
     kv = gather_from_sequence_parallel_region(torch.cat([k, v], dim=2), group)
     k, v = kv.split(k.shape[2], dim=2)
     mask = None
-    if causal:
+    if documents is not None:
+        mask = torch.cat([documents.block_mask(rank, r) for r in range(cp)], dim=-1)
+        if sink is not None:
+            return document_attention.masked_with_sink(q, k, v, mask, scale, sink)
+    elif causal:
         q_pos = local_positions(s * cp, rank, cp, q.device)
         mask = q_pos[:, None] >= _gathered_positions(s, cp, q.device)[None, :]
     else:
@@ -122,9 +135,10 @@ def all_gather_attention(q, k, v, group, causal=True):
     return attention_front.sdpa(q, k, v, mask, 0.0)
 
 
-def a2a_attention(q, k, v, group, causal=True):
+def a2a_attention(q, k, v, group, causal=True, documents=None, scale=None, window=None, sink=None):
     """Ulysses: q [s, b, h, d], k / v [s, b, g, d] -> [s, b, h x d]. An all-to-all over `group` gives
-    each rank the whole sequence for h / C heads; attention there; the inverse all-to-all."""
+    each rank the whole sequence for h / C heads; attention there (per document with documents, a
+    Documents of the whole sequence); the inverse all-to-all."""
     cp = comm.world(group)
     s, b, h, d = q.shape
     if k.shape[2] % cp:  # too few K/V groups to split: give every head its own copy
@@ -136,8 +150,13 @@ def a2a_attention(q, k, v, group, causal=True):
         t = t.reshape(s, b, cp, n // cp, d).permute(2, 0, 1, 3, 4)
         return _AllToAll.apply(t, group).reshape(cp * s, b, n // cp, d)[order]
 
-    out = attention_front.sdpa(*(scatter_heads(t) for t in (q, k, v)), None if causal else
-                               torch.ones(s * cp, s * cp, dtype=torch.bool, device=q.device), 0.0)
+    if documents is not None and (window is not None or sink is not None):
+        out = document_attention.windowed(*(scatter_heads(t) for t in (q, k, v)), documents, 0.0, scale, window, sink)
+    elif documents is not None:
+        out = document_attention.segmented(*(scatter_heads(t) for t in (q, k, v)), documents, 0.0, scale)
+    else:
+        out = attention_front.sdpa(*(scatter_heads(t) for t in (q, k, v)), None if causal else
+                                   torch.ones(s * cp, s * cp, dtype=torch.bool, device=q.device), 0.0)
     # rank order again, then each sequence part back to its rank and the heads home
     back = _AllToAll.apply(out[torch.argsort(order)].reshape(cp, s, b, h // cp, d), group)
     return back.permute(1, 2, 0, 3, 4).reshape(s, b, h * d)
@@ -152,15 +171,35 @@ def activation_bytes_per_layer(s, b, h, a, tp=1, sp=False, cp=1, element_bytes=2
     return int(s_local * b * h * per_token * element_bytes / 2 + 4 * b * (a / tp) * s_local)
 
 
-def context_parallel_attention(q, k, v, group, comm_type, scale, causal=True):
+def cp_documents(documents, cp_size, window=None):
+    """The CPDocuments of a Documents of the whole padded sequence: with every rank's global positions."""
+    seq = documents.shape[1]
+    device = documents.segment_ids.device
+    return CPDocuments(documents.segment_ids, torch.stack([local_positions(seq, r, cp_size, device)
+                                                           for r in range(cp_size)]), window)
+
+
+def context_parallel_attention(q, k, v, group, comm_type, scale, causal=True, documents=None, window=None,
+                               sink=None):
     """q [s, b, h, d], k / v [s, b, g, d] holding this CP rank's chunks -> [s, b, h x d], exact
-    attention over the whole sequence. Talks to the CP group `group` (see the module docstring)."""
+    attention over the whole sequence. Talks to the CP group `group` (see the module docstring).
+    documents: a Documents of the whole padded sequence (causal within each document) or None; window
+    (earlier keys a query sees at most) and sink (a logit added to each softmax denominator): None or
+    --window-size / --softmax-type off-by-one's."""
+    if (window is not None or sink is not None) and documents is None:  # the whole sequence one document
+        documents = Documents(torch.zeros(q.shape[1], q.shape[0] * comm.world(group), dtype=torch.long,
+                                          device=q.device))
+    if documents is not None and documents.shape[1] != q.shape[0] * comm.world(group):
+        raise ValueError(f"documents cover {documents.shape[1]} positions, the CP ranks hold "
+                         f"{q.shape[0] * comm.world(group)}: give the whole sequence's segment ids")
     if comm_type == "p2p":
         to_bhsd = [t.permute(1, 2, 0, 3) for t in (q, k, v)]
-        out = ring_attention(*to_bhsd, group, scale, causal)
+        docs = cp_documents(documents, comm.world(group), window) if documents is not None else None
+        out = ring_attention(*to_bhsd, group, scale, causal, documents=docs, sink=sink)
         return out.permute(2, 0, 1, 3).reshape(q.shape[0], q.shape[1], -1)
     if comm_type == "all_gather":
-        return all_gather_attention(q, k, v, group, causal)
+        docs = cp_documents(documents, comm.world(group), window) if documents is not None else None
+        return all_gather_attention(q, k, v, group, causal, docs, scale, sink)
     if comm_type == "a2a":
-        return a2a_attention(q, k, v, group, causal)
+        return a2a_attention(q, k, v, group, causal, documents, scale, window, sink)
     raise ValueError(f"--cp-comm-type {comm_type!r}: use one of {', '.join(COMM_TYPES)}")

@@ -11,16 +11,19 @@ import torch
 from torch import nn
 
 from ..fusions import attention as attention_front
+from ..fusions import document_attention
 from ..fusions import softmax as softmax_front
 from ..tensor_parallel.random import get_rng_tracker
 from .context_parallel import context_parallel_attention
+from .documents import Documents
 
 
 class CoreAttention(nn.Module):
     """q [s, b, heads, d], k / v [sk, b, groups, d] (heads a multiple of groups) -> [s, b, heads * d].
 
-    attn_mask None means causal (sk == s); otherwise SDPA's convention (bool True = attend, or
-    an additive float mask) broadcastable to [b, heads, s, sk]. No parameters. cp_group: the
+    attn_mask None means causal (sk == s); a Documents (documents.py) causal within each packed
+    document (fusions/document_attention.py, no [s, s] mask); otherwise SDPA's convention (bool
+    True = attend, or an additive float mask) broadcastable to [b, heads, s, sk]. No parameters. cp_group: the
     context-parallel group when CP > 1 (q, k, v then hold this rank's chunks of the sequence).
     head_dim: d when it is not --kv-channels (multi-latent attention): the scale is 1 / sqrt(d) and
     Transformer Engine's attention (built for --kv-channels) gives way to SDPA.
@@ -40,6 +43,9 @@ class CoreAttention(nn.Module):
         self.masked_softmax_impl = softmax_front.select(config.masked_softmax_fusion, device, dtype, causal=False,
                                                         force=config.fused_kernels)
         self.softmax_in_fp32 = config.attention_softmax_in_fp32
+        self.documents_impl = document_attention.select(self.backend, device, dtype, self.dropout)
+        # --window-size / --softmax-type off-by-one (window_config.py): this layer's window and sink
+        self.window, self.sink = config.layer_window(layer_number), config.attention_sink()
         self.te_attention = None
         self.cp_group, self.cp_comm_type = cp_group, config.cp_comm_type
         if self.backend == "te":
@@ -55,9 +61,15 @@ class CoreAttention(nn.Module):
 
     def forward(self, q, k, v, attn_mask=None):
         if self.cp_group is not None:  # this rank holds two chunks of each sequence (context_parallel.py)
-            if attn_mask is not None:
-                raise ValueError("context parallelism takes the causal mask only")
-            return context_parallel_attention(q, k, v, self.cp_group, self.cp_comm_type, self.scale)
+            documents = attn_mask if isinstance(attn_mask, Documents) else None
+            if attn_mask is not None and documents is None:
+                raise ValueError("context parallelism takes the causal mask or packed documents only")
+            return context_parallel_attention(q, k, v, self.cp_group, self.cp_comm_type, self.scale,
+                                              documents=documents, window=self.window, sink=self.sink)
+        if self.window is not None or self.sink is not None:
+            return self._windowed(q, k, v, attn_mask)
+        if isinstance(attn_mask, Documents):
+            return self._documents(q, k, v, attn_mask)
         backend = self.backend
         if attn_mask is not None and backend in ("flash", "te"):
             backend = "sdpa"
@@ -68,6 +80,29 @@ class CoreAttention(nn.Module):
             with get_rng_tracker().fork():  # heads differ per TP rank: so must their dropout
                 return self._run(backend, q, k, v, attn_mask, p)
         return self._run(backend, q, k, v, attn_mask, p)
+
+    def _windowed(self, q, k, v, attn_mask):
+        """Windows and sinks: the whole sample one document unless documents are given."""
+        if attn_mask is not None and not isinstance(attn_mask, Documents):
+            raise ValueError("a sliding window or attention sink takes the causal mask or packed documents only "
+                             "(no KV cache, no explicit mask)")
+        documents = attn_mask or Documents(torch.zeros(q.shape[1], q.shape[0], dtype=torch.long, device=q.device))
+        p = self.dropout if self.training else 0.0
+        if p > 0:
+            with get_rng_tracker().fork():
+                return document_attention.windowed(q, k, v, documents, p, self.scale, self.window, self.sink)
+        return document_attention.windowed(q, k, v, documents, p, self.scale, self.window, self.sink)
+
+    def _documents(self, q, k, v, documents):
+        impl = self.documents_impl
+        if impl == "dense":
+            return self.forward(q, k, v, documents.dense_mask())
+        run = document_attention.varlen if impl == "varlen" else document_attention.segmented
+        p = self.dropout if self.training else 0.0
+        if p > 0:
+            with get_rng_tracker().fork():  # heads differ per TP rank: so must their dropout
+                return run(q, k, v, documents, p, self.scale)
+        return run(q, k, v, documents, p, self.scale)
 
     def _run(self, backend, q, k, v, attn_mask, p):
         if backend == "flash":

@@ -13,10 +13,13 @@ Kernels (choose_kernel picks one per ring call from device, dtype and head dim):
              1e-5), so half precision is refused here and falls back to the math kernel
   math       the scores written out in fp32 (fp64 stays fp64): any device, dtype and shape; the reference.
 Each takes both kinds of block the ring has: a square causal one (the diagonal) and an unmasked one;
-no row of a block is fully masked. The fused kernels' output comes in the input dtype and is merged
-in fp32 (as the CPU kernel's); their log-sum-exp is fp32. Their backward is the kernel's own, called
-with the rows' merged output and log-sum-exp: dS = P (dP - rowsum(dO o O)) needs no more than that,
-so each block's gradient is its part of the whole row's (as flash attention's own backward).
+no row of a block is fully masked. A block of packed documents with any other pattern comes with its
+bool mask [b, 1, rows, cols] (in place of the causal flag) and runs the math kernel, where a row that sees
+none of the block's keys gets output 0 and log-sum-exp -inf (the merge then keeps the other blocks').
+The fused kernels' output comes in the input dtype and is merged in fp32 (as the CPU kernel's); their
+log-sum-exp is fp32. Their backward is the kernel's own, called with the rows' merged output and
+log-sum-exp: dS = P (dP - rowsum(dO o O)) needs no more than that, so each
+block's gradient is its part of the whole row's (as flash attention's own backward).
 On CUDA the SDPA switches of torch.backends.cuda (torch.nn.attention.sdpa_kernel) are honoured.
 """
 import torch
@@ -92,6 +95,8 @@ def acc(t):
 
 def _scores(q, k, scale, causal):
     s = torch.matmul(acc(q), acc(k).transpose(-1, -2)) * scale
+    if torch.is_tensor(causal):  # a packed-documents block's mask (True = may attend)
+        return s.masked_fill(~causal, float("-inf"))
     if causal:
         s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
     return s
@@ -100,7 +105,8 @@ def _scores(q, k, scale, causal):
 def _math_forward(q, k, v, scale, causal):
     s = _scores(q, k, scale, causal)
     lse = torch.logsumexp(s, dim=-1)
-    return torch.matmul(torch.exp(s - lse.unsqueeze(-1)), acc(v)), lse
+    finite = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)  # a row that sees no key: P = 0, not nan
+    return torch.matmul(torch.exp(s - finite.unsqueeze(-1)), acc(v)), lse
 
 
 def _math_backward(q, k, v, out, dout, lse, scale, causal):
@@ -132,7 +138,7 @@ class BlockKernel:
         """q [b, h, sq, d], k / v [b, g, sk, d] -> (out [b, h, sq, d], lse [b, h, sq]), in the accumulation dtype."""
         heads = q.shape[1]
         k, v = _expand(k, heads), _expand(v, heads)
-        if self.name == "math":
+        if self.name == "math" or torch.is_tensor(causal):
             return _math_forward(q, k, v, scale, causal)
         if self.name == "cpu_flash":
             out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
@@ -159,7 +165,7 @@ class BlockKernel:
         out [b, h, sq, d] and log-sum-exp lse [b, h, sq] (over every block) and their gradient dout."""
         heads, groups = q.shape[1], k.shape[1]
         k, v = _expand(k, heads), _expand(v, heads)
-        if self.name == "math":
+        if self.name == "math" or torch.is_tensor(causal):
             dq, dk, dv = _math_backward(q, k, v, out, dout, lse, scale, causal)
             return dq, _fold(dk, groups), _fold(dv, groups)
         dout, out, lse = dout.to(q.dtype), out.to(q.dtype), acc(lse).contiguous()

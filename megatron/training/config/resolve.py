@@ -19,6 +19,7 @@ from ...core.pipeline_parallel.schedule_flag import check_v_layout, schedule_for
 from ..checkpointing.load_args import apply_checkpoint_args, check_ckpt_format
 from ..loop import batch_schedule
 from ..tokenizer import build_tokenizer
+from .document_checks import check_documents
 from .logging_flags import check_logging
 from .offload_flags import check_offload, check_optimizer_offload
 
@@ -32,6 +33,7 @@ def resolve(model_cfg, train_cfg, world_size, make_tokenizer=build_tokenizer):
     train_cfg.resolve_tokenizer_type()
     train_cfg.validate_tokenizer()  # the tokenizer flags must fit before the tokenizer is built
     tokenizer = make_tokenizer(train_cfg)
+    check_documents(model_cfg, train_cfg, tokenizer)
     model_cfg.resolve(vocab_size=tokenizer.vocab_size)
     model_cfg.params_dtype = train_cfg.params_dtype
     check_v_layout(model_cfg, train_cfg.pipeline_schedule)
@@ -61,9 +63,6 @@ def validate(model_cfg, train_cfg, world_size) -> ParallelLayout:
     train_cfg.validate(dp)
     check_fp8_param_gather(model_cfg, train_cfg.ddp_config().shards_optimizer)
     check_fp8_layout(model_cfg, layout, train_cfg.micro_batch_size)
-    if model_cfg.context_parallel_size > 1 and train_cfg.reset_attention_mask:
-        raise ConfigError("--reset-attention-mask needs --context-parallel-size 1 (no attention mask crosses "
-                          "context-parallel ranks); drop one of them")
     check_ckpt_format(train_cfg)
     check_offload(model_cfg, train_cfg)
     check_optimizer_offload(train_cfg)

@@ -78,6 +78,9 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions, 
         choices=["1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v"])
     mock_data: bool = opt(
         False, "Train on deterministic synthetic tokens (with --tokenizer-type NullTokenizer --vocab-size N).")
+    mock_document_length: int | None = opt(
+        None, "Ours: --mock-data samples pack documents of this mean length (seeded, exponential), each ended "
+        "by end-of-document, instead of one document and end-of-document padding (docs/packing.md).")
     data_path: list[str] | None = opt(
         None, "Indexed dataset prefix(es) from tools/preprocess_data.py, split by --split: 'PREFIX', "
         "or a blend 'W1 PREFIX1 W2 PREFIX2 ...' (without any data flag: the embedded standard-library "
@@ -90,7 +93,11 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions, 
     split: str = opt("969,30,1", "Train,valid,test shares of the documents of each --data-path dataset.")
     eod_mask_loss: bool = opt(False, "GPT: no loss on predictions made from an end-of-document token.")
     reset_position_ids: bool = opt(False, "GPT: positions restart at 0 after each end-of-document token in a sample.")
-    reset_attention_mask: bool = opt(False, "GPT: no attention across end-of-document tokens within a sample.")
+    reset_attention_mask: bool = opt(False, "GPT: no attention across end-of-document tokens within a sample "
+                                     "(the batches carry document boundaries, never an [s, s] mask: docs/packing.md).")
+    dataloader_inter_document_masking: bool = opt(
+        False, "Megatron-Core's name for --reset-attention-mask: attention restricted to each document of a "
+        "sample, from its end-of-document tokens (docs/packing.md).")
     blend_order: str = opt("megatron", "Order of a blend's samples: Megatron-LM's greedy rule, or Tijdeman's "
                            "(every prefix within one sample of the weights; docs/data.md).",
                            choices=["megatron", "tijdeman"])
@@ -183,6 +190,10 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions, 
     @property
     def params_dtype(self) -> torch.dtype:
         return torch.bfloat16 if self.bf16 else torch.float16 if self.fp16 else torch.float32
+
+    def document_masking(self) -> bool:
+        """Whether attention stops at document boundaries (either flag)."""
+        return self.reset_attention_mask or self.dataloader_inter_document_masking
 
     def check_sizes(self) -> None:
         """ConfigError unless the counts something divides by or loops over are positive."""

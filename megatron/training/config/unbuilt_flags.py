@@ -20,8 +20,7 @@ FEATURES = {  # key -> (what a user reads, who builds it)
     "yarn": ("YaRN RoPE without --multi-latent-attention", "not built"),
     "flex": ("the flex token dispatcher (DeepEP / HybridEP)", "not planned"),
     "recompute": ("selective recompute of these modules", "not planned"),
-    "window": ("sliding-window attention (gpt-oss)", "not built: gpt-oss"),
-    "sinks": ("attention sinks, --softmax-type off-by-one / learnable (gpt-oss)", "not built: gpt-oss"),
+    "sinks": ("learnable attention sinks (gpt-oss; off-by-one is built)", "not built: gpt-oss"),
     "gptoss_mlp": ("gpt-oss's clamped quick-GeGLU with a linear offset", "not built: gpt-oss"),
     "gptoss_rope": ("gpt-oss's YaRN RoPE settings (--enable-gpt-oss)", "not built: gpt-oss"),
     "syrk": ("the Triton SYRK kernel for Muon's Gram matrices", "not built"),
@@ -38,9 +37,7 @@ _INT, _FLOAT, _TEXT = {"type": int}, {"type": float}, {"type": str}
 
 FLAGS = {
     "--moe-flex-dispatcher-backend": Flag("flex", _TEXT),
-    "--window-size": Flag("window", _TEXT), "--window-attn-skip-freq": Flag("window", _TEXT),
     # the default value of these is what runs here: refused only when another is given
-    "--softmax-type": Flag("sinks", {"choices": ["vanilla", "off-by-one", "learnable"], "default": "vanilla"}),
     "--glu-linear-offset": Flag("gptoss_mlp", {"type": float, "default": 0.0}),
     "--quick-geglu": Flag("gptoss_mlp", _SWITCH), "--activation-func-clamp-value": Flag("gptoss_mlp", _FLOAT),
     "--enable-gpt-oss": Flag("gptoss_rope", _SWITCH),
@@ -75,6 +72,8 @@ def _value_rules(model_cfg):
         yield "flex", "--moe-token-dispatcher-type flex"
     if c.rope_type == "yarn" and not c.multi_latent_attention:
         yield "yarn", "--rope-type yarn"
+    if c.softmax_type == "learnable":
+        yield "sinks", "--softmax-type learnable"
     for module in c.recompute_modules or ():
         if module in RECOMPUTE_NOT_BUILT:
             yield "recompute", f"--recompute-modules {module}"

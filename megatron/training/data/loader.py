@@ -40,7 +40,8 @@ def build_datasets(train_cfg, model_cfg, tokenizer):
     t, s = train_cfg, model_cfg.seq_length
     counts = sample_counts(t)
     if t.mock_data:
-        return _mock(lambda n, seed: MockGPTDataset(n, s, tokenizer.vocab_size, seed, tokenizer.eod), t, counts)
+        return _mock(lambda n, seed: MockGPTDataset(n, s, tokenizer.vocab_size, seed, tokenizer.eod,
+                                                    t.mock_document_length), t, counts)
     config = GPTDatasetConfig(seq_length=s, seed=t.seed, cache_dir=index_cache_dir(t),
                               vocab_size=tokenizer.vocab_size, tokenizer=tokenizer_record(t, tokenizer),
                               mmap_bin_files=t.mmap_bin_files)
@@ -167,14 +168,14 @@ def _describe(ds):
 
 def collate_gpt(samples, device, eod_options=None):
     """GPT samples (tokens [s + 1]) -> tokens [b, s], labels [b, s], loss_mask [b, s] (fp32); with
-    eod_options (an EodOptions: --eod-mask-loss, --reset-*) also position_ids [b, s] and
-    attention_mask [b, 1, s, s] where reset (core/datasets/gpt_masks.py)."""
+    eod_options (an EodOptions: --eod-mask-loss, --reset-*) also position_ids [b, s] and the
+    documents' segment_ids [b, s] where reset (core/datasets/gpt_masks.py; no [s, s] mask)."""
     t = torch.from_numpy(np.stack([x["tokens"] for x in samples])).to(device)
     batch = {"tokens": t[:, :-1].contiguous(), "labels": t[:, 1:].contiguous(),
              "loss_mask": torch.ones(t[:, 1:].shape, dtype=torch.float32, device=device)}
     if eod_options is not None:
-        batch["loss_mask"], positions, mask = ltor_masks(batch["tokens"], eod_options)
-        batch.update({k: v for k, v in (("position_ids", positions), ("attention_mask", mask)) if v is not None})
+        batch["loss_mask"], positions, segments = ltor_masks(batch["tokens"], eod_options)
+        batch.update({k: v for k, v in (("position_ids", positions), ("segment_ids", segments)) if v is not None})
     return batch
 
 
@@ -182,9 +183,9 @@ def gpt_collate(train_cfg, tokenizer):
     """The collate of --eod-mask-loss / --reset-position-ids / --reset-attention-mask, or None
     (collate_gpt's plain batches and the model's causal fast path) when none is given."""
     t = train_cfg
-    if not (t.eod_mask_loss or t.reset_position_ids or t.reset_attention_mask):
+    if not (t.eod_mask_loss or t.reset_position_ids or t.document_masking()):
         return None
-    opts = EodOptions(tokenizer.eod, t.eod_mask_loss, t.reset_position_ids, t.reset_attention_mask)
+    opts = EodOptions(tokenizer.eod, t.eod_mask_loss, t.reset_position_ids, t.document_masking())
     return functools.partial(collate_gpt, eod_options=opts)
 
 

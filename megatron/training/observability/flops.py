@@ -42,6 +42,24 @@ def core_attention_flops_per_token(config):
     return 4 * s * c.num_attention_heads * c.kv_channels
 
 
+def document_attention_share(document_lengths, seq_length):
+    """The share of the full s x s attention square that packed documents keep: sum(L_i^2) / (n s^2) over
+    the documents of n samples (document_lengths: every document's length, samples in order, as
+    transformer/documents.Documents.lengths). Megatron-LM's count (and num_floating_point_operations)
+    keeps the full square; times this share, core_attention_flops_per_token gives what is computed."""
+    samples = sum(document_lengths) / seq_length
+    return sum(n * n for n in document_lengths) / (samples * seq_length ** 2)
+
+
+def document_attention_flops_removed(config, document_lengths):
+    """Model FLOPs (forward and backward, every layer) of one iteration's attention scores and values that
+    document masking removes, for the documents of its samples (document_attention_share); report it beside
+    num_floating_point_operations, which counts the full square as Megatron-LM does (docs/packing.md)."""
+    tokens = sum(document_lengths)
+    share = document_attention_share(document_lengths, config.seq_length)
+    return 3 * tokens * config.num_layers * core_attention_flops_per_token(config) * (1 - share)
+
+
 def _layer_flops_per_token(config):
     return attention_flops_per_token(config) + 2 * config.hidden_size * config.ffn_hidden_size * (
         3 if config.swiglu else 2)

@@ -8,6 +8,7 @@ import torch.distributed as dist
 
 from ...core import fusions
 from ...core.fp8.describe import describe as fp8_describe
+from ...core.fusions import document_attention
 from ...core.pipeline_parallel import ReducedLosses, default_schedule, loss_means, stage_layers
 from ...core.transformer import context_parallel
 from ...core.transformer.moe.describe import describe as moe_describe
@@ -245,6 +246,10 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
     ]
     lines += [x for x in (fp8_describe(model_cfg, device), fsdp_options.describe(train_cfg),
                           no_effect.line(model_cfg, train_cfg, device)) if x]
+    if train_cfg.document_masking():
+        lines.append(document_summary(model_cfg, device))
+    if model_cfg.describe_window():
+        lines.append(model_cfg.describe_window())
     if groups.pp_size > 1:
         lines.append(pipeline_summary(model_cfg, groups.layout, train_cfg.pipeline_schedule))
     if groups.cp_size > 1:
@@ -256,6 +261,19 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
               f" optimizer {m[2]:,} (total {sum(m) / 2**20:.1f} MiB)" for r, (t, d, p, n, m) in enumerate(counts)]
     print("\n".join(lines), flush=True)
     sys.stdout.flush()
+
+
+def document_summary(model_cfg, device):
+    """One line: which attention serves packed documents, and why (fusions/document_attention.py)."""
+    c = model_cfg
+    if c.context_parallel_size > 1:
+        how = {"p2p": "ring attention, each block classified by document and the blocks no query sees skipped",
+               "all_gather": "the gathered keys masked by document", "a2a": document_attention.NAMES["segmented"]}
+        return f"> document masks: across context-parallel ranks with --cp-comm-type {c.cp_comm_type}: " + \
+            how[c.cp_comm_type]
+    impl = document_attention.select(fusions.attention.select(c.attention_backend, device, c.params_dtype),
+                                     device, c.params_dtype, c.attention_dropout)
+    return f"> document masks: {document_attention.NAMES[impl]} ({document_attention.why(impl)})"
 
 
 def context_parallel_summary(model_cfg, train_cfg, groups):

@@ -34,8 +34,9 @@ class GPTModel(LanguageModule):
         tensor given to set_input_tensor). Returns hidden states [s(/TP), b, h] when not
         post_process. kv_cache: a KVCache (transformer/kv_cache.py) for incremental decoding:
         input_ids are the tokens after the cached ones, and their keys / values join it.
-        position_ids [b, s] and attention_mask [b, 1, s, s] (bool, True = may attend) replace the
-        positions 0.. and the causal mask (--reset-position-ids, --reset-attention-mask).
+        position_ids [b, s] and attention_mask (a transformer/documents.Documents of packed documents, or
+        a [b, 1, s, s] bool mask, True = may attend) replace the positions 0.. and the causal mask
+        (--reset-position-ids, --reset-attention-mask).
         mtp_inputs: [(tokens_k, labels_k)] (transformer/mtp.py mtp_inputs) with labels: on the last stage
         returns (per-token loss, [per-token MTP loss of depth k]); None (generation, evaluation of
         logits): the MTP modules do not run."""
