@@ -19,6 +19,7 @@ from ...core.pipeline_parallel.schedule_flag import check_v_layout, schedule_for
 from ..checkpointing.load_args import apply_checkpoint_args, check_ckpt_format
 from ..loop import batch_schedule
 from ..tokenizer import build_tokenizer
+from .compile_flags import check_compile
 from .logging_flags import check_logging
 
 
@@ -64,6 +65,7 @@ def validate(model_cfg, train_cfg, world_size) -> ParallelLayout:
         raise ConfigError("--reset-attention-mask needs --context-parallel-size 1 (no attention mask crosses "
                           "context-parallel ranks); drop one of them")
     check_ckpt_format(train_cfg)
+    check_compile(model_cfg, train_cfg, layout)
     check_logging(train_cfg, world_size)
     batch_schedule.check(train_cfg, model_cfg.seq_length, dp, (pp, vpp) if vpp else None)
     num_micro = train_cfg.global_batch_size // (train_cfg.micro_batch_size * dp)

@@ -15,6 +15,7 @@ from ...core.pipeline_parallel import TOKEN_LOSS, default_schedule, get_forward_
 from ...core.pipeline_parallel.split import chunk_roles
 from ...core.tensor_parallel.initialization import initialize_parameters
 from ...core.timers import phase
+from ...core.transformer import compiled_layers
 from ...core.transformer.context_parallel import cp_slice
 from ...core.transformer.moe import step_hooks as moe_hooks
 from ..checkpointing.save_load import Checkpointer
@@ -179,6 +180,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     if train_cfg.optimizer_cpu_offload:
         print_rank_0(f"> optimizer CPU offload: {train_cfg.optimizer_offload_fraction:.0%} of the optimizer state and"
                      f" its update on the host: {optimizer.memory_bytes(on_host=True):,} bytes on rank 0's host")
+    compiled = compiled_layers.compile_layers(model) if train_cfg.compile_layers else 0
     ckpt = Checkpointer(model_cfg, train_cfg, model, optimizer, groups, device, scheduler)
     iteration, consumed = ckpt.load()
     train_ds, valid_ds, _ = datasets
@@ -219,6 +221,8 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                                                         empty_cache_level=train_cfg.empty_unused_memory_level,
                                                         router_losses=router_losses)
         stats = step_stats(optimizer, train_cfg, updated, timers)
+        if compiled and iteration == start + 1:  # the layers compiled in this iteration's first forward
+            print_rank_0(compiled_layers.compile_report(compiled, device))
         if trace is not None:
             write_pipeline_trace(train_cfg.pipeline_trace, trace, groups, model_cfg, len(batches), iteration,
                                  schedule)
