@@ -17,6 +17,7 @@ RESHARD = "tests/functional/test_checkpoint.py::test_checkpoint_loads_into_anoth
 NORMS = "tests/functional/test_observability.py::test_params_norm_and_zeros_match_one_process"
 FP8_GATHER = "tests/distributed/test_fp8_param_gather.py::test_fp8_param_gather_moves_bytes_and_changes_no_loss"
 MUON = "tests/functional/test_muon_parity.py::test_muon_layout_matches_one_process"
+COMPILED = "tests/functional/test_compiled_layers.py::test_compiled_layers_match_eager_one_process"
 
 FULL_ONLY = {
     # FP8: the default run keeps tensorwise TP2+SP, delayed PP2 zb-h1 and CP2, blockwise TP2+SP,
@@ -81,4 +82,8 @@ FULL_ONLY = {
     "tests/functional/test_muon_checkpoint.py::test_muon_checkpoint_of_one_process_resumes_at_tp2_pp2_dp2",
     # expert biases over TP: the default run keeps tp2xep2 alltoall, both folded layouts and the checkpoint
     *(f"{MOE_BIAS}[{case}]" for case in ("tp2xep2-allgather-sp", "tp1xdp2-etp2")),
+    # --compile-layers (inductor compiles for tens of seconds on 2 cores): the default run keeps TP2 + SP, the
+    # compiled layers with the collectives' graph breaks and the validation graph; one process, PP2 with full
+    # recompute and MoE (attention compiled, dispatch eager) run the same compile code
+    *(f"{COMPILED}[{case}]" for case in ("one-process", "pp2-recompute", "moe-ep2")),
 }

@@ -34,6 +34,16 @@ def graph_breaks():
     return dict(counters["graph_break"])
 
 
+def _short(reason):
+    """A graph break's reason in a few words: what dynamo stopped at (the operator kind, the explanation)."""
+    lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
+    kind = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Higher Order Operator:")), None)
+    first = lines[0] if lines else ""
+    why = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Explanation:")), first)
+    why = why.split(" This function")[0][:90]
+    return f"{kind}: {why}" if kind else why
+
+
 def compile_report(num_layers, device):
     """The start-up line after the first compiled forward (this rank's): layers, graphs, graph breaks and
     their reasons."""
@@ -41,7 +51,7 @@ def compile_report(num_layers, device):
     breaks = graph_breaks()
     total = sum(breaks.values())
     graphs = counters["stats"].get("unique_graphs", 0)
-    reasons = "; ".join(f"{n} x {r.splitlines()[0][:100]}" for r, n in sorted(breaks.items(), key=lambda kv: -kv[1]))
+    reasons = "; ".join(f"{n} x {_short(r)}" for r, n in sorted(breaks.items(), key=lambda kv: -kv[1]))
     backend = "inductor: triton kernels" if torch.device(device).type == "cuda" else "inductor: C++ on the CPU"
     return (f"> compiled layers: {num_layers} transformer layers under torch.compile ({backend}; csrc kernels step "
             f"aside inside them), {graphs} graphs, "
