@@ -20,6 +20,7 @@ from ...core.transformer.context_parallel import cp_slice
 from ...core.transformer.moe import step_hooks as moe_hooks
 from ..checkpointing.save_load import Checkpointer
 from ..config.optimizer_flags import optimizer_line
+from ..config.precision_optimizer_flags import precision_optimizer_line
 from ..data.loader import end_of_training_sets, microbatches, validation_window
 from ..observability.flops import num_floating_point_operations
 from ..observability.log import EvalProgress, print_rank_0, print_rank_last, startup_summary
@@ -163,7 +164,8 @@ def setup_model_and_optimizer(model_cfg, train_cfg, groups, device, model_provid
                                            train_cfg.clip_grad, build_grad_scaler(train_cfg),
                                            train_cfg.optimizer_offload_fraction if train_cfg.optimizer_cpu_offload
                                            else 0.0, train_cfg.optimizer, train_cfg.sgd_momentum,
-                                           train_cfg.muon_config() if train_cfg.optimizer == "muon" else None)
+                                           train_cfg.muon_config() if train_cfg.optimizer == "muon" else None,
+                                           train_cfg.optimizer_dtypes())
     return model, ddp, optimizer, build_scheduler(optimizer, train_cfg)
 
 
@@ -175,8 +177,9 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
                     ddp.memory_bytes() + (optimizer.memory_bytes(),))
     print_rank_0(ddp.describe())
-    if (line := optimizer_line(train_cfg)) is not None:
-        print_rank_0(line)
+    for line in (optimizer_line(train_cfg), precision_optimizer_line(train_cfg, device)):
+        if line is not None:
+            print_rank_0(line)
     if train_cfg.optimizer_cpu_offload:
         print_rank_0(f"> optimizer CPU offload: {train_cfg.optimizer_offload_fraction:.0%} of the optimizer state and"
                      f" its update on the host: {optimizer.memory_bytes(on_host=True):,} bytes on rank 0's host")
