@@ -9,7 +9,9 @@ then ours vs a plain PyTorch loop vs peers at the GPT-3 1.3B, Llama 1B and small
 the planner's predicted step time and memory next to the measured ones; last (past the default budget:
 `--only fp8`), FP8 against bf16 at the 1.3B GPT and a Llama-3 8B layer stack, (`--only muon`) one optimizer
 step of AdamW and of Muon + AdamW at 1.3B with Newton-Schulz's share, (`--only fusion`) the opt-in
-fusions not yet measured beside the same runs without them, and (`--only profile`) a
+fusions not yet measured beside the same runs without them, (`--only compile`, `--only optimizer`) the
+compiled layers and the precision-aware fused AdamW beside the same runs without them, (`--only multirank`)
+2 and 4 ranks sharing the GPU over gloo against one process (bench/multirank.py), and (`--only profile`) a
 torch.profiler table of ours and of the compiled plain loop at 1.3B, kernel by kernel. A step whose script or
 flag this checkout lacks is reported as such, so the same suite runs on older commits.
 Everything goes to OUT: suite.log (all output), gpu_<card>.md (the tables), results.json.
@@ -40,6 +42,7 @@ LLAMA8_4L = ("--num-layers 4 --hidden-size 4096 --num-attention-heads 32 --ffn-h
              "--max-position-embeddings 2048 --position-embedding-type rope --normalization RMSNorm --swiglu "
              "--group-query-attention --num-query-groups 8 --disable-bias-linear --untie-embeddings-and-output-weights")
 FP8 = "--fp8-format hybrid --fp8-recipe tensorwise"
+PA_OPT = "--use-precision-aware-optimizer"
 RUN = ("--mock-data --tokenizer-type NullTokenizer --lr 1e-4 --bf16 --hidden-dropout 0 --attention-dropout 0 "
        "--eval-iters 0 --eval-interval 100000 --log-interval 5 --micro-batch-size 4 --global-batch-size 16 "
        "--log-throughput")
@@ -126,6 +129,29 @@ def steps(out, help_text):
         ("packing", 120, f"{PY} bench/packing.py --device cuda --dtype bfloat16 --heads 16 --groups 8 --head-dim 128 "
                          f"--rounds 5 --out {out}/packing.md" if has("bench/packing.py")
          else (None, "no bench/packing.py here")),
+        # compiled layers and the precision-aware fused AdamW, each beside the same run without it (`--only compile`,
+        # `--only optimizer`: past the budget); the distributed optimizer at DP1 is what the fused step needs
+        ("compile baseline: gpt1.3b ours", 120, f"{pre} {GPT13} --vocab-size 50304 --train-iters 15"),
+        ("compile: gpt1.3b ours --compile-layers", 200, f"{pre} {GPT13} --vocab-size 50304 --train-iters 15 "
+         "--compile-layers" if "--compile-layers" in help_text["pretrain"]
+         else (None, "pretrain_gpt.py has no --compile-layers here")),
+        ("compile: llama1b ours --compile-layers", 200, f"{pre} {LLAMA1} --vocab-size 50304 --train-iters 15 "
+         "--compile-layers" if "--compile-layers" in help_text["pretrain"]
+         else (None, "pretrain_gpt.py has no --compile-layers here")),
+        ("optimizer baseline: gpt1.3b ours distopt", 120, f"{pre} {GPT13} --vocab-size 50304 --train-iters 15 "
+         "--use-distributed-optimizer"),
+        (f"optimizer: gpt1.3b ours {PA_OPT}", 120, f"{pre} {GPT13} --vocab-size 50304 --train-iters 15 "
+         f"--use-distributed-optimizer {PA_OPT}" if PA_OPT in help_text["pretrain"]
+         else (None, f"pretrain_gpt.py has no {PA_OPT} here")),
+        ("optimizer: gpt1.3b compiled layers + fused AdamW bf16 moments", 200, f"{pre} {GPT13} --vocab-size 50304 "
+         f"--train-iters 15 --use-distributed-optimizer {PA_OPT} --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16 "
+         "--compile-layers" if PA_OPT in help_text["pretrain"] and "--compile-layers" in help_text["pretrain"]
+         else (None, "pretrain_gpt.py lacks the flags here")),
+        # 2 and 4 ranks sharing the one GPU over gloo against one process (`--only multirank`: past the budget)
+        ("multirank fp32", 250, f"{PY} bench/multirank.py --device cuda --precisions fp32" if has("bench/multirank.py")
+         else (None, "no bench/multirank.py here")),
+        ("multirank bf16", 150, f"{PY} bench/multirank.py --device cuda --precisions bf16 "
+         "--only tp2-sp,pp2,dp2-zero3,ep2" if has("bench/multirank.py") else (None, "no bench/multirank.py here")),
         # where ours and the compiled plain loop spend GPU time, kernel by kernel (`--only profile`: past the budget)
         (PROFILE_STEP, 200, overhead("gpt-1.3b", " --models ours --compile --profile --rounds 1 --steps-per-round 1")
          if "--profile" in ovh else (None, "bench/overhead.py has no --profile here")),

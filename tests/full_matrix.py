@@ -20,6 +20,7 @@ MUON = "tests/functional/test_muon_parity.py::test_muon_layout_matches_one_proce
 OFFLOAD = "tests/functional/test_activation_offload.py::test_offloaded_layout_matches_one_process"
 NVME = "tests/functional/test_optimizer_offload.py::test_state_in_files_matches_the_state_in_memory"
 PACKING = "tests/functional/test_packing_parity.py::test_packed_documents_layout_matches_one_process"
+COMPILED = "tests/functional/test_compiled_layers.py::test_compiled_layers_match_eager_one_process"
 
 FULL_ONLY = {
     # FP8: the default run keeps tensorwise TP2+SP, delayed PP2 zb-h1 and CP2, blockwise TP2+SP,
@@ -101,4 +102,8 @@ FULL_ONLY = {
     # (tests/distributed/test_cp_documents.py runs all_gather and a2a with both window lengths)
     *(f"{PACKING}[{case}]" for case in ("tp2-sp", "pp2", "pp2-vpp2", "cp4-p2p", "window-cp2-all_gather",
                                         "window-cp2-a2a", "window24-cp2-p2p", "tp2-cp2-pp2", "moe-ep2")),
+    # --compile-layers (inductor compiles for tens of seconds on 2 cores): the default run keeps TP2 + SP, the
+    # compiled layers with the collectives' graph breaks and the validation graph; one process, PP2 with full
+    # recompute and MoE (attention compiled, dispatch eager) run the same compile code
+    *(f"{COMPILED}[{case}]" for case in ("one-process", "pp2-recompute", "moe-ep2")),
 }

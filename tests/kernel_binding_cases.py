@@ -70,7 +70,22 @@ def _rope(dev, x=None, cos=None, sin=None):
                           False)
 
 
+def _adamw(dev, mains=None, grads=None, ms=None, vs=None, params=None, divisor="default", betas=(0.9, 0.95),
+           eps=1e-8):
+    """(name, args) of adamw_step: two pieces of 5 and 3 elements, fp32 mains and grads, bf16 moments and
+    parameters; the second parameter is its main value (an fp32 model's)."""
+    f32 = torch.float32
+    mains = [_t(dev, 5, dtype=f32), _t(dev, 3, dtype=f32)] if mains is None else mains
+    grads = [_t(dev, 5, dtype=f32), _t(dev, 3, dtype=f32)] if grads is None else grads
+    ms = [_t(dev, 5), _t(dev, 3)] if ms is None else ms
+    vs = [_t(dev, 5), _t(dev, 3)] if vs is None else vs
+    params = [_t(dev, 5, dtype=f32), mains[-1]] if params is None else params
+    divisor = _t(dev, 1, dtype=f32) if isinstance(divisor, str) else divisor
+    return "adamw_step", (mains, grads, ms, vs, params, divisor, *betas, eps, 1e-3, 1.2, 0.999)
+
+
 GOOD = {
+    "adamw_step": lambda dev: _adamw(dev),
     "softmax_forward": lambda dev: ("softmax_forward", (_t(dev, *X4), _mask(dev, 2, 1, 4, 8), 0.5, False)),
     "softmax_backward": lambda dev: ("softmax_backward", (_t(dev, *X4), _t(dev, *X4), 0.5, True)),
     "norm_forward": lambda dev: _norm_fwd(dev),
@@ -83,7 +98,25 @@ GOOD = {
 }
 
 CPU = "cpu"
+F32 = torch.float32
 BAD = {
+    ("adamw_step", "no tensors"): lambda dev: _adamw(dev, mains=[], grads=[], ms=[], vs=[], params=[]),
+    ("adamw_step", "main on the CPU"): lambda dev: _adamw(dev, mains=[_t(CPU, 5, dtype=F32), _t(dev, 3, dtype=F32)]),
+    ("adamw_step", "main bf16"): lambda dev: _adamw(dev, mains=[_t(dev, 5), _t(dev, 3)]),
+    ("adamw_step", "grads of two dtypes"): lambda dev: _adamw(dev, grads=[_t(dev, 5, dtype=F32), _t(dev, 3)]),
+    ("adamw_step", "grad float64"): lambda dev: _adamw(dev, grads=[_t(dev, 5, dtype=torch.float64),
+                                                                   _t(dev, 3, dtype=torch.float64)]),
+    ("adamw_step", "grad short"): lambda dev: _adamw(dev, grads=[_t(dev, 4, dtype=F32), _t(dev, 3, dtype=F32)]),
+    ("adamw_step", "exp_avg 2-D"): lambda dev: _adamw(dev, ms=[_t(dev, 5, 1), _t(dev, 3, 1)]),
+    ("adamw_step", "exp_avg_sq strided"): lambda dev: _adamw(dev, vs=[_noncontig(dev, 5), _noncontig(dev, 3)]),
+    ("adamw_step", "one exp_avg_sq too few"): lambda dev: _adamw(dev, vs=[_t(dev, 5)]),
+    ("adamw_step", "param missing"): lambda dev: _adamw(dev, params=[None, None]),
+    ("adamw_step", "divisor fp16"): lambda dev: _adamw(dev, divisor=_t(dev, 1, dtype=torch.float16)),
+    ("adamw_step", "divisor of two"): lambda dev: _adamw(dev, divisor=_t(dev, 2, dtype=F32)),
+    ("adamw_step", "divisor on the CPU"): lambda dev: _adamw(dev, divisor=_t(CPU, 1, dtype=F32)),
+    ("adamw_step", "beta1 1"): lambda dev: _adamw(dev, betas=(1.0, 0.95)),
+    ("adamw_step", "beta2 NaN"): lambda dev: _adamw(dev, betas=(0.9, float("nan"))),
+    ("adamw_step", "eps 0"): lambda dev: _adamw(dev, eps=0.0),
     # softmax_forward(x, mask, scale, causal)
     ("softmax_forward", "x on the CPU"): lambda dev: ("softmax_forward", (_t(CPU, *X4), None, 1.0, True)),
     ("softmax_forward", "x float64"): lambda dev: ("softmax_forward", (_t(dev, *X4, dtype=torch.float64), None, 1.0,

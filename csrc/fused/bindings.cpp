@@ -18,7 +18,7 @@ std::map<std::string, int> stub_launches();  // cpu_stub/launchers_stub.cpp
 #endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "Megatron fused CUDA kernels (csrc/fused): softmax, norms, bias activations, rotary embedding";
+  m.doc() = "Megatron fused CUDA kernels (csrc/fused): softmax, norms, bias activations, rotary embedding, AdamW";
   m.attr("SOURCE_HASH") = MEGATRON_FUSED_SOURCE_HASH_STRING;  // the loader rebuilds a module of other sources
   namespace py = pybind11;
   // c10::ValueError -> ValueError and any other c10::Error -> RuntimeError, for this module's
@@ -52,6 +52,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("x"), py::arg("bias"));
   m.def("rope_apply", &mfb::rope_apply, "rotary embedding (rotate-half); backward=True applies the transpose",
         py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("backward"));
+  m.def("adamw_step", &mfb::adamw_step, "one precision-aware multi-tensor AdamW step, in place (writes params too)",
+        py::arg("mains"), py::arg("grads"), py::arg("exp_avgs"), py::arg("exp_avg_sqs"), py::arg("params"),
+        py::arg("divisor"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("step_size"),
+        py::arg("inv_bc2_sqrt"), py::arg("decay"));
 #ifdef MEGATRON_FUSED_CPU_STUB
   m.def("_stub_launches", &megatron_fused::stub_launches, "{launcher: calls} (the CPU test build only)");
 #endif

@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <tuple>
+#include <vector>
 
 namespace megatron_fused_bind {
 
@@ -33,6 +34,13 @@ std::tuple<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& dy, const a
 
 // bind_rope.cpp
 at::Tensor rope_apply(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool backward);
+
+// bind_adamw.cpp: one precision-aware AdamW step in place over flat tensors of one param group (adamw.cu);
+// params[i] is mains[i] itself where the model's parameter is its main value. -> the number of tensors stepped
+int64_t adamw_step(const std::vector<at::Tensor>& mains, const std::vector<at::Tensor>& grads,
+                const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+                const std::vector<at::Tensor>& params, const std::optional<at::Tensor>& divisor, double beta1,
+                double beta2, double eps, double step_size, double inv_bc2_sqrt, double decay);
 
 }  // namespace megatron_fused_bind
 

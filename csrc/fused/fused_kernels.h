@@ -86,4 +86,22 @@ cudaError_t rope_apply(const void* x, int64_t stride_s, int64_t stride_b, int64_
                        const void* cos, const void* sin, void* y, int64_t s, int64_t b, int64_t h,
                        int dim, bool backward, int dtype, cudaStream_t stream);
 
+// ---- precision-aware AdamW (adamw.cu) ----------------------------------------------------
+// One multi-tensor AdamW step over n flat tensors of one param group (the optimizer pieces of a DDP bucket):
+// per element, in fp32 with every operation rounded on its own (no FMA contraction), the order of
+// megatron/core/optimizer/adamw_step.reference_step:
+//   g = grad / *divisor (divisor nullptr: no clipping); m = beta1 m + one_minus_beta1 g;
+//   v = beta2 v + (g g) one_minus_beta2; p = main decay; p = p - (m step_size) / (sqrt(v) inv_bc2_sqrt + eps)
+// then m, v, main stored in their dtypes and p, rounded once, into param (param == main: stored once).
+// Each list has one dtype: main fp32 / fp16, grad fp32 / bf16 / fp16, m and v fp32 / fp16 / bf16, param any.
+struct AdamWDTypes {
+  int main, grad, exp_avg, exp_avg_sq, param;
+};
+struct AdamWScalars {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, inv_bc2_sqrt, decay;
+};
+cudaError_t adamw_step(int n, void* const* main, const void* const* grad, void* const* exp_avg,
+                       void* const* exp_avg_sq, void* const* param, const int64_t* numel, const float* divisor,
+                       AdamWDTypes dtypes, AdamWScalars scalars, cudaStream_t stream);
+
 }  // namespace megatron_fused

@@ -65,4 +65,9 @@ cudaError_t rope_apply(const void*, int64_t, int64_t, int64_t, const void*, cons
   return count("rope_apply");
 }
 
+cudaError_t adamw_step(int, void* const*, const void* const*, void* const*, void* const*, void* const*, const int64_t*,
+                       const float*, AdamWDTypes, AdamWScalars, cudaStream_t) {
+  return count("adamw_step");
+}
+
 }  // namespace megatron_fused

@@ -48,12 +48,16 @@ def compiled(fn):
 
 def compiled_fits(*tensors):
     """The compiled implementation runs on CUDA tensors only (its figures are GPU figures; off CUDA
-    the front runs eager torch)."""
-    return all(t is None or t.is_cuda for t in tensors)
+    the front runs eager torch). Inside a compiled layer (compiled_layers.py) the torch function is traced
+    into the layer's graph instead."""
+    return not torch.compiler.is_compiling() and all(t is None or t.is_cuda for t in tensors)
 
 
 def csrc_ok_for(*tensors):
-    """Runtime check before calling a kernel: CUDA tensors of a kernel dtype, kernels loaded."""
+    """Runtime check before calling a kernel: CUDA tensors of a kernel dtype, kernels loaded, and not inside
+    a compiled layer (there the kernel steps aside for inductor: a pybind call would break the graph)."""
+    if torch.compiler.is_compiling():
+        return False
     return all(t is None or (t.is_cuda and t.dtype in KERNEL_DTYPES) for t in tensors) and _ext.load() is not None
 
 

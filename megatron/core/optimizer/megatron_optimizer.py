@@ -80,7 +80,7 @@ class MegatronOptimizer:
 
     def __init__(self, ddp, groups, lr, weight_decay, betas=(0.9, 0.95), eps=1e-8,
                  clip_grad=1.0, grad_scaler=None, cpu_offload_fraction=0.0, optimizer="adam", sgd_momentum=0.9,
-                 muon=None, file_offload=None):
+                 muon=None, file_offload=None, precision=None):
         if ddp.config.shards_optimizer != self.distributed_optimizer:
             raise ValueError(f"{type(self).__name__} does not match a DDP built with sharding strategy "
                              f"{ddp.config.data_parallel_sharding_strategy}: build it with get_megatron_optimizer")
@@ -97,12 +97,15 @@ class MegatronOptimizer:
         self.name = optimizer
         in_file = [pc for pc in self._pieces if pc.main is None]  # --optimizer-offload-path (nvme_offload.py)
         self.rules = update_rules.build(optimizer, [pc for pc in self._pieces if pc.main is not None], groups, ddp,
-                                        self.distributed_optimizer, lr, weight_decay, betas, eps, sgd_momentum, muon)
+                                        self.distributed_optimizer, lr, weight_decay, betas, eps, sgd_momentum, muon,
+                                        precision)
         if in_file:
             self.rules.append(FileAdamRule(in_file, file_offload, lr, weight_decay, betas, eps, device))
         for rule in self.rules:
             for pc in rule.pieces:
                 pc.rule = rule
+                if rule.reads_grad_view and pc.main.grad is not pc.grad_view:
+                    pc.main.grad = None  # the rule reads DDP's gradient itself: no fp32 copy
         self._counted = [counted_once(pc.param, groups) for pc in self._pieces]
         # MoE with EP and replicated optimizer state: experts live on other EP ranks, summed over groups.ep
         self._expert = [is_expert_parallel(pc.param) for pc in self._pieces] \
@@ -172,7 +175,7 @@ class MegatronOptimizer:
         """
         with phase(timers, "optimizer-copy-to-main-grad", 1):
             _copy_all([(pc.main.grad, pc.grad_view) for pc in self._pieces
-                       if pc.grad_view.dtype != torch.float32 and not pc.on_host])
+                       if pc.grad_view.dtype != torch.float32 and not pc.on_host and not pc.rule.reads_grad_view])
         grads = self._grads()
         if self.grad_scaler is not None:
             with phase(timers, "optimizer-unscale-and-check-inf", 1):
@@ -199,14 +202,15 @@ class MegatronOptimizer:
         with phase(timers, "optimizer-copy-main-to-model-params", 1):
             # the new values into the model's parameters: one multi-tensor copy (per device)
             _copy_all([(pc.param_view, pc.main.detach()) for pc in self._pieces
-                       if (pc.param.dtype != torch.float32 or pc.on_host) and pc.main is not None])
+                       if (pc.param.dtype != torch.float32 or pc.on_host) and pc.main is not None
+                       and not pc.rule.writes_params])
         with phase(timers, "params-all-gather", 1):
             self._after_update()
         return True, norm
 
     def _grads(self):
         """Each piece's fp32 gradient (offloaded pieces: the device's, checked and clipped there)."""
-        return [pc.grad_view if pc.on_host else pc.main.grad for pc in self._pieces]
+        return [pc.grad_view if pc.on_host or pc.rule.reads_grad_view else pc.main.grad for pc in self._pieces]
 
     def _model_total(self, local_total, tensors):
         """local_total(tensors, device) -> 0-d tensor, over one tensor per piece, summed over the
@@ -275,8 +279,8 @@ class MegatronOptimizer:
     def memory_bytes(self, on_host=False):
         """Bytes of optimizer state on this rank's device (on_host: on the host, cpu_offload.py):
         fp32 main copies (when not aliases) + each rule's state (Adam's two moments, a momentum buffer)."""
-        mains = sum(pc.main.numel() * 4 for pc in self._pieces if pc.main is not None
-                    and pc.on_host == on_host and (pc.param.dtype != torch.float32 or pc.on_host))
+        mains = sum(pc.main.numel() * pc.main.element_size() for pc in self._pieces if pc.main is not None
+                    and pc.on_host == on_host and pc.main.data_ptr() != pc.param_view.data_ptr())
         return mains + sum(rule.memory_bytes(on_host) for rule in self.rules)
 
     def file_bytes(self):

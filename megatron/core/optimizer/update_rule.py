@@ -19,6 +19,10 @@ Each piece is updated by exactly one rule; which one is update_rules.build's cho
 class UpdateRule:
     name = ""
     state_names: tuple[str, ...] = ()
+    # a rule that reads each piece's gradient where DDP keeps it (any dtype) and writes the model's parameter
+    # itself (precision_aware_adam.py): MegatronOptimizer copies neither for its pieces
+    reads_grad_view = False
+    writes_params = False
 
     def __init__(self, pieces):
         self.pieces = list(pieces)

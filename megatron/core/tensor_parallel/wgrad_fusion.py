@@ -92,7 +92,10 @@ def accumulate(main, g, x, first=False):
 
 
 def fusable(weight) -> bool:
-    """Whether `weight`'s gradient would go to a grad sink in this forward."""
+    """Whether `weight`'s gradient would go to a grad sink in this forward (not inside a compiled layer:
+    there the compiled backward returns it and DDP's hook adds it, compiled_layers.py)."""
+    if torch.compiler.is_compiling():
+        return False
     return weight.requires_grad and torch.is_grad_enabled() and param_meta(weight).grad_sink is not None
 
 

@@ -47,6 +47,18 @@ class TransformerLayer(nn.Module):
         self.recompute_mlp = recomputes(config, "moe" if config.is_moe_layer(layer_number) else "mlp")
         # --recompute-modules layernorm: the norms' outputs freed once read, rebuilt in the backward
         self.recompute_norms = recomputes(config, "layernorm")
+        # what forward runs: the eager parts, or their torch.compile'd versions after compile_regions()
+        self._whole, self._attention_part = self._forward, self._attention
+
+    def compile_regions(self, compile_fn):
+        """Run this layer's computation through compile_fn (torch.compile with its options;
+        compiled_layers.py): the whole layer, or for an MoE layer the attention part only (the token
+        dispatch and the experts stay eager). forward() itself stays eager, so hooks on this module
+        (ZeRO-3's gathers) run outside the compiled region."""
+        if self.config.is_moe_layer(self.layer_number):
+            self._attention_part = compile_fn(self._attention)
+        else:
+            self._whole = compile_fn(self._forward)
 
     def _mlp(self, x):
         return checkpoint(self.mlp, x) if self.recompute_mlp and self.training else self.mlp(x)
@@ -56,6 +68,17 @@ class TransformerLayer(nn.Module):
 
     def forward(self, x, rope=None, attn_mask=None, kv_cache=None):
         """kv_cache: None, or a KVCache for incremental decoding (attention.SelfAttention.forward)."""
+        if kv_cache is not None:  # decoding: the eager path (a cache's in-place writes are no graph to keep)
+            return self._forward(x, rope, attn_mask, kv_cache)
+        return self._whole(x, rope, attn_mask)
+
+    def _attention(self, x, rope, attn_mask, kv_cache=None):
+        """-> (x + the attention block's output, the MLP's norm of it), pre-norm without norm recompute."""
+        norm1, norm2 = self.norms
+        # the residual add and the MLP's norm: one compiled kernel with --residual-norm-fusion (transformer/norm.py)
+        return norm2.residual_then(self._dropout(self.self_attention(norm1(x), rope, attn_mask, kv_cache)), x)
+
+    def _forward(self, x, rope=None, attn_mask=None, kv_cache=None):
         norm1, norm2 = self.norms
         if self.config.post_norm:
             x = norm1(x + self._dropout(self.self_attention(x, rope, attn_mask, kv_cache)))
@@ -63,6 +86,5 @@ class TransformerLayer(nn.Module):
         if self.recompute_norms and self.training:
             x = x + self._dropout(norm_then(norm1, x, self.self_attention, rope, attn_mask, kv_cache))
             return x + self._dropout(norm_then(norm2, x, self._mlp))
-        # the residual add and the MLP's norm: one compiled kernel with --residual-norm-fusion (transformer/norm.py)
-        x, y = norm2.residual_then(self._dropout(self.self_attention(norm1(x), rope, attn_mask, kv_cache)), x)
+        x, y = (self._attention if kv_cache is not None else self._attention_part)(x, rope, attn_mask, kv_cache)
         return x + self._dropout(self._mlp(y))

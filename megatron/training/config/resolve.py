@@ -19,6 +19,7 @@ from ...core.pipeline_parallel.schedule_flag import check_v_layout, schedule_for
 from ..checkpointing.load_args import apply_checkpoint_args, check_ckpt_format
 from ..loop import batch_schedule
 from ..tokenizer import build_tokenizer
+from .compile_flags import check_compile
 from .document_checks import check_documents
 from .logging_flags import check_logging
 from .offload_flags import check_offload, check_optimizer_offload
@@ -66,6 +67,7 @@ def validate(model_cfg, train_cfg, world_size) -> ParallelLayout:
     check_ckpt_format(train_cfg)
     check_offload(model_cfg, train_cfg)
     check_optimizer_offload(train_cfg)
+    check_compile(model_cfg, train_cfg, layout)
     check_logging(train_cfg, world_size)
     batch_schedule.check(train_cfg, model_cfg.seq_length, dp, (pp, vpp) if vpp else None)
     num_micro = train_cfg.global_batch_size // (train_cfg.micro_batch_size * dp)

@@ -13,16 +13,19 @@ from ..loop import batch_schedule
 from ..tokenizer import TOKENIZER_TYPES
 from . import training_checks as config_checks
 from .bert_flags import BertOptions as BertOptions
+from .compile_flags import CompileOptions
 from .fsdp_flags import FSDPOptions, resolve_fsdp
 from .logging_flags import LoggingOptions
 from .offload_flags import OffloadOptions
 from .optimizer_flags import OptimizerOptions, check_optimizer
+from .precision_optimizer_flags import PrecisionOptimizerOptions, check_precision_optimizer
 from .recipe_flags import RunOptions, check_run_options
 
 
 # the flags by concern: *_flags.py
 @dataclass
-class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions, OffloadOptions):
+class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions, OffloadOptions, CompileOptions,
+                     PrecisionOptimizerOptions):
     micro_batch_size: int = opt(8, "Samples per microbatch per data-parallel rank.")
     global_batch_size: int | None = opt(
         None, "Samples per iteration over all data-parallel ranks (default micro batch x DP); "
@@ -217,6 +220,7 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions, 
         self.resolve_optimizer()
         self.resolve_offload()
         self.resolve_sharding()
+        self.resolve_main_grads()
         derive = self.train_samples is not None and self.train_iters is None
         batch_schedule.resolve(self, seq_length or 1, dp_size)
         self.train_iters_derived = self.train_iters_derived or derive
@@ -249,6 +253,7 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions, 
         config_checks.validate(self, dp_size)
         check_run_options(self)
         check_optimizer(self)
+        check_precision_optimizer(self)
 
     @property
     def per_split_paths(self):

@@ -36,6 +36,12 @@ def initialize_distributed(layout, train_cfg):
         raise ConfigError("--distributed-backend nccl needs CUDA GPUs; use gloo on CPU")
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
+        # more ranks on a node than GPUs: they share them (gloo can; NCCL refuses two ranks on one device)
+        gpus, local_ranks = torch.cuda.device_count(), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if local_ranks > gpus and backend == "nccl":
+            raise ConfigError(f"{local_ranks} ranks per node share {gpus} GPU(s): NCCL refuses two ranks on one "
+                              "device; use --distributed-backend gloo or one rank per GPU")
+        local_rank %= gpus
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:

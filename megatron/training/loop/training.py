@@ -15,6 +15,7 @@ from ...core.pipeline_parallel import TOKEN_LOSS, default_schedule, get_forward_
 from ...core.pipeline_parallel.split import chunk_roles
 from ...core.tensor_parallel.initialization import initialize_parameters
 from ...core.timers import phase
+from ...core.transformer import compiled_layers
 from ...core.transformer.context_parallel import cp_slice
 from ...core.transformer.moe import step_hooks as moe_hooks
 from ..checkpointing.save_load import Checkpointer
@@ -25,6 +26,7 @@ from ..config.offload_flags import (
     optimizer_offload_line,
 )
 from ..config.optimizer_flags import optimizer_line
+from ..config.precision_optimizer_flags import precision_optimizer_line
 from ..data.loader import end_of_training_sets, microbatches, validation_window
 from ..observability.flops import num_floating_point_operations
 from ..observability.flops_profiler import FlopsProfiler
@@ -171,7 +173,8 @@ def setup_model_and_optimizer(model_cfg, train_cfg, groups, device, model_provid
                                            train_cfg.clip_grad, build_grad_scaler(train_cfg),
                                            host_state_fraction(train_cfg), train_cfg.optimizer, train_cfg.sgd_momentum,
                                            train_cfg.muon_config() if train_cfg.optimizer == "muon" else None,
-                                           optimizer_file_offload(train_cfg, groups.rank))
+                                           optimizer_file_offload(train_cfg, groups.rank),
+                                           train_cfg.optimizer_dtypes())
     return model, ddp, optimizer, build_scheduler(optimizer, train_cfg)
 
 
@@ -183,14 +186,14 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
                     ddp.memory_bytes() + (optimizer.memory_bytes(),))
     print_rank_0(ddp.describe())
-    if (line := optimizer_line(train_cfg)) is not None:
-        print_rank_0(line)
-    for line in (attach_activation_offload(model, train_cfg, device), optimizer_offload_line(train_cfg, optimizer)):
+    for line in (optimizer_line(train_cfg), precision_optimizer_line(train_cfg, device),
+                 attach_activation_offload(model, train_cfg, device), optimizer_offload_line(train_cfg, optimizer)):
         if line is not None:
             print_rank_0(line)
     if train_cfg.optimizer_cpu_offload:
         print_rank_0(f"> optimizer CPU offload: {train_cfg.optimizer_offload_fraction:.0%} of the optimizer state and"
                      f" its update on the host: {optimizer.memory_bytes(on_host=True):,} bytes on rank 0's host")
+    compiled = compiled_layers.compile_layers(model) if train_cfg.compile_layers else 0
     ckpt = Checkpointer(model_cfg, train_cfg, model, optimizer, groups, device, scheduler)
     iteration, consumed = ckpt.load()
     train_ds, valid_ds, _ = datasets
@@ -234,6 +237,8 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
         stats = step_stats(optimizer, train_cfg, updated, timers)
         flops_profiler.report(iteration, num_floating_point_operations(model_cfg, global_batch), logger.writers,
                               metrics)
+        if compiled and iteration == start + 1:  # the layers compiled in this iteration's first forward
+            print_rank_0(compiled_layers.compile_report(compiled, device))
         if trace is not None:
             write_pipeline_trace(train_cfg.pipeline_trace, trace, groups, model_cfg, len(batches), iteration,
                                  schedule)
