@@ -42,6 +42,7 @@ from ..observability.log import print_rank_0
 from .load_args import find_source, saved_optimizer
 from .model_state import load_model_state, missing_model_state, model_state_keys, model_state_pieces
 from .rng_state import layout_position, layout_sizes, restore_or_reseed, rng_payload
+from .save_failures import SaveFailures
 
 
 def _written_range(sp, groups, optimizer, fully_parallel):
@@ -224,6 +225,9 @@ class Checkpointer:
         self.groups, self.device, self.scheduler = groups, device, scheduler
         self.last_saved = None
         self.saver = AsyncSaver() if train_cfg.async_save else None  # collective: every rank makes its group
+        self.failures = SaveFailures(train_cfg.max_consecutive_save_failures)
+        if train_cfg.save:
+            print_rank_0(self.failures.startup_line())
         self._signalled = False
         if train_cfg.exit_signal_handler:
             signal.signal(signal.SIGTERM, self._on_signal)
@@ -247,10 +251,12 @@ class Checkpointer:
         self.last_saved = it
         return it, consumed
 
-    def save(self, iteration, consumed):
-        save_checkpoint(self.t.save, iteration, consumed, self.model, self.optimizer, self.groups,
-                        self.model_cfg, self.t, self.device, self.scheduler, self.saver)
-        self.last_saved = iteration
+    def save(self, iteration, consumed, final=False):
+        """Save; a failure is counted (save_failures.py): raises CheckpointError only when it ends the run."""
+        if self.failures.attempt(lambda: save_checkpoint(self.t.save, iteration, consumed, self.model, self.optimizer,
+                                                         self.groups, self.model_cfg, self.t, self.device,
+                                                         self.scheduler, self.saver), final, self.saver):
+            self.last_saved = iteration
 
     def after_iteration(self, iteration, consumed):
         """Save on --save-interval; True when a SIGTERM arrived (saved, stop training)."""
@@ -262,7 +268,7 @@ class Checkpointer:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same iteration
             if flag.item() > 0:
                 if t.save and self.last_saved != iteration:
-                    self.save(iteration, consumed)
+                    self.save(iteration, consumed, final=True)
                 print_rank_0(f"> exiting at iteration {iteration} on SIGTERM (--exit-signal-handler)")
                 return True
         return False
@@ -270,6 +276,6 @@ class Checkpointer:
     def finish(self, iteration, consumed):
         """Save the final state unless it was just saved; wait for a background save to commit."""
         if self.t.save and iteration > 0 and self.last_saved != iteration:
-            self.save(iteration, consumed)
+            self.save(iteration, consumed, final=True)
         if self.saver is not None:
-            self.saver.wait()
+            self.failures.settle(self.saver, final=True)

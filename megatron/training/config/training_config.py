@@ -13,6 +13,7 @@ from ..loop import batch_schedule
 from ..tokenizer import TOKENIZER_TYPES
 from . import training_checks as config_checks
 from .bert_flags import BertOptions as BertOptions
+from .fault_tolerance_flags import FaultToleranceOptions, check_fault_tolerance
 from .fsdp_flags import FSDPOptions, resolve_fsdp
 from .logging_flags import LoggingOptions
 from .optimizer_flags import OptimizerOptions, check_optimizer
@@ -20,7 +21,8 @@ from .recipe_flags import RunOptions, check_run_options
 
 
 @dataclass
-class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions):  # flags by concern: *_flags.py
+class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions,
+                     FaultToleranceOptions):  # flags by concern: *_flags.py
     micro_batch_size: int = opt(8, "Samples per microbatch per data-parallel rank.")
     global_batch_size: int | None = opt(
         None, "Samples per iteration over all data-parallel ranks (default micro batch x DP); "
@@ -226,6 +228,7 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions):
         config_checks.validate(self, dp_size)
         check_run_options(self)
         check_optimizer(self)
+        check_fault_tolerance(self)
 
     @property
     def per_split_paths(self):
