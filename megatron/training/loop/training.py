@@ -32,6 +32,7 @@ from .memory_errors import building, running
 from .model_spec import ModelSpec
 from .nan_check import check_finite
 from .optimizer_setup import build_grad_scaler, build_scheduler
+from .rerun import RerunCheck
 from .runtime_switches import ManualGC, empty_unused_memory, set_matmul_precision
 
 _START_TIME = time.time()  # --exit-duration-in-mins counts from here (the trainer's import, near start-up)
@@ -63,7 +64,7 @@ def build_model(model_provider, model_cfg, groups, device):
 
 def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, iteration,
                forward_backward_func=None, loss_terms=TOKEN_LOSS, model_cfg=None, timers=None, lr_increment=None,
-               empty_cache_level=0, router_losses=None):
+               empty_cache_level=0, router_losses=None, rerun=None):
     """One iteration. Returns (losses, grad_norm tensor or None, lr, updated): losses is
     forward_backward's {term: (sum, count)} over the global batch (pipeline_parallel.loss_means
     divides); lr is the rate this iteration ran at; updated is False when fp16 gradients overflowed
@@ -85,9 +86,18 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
     moe_hooks.start_step(router_losses, len(batches), groups, optimizer.loss_scale)
     forward_backward_func = forward_backward_func or get_forward_backward_func()
     gather = {"before_weight": ddp.before_weight_grads} if ddp.config.shards_params else {}  # ZeRO-3 under a W
+    def forward_backward():
+        return forward_backward_func(model, batches, forward_step, groups, loss_terms, loss_scale=optimizer.loss_scale,
+                                     **gather)
+
+    if rerun is not None:
+        rerun.before()
     with phase(timers, "forward-backward", 1):
-        losses = forward_backward_func(model, batches, forward_step, groups, loss_terms,
-                                       loss_scale=optimizer.loss_scale, **gather)
+        losses = forward_backward()
+    if rerun is not None:  # --rerun-mode (rerun.py): a finding re-runs the forward-backward once, same state
+        losses = rerun.validate(iteration, losses, list(model.parameters()), lambda: (
+            ddp.start_step(len(batches)), moe_hooks.start_step(router_losses, len(batches), groups,
+                                                               optimizer.loss_scale), forward_backward())[-1])
     if empty_cache_level:
         empty_unused_memory(empty_cache_level, 1, optimizer.device)
     finalize_model_grads(model, groups, ddp, timers)
@@ -193,6 +203,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     forward_backward_func = functools.partial(get_forward_backward_func(schedule, model_cfg.calculate_per_token_loss),
                                               timers=timers)
     router_losses = moe_hooks.bind(model)  # what the MoE layers record into, step after step
+    rerun = RerunCheck.of(train_cfg, model_cfg, groups, ddp, device)  # None: --rerun-mode has nothing to do
     model.train()
     set_matmul_precision(model_cfg, train_cfg)
     collector = ManualGC(train_cfg)
@@ -217,7 +228,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                                                         groups, iteration, fb, spec.loss_terms, model_cfg,
                                                         timers=timers, lr_increment=global_batch,
                                                         empty_cache_level=train_cfg.empty_unused_memory_level,
-                                                        router_losses=router_losses)
+                                                        router_losses=router_losses, rerun=rerun)
         stats = step_stats(optimizer, train_cfg, updated, timers)
         if trace is not None:
             write_pipeline_trace(train_cfg.pipeline_trace, trace, groups, model_cfg, len(batches), iteration,
@@ -261,6 +272,8 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                          f"{train_cfg.exit_duration_in_mins} passed")
             break
     profiler.close()
+    if rerun is not None and (line := rerun.summary()):
+        print(line, flush=True)
     ddp.finish_param_sync()
     ckpt.finish(iteration, consumed)
     for split, ds in end_of_training_sets(datasets, iteration, train_cfg):
