@@ -78,28 +78,34 @@ class RerunCheck:
             torch.cuda.set_rng_state(snap[2], self.device)
 
     def _loss(self, losses):
+        """The loss (the terms' means added) as a 0-dim tensor on the last stage, else None: no host read."""
         if not (self.groups.is_last_stage and losses):
             return None
-        return sum(float(total / count) for total, count in losses.values())
+        return torch.stack([total / count for total, count in losses.values()]).sum()
 
     def _findings(self, iteration, losses, point, params):
-        """One all-reduce (world): -> (ranks with non-finite gradients, loss non-finite, loss spiky, loss)."""
+        """One all-reduce (world) and one host read: -> (ranks with non-finite gradients, loss non-finite, loss
+        spiky, the loss as a float (only where --check-for-spiky-loss or report_stats need it, else None))."""
         if fault_point(point, iteration, self.groups.rank) == "nan":  # a drill: this rank's gradients
             self.ddp.main_grad(next(p for p in params if p.requires_grad)).fill_(math.nan)
         world, rank = self.groups.world_size, self.groups.rank
         flags = torch.zeros(world + 2, device=self.device)
         if self.grads:
             bad = [~torch.isfinite(self.ddp.main_grad(p)).all() for p in params if p.requires_grad]
-            flags[rank] = torch.stack(bad).any().float() if bad else 0.0
+            if bad:
+                flags[rank] = torch.stack(bad).any().float()
         loss = self._loss(losses)
         if loss is not None:
-            flags[world] = float(self.nan and not math.isfinite(loss))
-            flags[world + 1] = float(self.spiky and math.isfinite(loss) and bool(self.history) and
-                                     loss > SPIKY_LOSS_FACTOR * max(self.history))
+            if self.nan:
+                flags[world] = (~torch.isfinite(loss)).float()
+            if self.spiky and self.history:
+                flags[world + 1] = (torch.isfinite(loss) & (loss > SPIKY_LOSS_FACTOR * max(self.history))).float()
         if world > 1:
             dist.all_reduce(flags)
-        bad_ranks = [r for r in range(world) if flags[r] > 0]
-        return bad_ranks, flags[world].item() > 0, flags[world + 1].item() > 0, loss
+        values = flags.tolist()
+        needs = self.spiky or self.mode == "report_stats"
+        value = float(loss) if loss is not None and needs else None
+        return [r for r in range(world) if values[r] > 0], values[world] > 0, values[world + 1] > 0, value
 
     def validate(self, iteration, losses, params, rerun):
         """After the forward-backward of `iteration` (collective). rerun() runs it again (the DDP step restarted)
