@@ -24,6 +24,7 @@ fault can fire in the first attempt only and the restarted group run through. Ac
     eio     raise OSError(EIO), as a failing disk or a storage hiccup does inside a write
     corrupt overwrite 4 KiB in the middle of the file the point names (a rank file just written,
             with its checksum already taken): silent corruption that the next read finds
+    slow    compute for 0.5 s (MEGATRON_DEBUG_SLOW_SECONDS; a busy loop, not a sleep): a straggling host
     nan     returned to the caller, which acts: the training step turns this rank's gradients
             into NaN at `train.grads` (a faulty device)
 
@@ -33,7 +34,8 @@ e.g. `MEGATRON_DEBUG_FAULT=ckpt.rename.after:4` kills the save of iteration 4 af
 checkpoint directory is in place and before the tracker names it. The checkpoint points,
 in the order a save passes them, are listed in megatron/core/checkpointing/storage.py;
 `train.iteration` is passed at the start of every training iteration, `train.grads` after its
-backward (before the gradients are reduced). docs/fault_tolerance.md has worked examples.
+backward (before the gradients are reduced), `train.forward_backward` at its start with --log-straggler.
+docs/fault_tolerance.md has worked examples.
 
 Timeout. `MEGATRON_DEBUG_TIMEOUT_SECONDS=S` replaces --distributed-timeout-minutes by S
 seconds (a float), so that tests of the hang watchdog take seconds, not minutes.
@@ -48,6 +50,7 @@ import errno
 import os
 import signal
 import sys
+import time
 
 FAULT_ENV = "MEGATRON_DEBUG_FAULT"
 TIMEOUT_ENV = "MEGATRON_DEBUG_TIMEOUT_SECONDS"
@@ -82,12 +85,19 @@ def _corrupt(name, path=None):
         f.write(b"\xab" * min(4096, size))
 
 
+def _slow(name):
+    end = time.thread_time() + float(os.environ.get("MEGATRON_DEBUG_SLOW_SECONDS", "0.5"))
+    while time.thread_time() < end:  # CPU time, as a slow device's compute costs
+        pass
+
+
 def _stop(name):
     print(f"debug: process {os.getpid()} stops itself (SIGSTOP) at {name}", file=sys.stderr, flush=True)
     os.kill(os.getpid(), signal.SIGSTOP)
 
 
-_ACTIONS = {"kill": _kill, "enospc": _enospc, "raise": _raise, "stop": _stop, "eio": _eio, "corrupt": _corrupt}
+_ACTIONS = {"kill": _kill, "enospc": _enospc, "raise": _raise, "stop": _stop, "eio": _eio, "corrupt": _corrupt,
+            "slow": _slow}
 _RETURNED = ("nan",)  # the caller acts
 
 

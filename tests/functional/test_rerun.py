@@ -36,3 +36,16 @@ def test_report_stats_reruns_every_iteration_and_finds_it_bitwise():
     proc = run_cli(TINY + ["--train-iters", "3", "--rerun-mode", "report_stats"])
     assert "> rerun stats (--rerun-mode report_stats): 3 iterations re-run, the loss reproduced bitwise in 3, " \
            "largest relative difference 0.000e+00" in proc.stdout, proc.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_the_straggler_report_names_a_rank_slowed_down():
+    env = {"MEGATRON_DEBUG_FAULT": "train.forward_backward:*:1:slow", "MEGATRON_DEBUG_SLOW_SECONDS": "0.4"}
+    proc = run_cli(TINY + ["--train-iters", "4", "--log-interval", "2", "--log-straggler"], nproc=2, timeout=300,
+                   env=env)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith(" straggler report")]
+    assert [x.split(":")[0] for x in lines] == [f" straggler report, iterations {a}-{b}" for a, b in ((1, 2), (3, 4))]
+    for line in lines:
+        slowest, fastest = line.split("slowest ")[1].split("; fastest ")
+        assert slowest.startswith("rank 1 (") and fastest.startswith("rank 0 ("), line
+        assert float(line.rsplit("slowest / fastest ", 1)[1]) > 2, line  # 400 ms against a tiny model's step

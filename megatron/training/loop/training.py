@@ -34,6 +34,7 @@ from .nan_check import check_finite
 from .optimizer_setup import build_grad_scaler, build_scheduler
 from .rerun import RerunCheck
 from .runtime_switches import ManualGC, empty_unused_memory, set_matmul_precision
+from .straggler import StragglerReport
 
 _START_TIME = time.time()  # --exit-duration-in-mins counts from here (the trainer's import, near start-up)
 
@@ -204,6 +205,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                                               timers=timers)
     router_losses = moe_hooks.bind(model)  # what the MoE layers record into, step after step
     rerun = RerunCheck.of(train_cfg, model_cfg, groups, ddp, device)  # None: --rerun-mode has nothing to do
+    stragglers = StragglerReport.of(train_cfg, groups)  # None without --log-straggler
     model.train()
     set_matmul_precision(model_cfg, train_cfg)
     collector = ManualGC(train_cfg)
@@ -223,6 +225,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                                    groups.dp_rank, groups.dp_size, device, spec.collate, cp_slice(groups))
         trace = [] if iteration == trace_iter else None
         fb = forward_backward_func if trace is None else functools.partial(forward_backward_func, trace=trace)
+        fb = stragglers.timed(fb, iteration) if stragglers else fb
         with out_of_memory(f"iteration {iteration}"):
             losses, grad_norm, lr, updated = train_step(model, ddp, optimizer, scheduler, batches, spec.forward_step,
                                                         groups, iteration, fb, spec.loss_terms, model_cfg,
@@ -245,6 +248,8 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                 torch.cuda.synchronize()
             logger.log(iteration, consumed, lr, global_batch, num_floating_point_operations(model_cfg, global_batch),
                        groups.world_size, optimizer.loss_scale if train_cfg.fp16 else None)
+            if stragglers:
+                stragglers.report(iteration)
             if not memory_reported:  # as Megatron-LM, once: the peaks after the first logged iterations
                 report_memory(iteration, groups, model_cfg, train_cfg, device)
                 memory_reported = True
