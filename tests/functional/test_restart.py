@@ -19,6 +19,7 @@ import torch
 
 from .cli import PINNED, REPO, run_cli, run_environment
 from .test_async_save import global_state
+from .test_bad_inputs import assert_one_error_line
 from .test_save_load_faults import TINY
 
 LENGTH = ["--train-iters", "6", "--save-interval", "2", "--seed", "7"]
@@ -90,3 +91,10 @@ def test_a_killed_rank_restarts_the_group_which_resumes_bitwise(references, tmp_
     assert read_metrics(metrics) == ref_metrics  # every iteration, full precision: the same ops in the same order
     got = global_state(os.path.join(d, "iter_0000006"))
     assert got.keys() == ref_state.keys() and all(torch.equal(got[k], ref_state[k]) for k in got)
+
+
+@pytest.mark.parametrize("flags", [["--inprocess-restart"], ["--inprocess-soft-timeout", "30"]])
+def test_in_process_restart_is_refused_in_one_line(flags):
+    proc = run_cli(TINY + ["--train-iters", "1"] + flags, check=False, timeout=120)
+    assert_one_error_line(proc, f"not built here: in-process restart (NVRx) ({flags[0]}; not built: restart with "
+                                "torchrun --max-restarts, docs/fault_tolerance.md)")
