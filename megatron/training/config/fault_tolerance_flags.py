@@ -90,5 +90,7 @@ def no_effect_rules(t):
              not t.log_straggler, "without --log-straggler there is no straggler report"),
             (t, "non_persistent_local_ckpt_algo", t.non_persistent_local_ckpt_algo !=
              default["non_persistent_local_ckpt_algo"], "each rank always writes its own state atomically here"),
+            (t, "non_persistent_global_ckpt_dir", t.non_persistent_global_ckpt_dir is not None,
+             "--non-persistent-ckpt-type global is not built"),
             (t, "non_persistent_local_ckpt_dir", t.non_persistent_local_ckpt_dir is not None and
              t.non_persistent_ckpt_type != "local", "without --non-persistent-ckpt-type local it is not used")]
