@@ -21,17 +21,21 @@ def warnings(stdout):
     return [line for line in stdout.splitlines() if line.startswith("> warning:")]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name,nproc,flags,fault,cause", [
+MODES = {  # name: (processes, flags, fault, the cause in the line)
     # the rank file's write on one process: a full disk
-    ("sync", 1, [], "ckpt.rank_file.write:2::enospc", "No space left on device (injected at ckpt.rank_file.write)"),
+    "sync": (1, [], "ckpt.rank_file.write:2::enospc", "No space left on device (injected at ckpt.rank_file.write)"),
     # rank 1's write fails in the background thread; known at the next save, every rank agreeing
-    ("async-save", 2, ["--async-save"], "ckpt.rank_file.write:2:1:enospc", "No space left on device"),
-    # rank 0's commit (metadata.json) fails after every rank wrote its 1/DP share
-    ("fully-parallel-save", 2, ["--ckpt-fully-parallel-save"], "ckpt.metadata.before:2::eio",
-     "Input/output error (injected at ckpt.metadata.before)"),
-])
-def test_a_failed_save_is_one_line_and_training_goes_on(tmp_path, name, nproc, flags, fault, cause):
+    "async-save": (2, ["--async-save"], "ckpt.rank_file.write:2:1:enospc", "No space left on device"),
+    # rank 0's commit (metadata.json) fails after every rank wrote its 1/DP share (full matrix)
+    "fully-parallel-save": (2, ["--ckpt-fully-parallel-save"], "ckpt.metadata.before:2::eio",
+                            "Input/output error (injected at ckpt.metadata.before)"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(MODES))
+def test_a_failed_save_is_one_line_and_training_goes_on(tmp_path, name):
+    nproc, flags, fault, cause = MODES[name]
     d = str(tmp_path / "ckpt")
     proc = run_cli(FOUR + flags + ["--save", d], nproc=nproc, check=False, timeout=300,
                    env={"MEGATRON_DEBUG_FAULT": fault})
