@@ -17,6 +17,7 @@ from megatron.core.datasets.bert_dataset import collate_bert
 from megatron.core.models.bert import BertModel
 from megatron.training.config.arguments import parse_args
 from megatron.training.config.training_config import BertOptions
+from megatron.training.config.yaml_config import yaml_cfg_first
 from megatron.training.data.embedded import EMBEDDED, embedded_recipe
 from megatron.training.data.loader import build_bert_datasets_from_config
 from megatron.training.loop.launch import USER_ERRORS, configure, print_first_rank, run_pretrain, start, user_error
@@ -65,7 +66,7 @@ def check_bert_config(model_cfg, train_cfg, bert, tokenizer):
 
 
 def main(argv=None):
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = yaml_cfg_first(sys.argv[1:] if argv is None else argv)  # the command line overrides the file
     extra = [("BERT", BertOptions), EMBEDDED]
     try:
         argv = embedded_recipe(argv, extra, bert=True, log=print_first_rank)  # no data flags: the stdlib corpus

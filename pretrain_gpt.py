@@ -13,6 +13,7 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.pipeline_parallel.losses import TOKEN_LOSS
 from megatron.core.transformer import mtp
 from megatron.training.config.arguments import parse_args
+from megatron.training.config.yaml_config import yaml_cfg_first
 from megatron.training.data.embedded import EMBEDDED, embedded_recipe
 from megatron.training.data.loader import build_datasets, collate_gpt, gpt_collate
 from megatron.training.loop.launch import USER_ERRORS, configure, print_first_rank, run_pretrain, start, user_error
@@ -55,7 +56,7 @@ def model_spec(model_cfg, train_cfg, tokenizer):
 
 
 def main(argv=None):
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = yaml_cfg_first(sys.argv[1:] if argv is None else argv)  # the command line overrides the file
     try:
         argv = embedded_recipe(argv, [EMBEDDED], log=print_first_rank)  # no data flags: the stdlib corpus
         model_cfg, train_cfg, _ = parse_args(argv, extra=[EMBEDDED])

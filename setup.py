@@ -88,7 +88,7 @@ setup(
     ext_modules=dataset_helpers() + cuda_exts,
     cmdclass={"build_ext": OptionalBuildExt},
     python_requires=">=3.10",
-    install_requires=["torch>=2.4", "numpy", "sentencepiece", "tensorboard", "regex"],
+    install_requires=["torch>=2.4", "numpy", "sentencepiece", "tensorboard", "regex", "pyyaml"],  # pyyaml: --yaml-cfg
     # hf: HuggingFace tokenizers (--tokenizer-type HuggingFaceTokenizer) and checkpoint conversion
     # (tools/checkpoint/convert.py); tiktoken: --tokenizer-type TikTokenizer; wandb: --wandb-project (W&B); the tests
     # that need them skip without them

@@ -33,7 +33,7 @@ from checkpoint_stall import append_result  # noqa: E402
 
 def layout_for(n):
     pp = min(max(n // 8, 1), 16)
-    return sim.Layout(8, pp, n // (8 * pp))
+    return sim.Layout(n, 8, pp=pp)  # DP what TP 8 x PP leaves of n
 
 
 def _index_size(path):

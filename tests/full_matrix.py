@@ -17,6 +17,8 @@ RESHARD = "tests/functional/test_checkpoint.py::test_checkpoint_loads_into_anoth
 NORMS = "tests/functional/test_observability.py::test_params_norm_and_zeros_match_one_process"
 FP8_GATHER = "tests/distributed/test_fp8_param_gather.py::test_fp8_param_gather_moves_bytes_and_changes_no_loss"
 MUON = "tests/functional/test_muon_parity.py::test_muon_layout_matches_one_process"
+OFFLOAD = "tests/functional/test_activation_offload.py::test_offloaded_layout_matches_one_process"
+NVME = "tests/functional/test_optimizer_offload.py::test_state_in_files_matches_the_state_in_memory"
 
 FULL_ONLY = {
     # FP8: the default run keeps tensorwise TP2+SP, delayed PP2 zb-h1 and CP2, blockwise TP2+SP,
@@ -90,4 +92,14 @@ FULL_ONLY = {
     # a failed save goes on: the default run keeps sync (one process) and --async-save (rank 1 only); this fails
     # rank 0's commit under --ckpt-fully-parallel-save: the same SaveFailures path after another storage step
     "tests/functional/test_save_failures.py::test_a_failed_save_is_one_line_and_training_goes_on[fully-parallel-save]",
+    # activation offload: the default run keeps one process (units around layers) and PP2 1F1B with full recompute
+    # (units around checkpointed chunks, micro-batches in flight); the other layouts run the same hooks
+    *(f"{OFFLOAD}[{case}]" for case in ("one-selective", "tp2-sp", "tp2-sp-selective", "pp2-1f1b", "pp2-interleaved",
+                                        "cp2", "ep2-moe", "ep2-moe-selective", "one-fp8")),
+    # optimizer state in files: the default run keeps the distributed optimizer at DP2, all and half of the state in
+    # files; under ZeRO-3 the same rule writes the parameter shard instead of the whole parameter's slice
+    f"{NVME}[zero3-dp2]",
+    # the FLOPs profiler's counter at one process: the default run keeps TP2, the same counter on the same four
+    # models (each rank's share, so its total too)
+    "tests/distributed/test_flops_profiler.py::test_total_is_the_model_flops_and_each_rank_its_share[1]",
 }

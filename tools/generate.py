@@ -23,12 +23,18 @@ import torch
 import torch.distributed as dist
 
 from megatron.core.checkpointing import find_checkpoint, read_metadata
-from megatron.core.errors import ConfigError, MegatronUserError, TokenizerError
+from megatron.core.errors import ConfigError, MegatronUserError, ParallelConfigError, TokenizerError
 from megatron.core.inference.generation import generate, load_model
-from megatron.core.parallel_state import ParallelConfigError, initialize_model_parallel
+from megatron.core.parallel_layout import ParallelLayout
+from megatron.core.ranges import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, check_ranges
 from megatron.training.tokenizer import build_tokenizer
+from megatron.training.tokenizer.simple import NullTokenizer
+from tools.tool_args import ToolParser
 
 _FILE_FLAGS = ("vocab_file", "merge_file", "tokenizer_model")
+# each sampling flag's own rule, so the error names the one that fails (None: not given)
+SAMPLING_RULES = {"max_new_tokens": NON_NEGATIVE, "temperature": POSITIVE, "top_k": NON_NEGATIVE,
+                  "top_p": ("(]", 0, 1), "inference_max_seq_length": AT_LEAST_ONE, "seed": ("[]", 0, 2 ** 63 - 1)}
 
 
 def tokenizer_of(metadata):
@@ -55,7 +61,7 @@ def prompts_of(a, tok):
         except ValueError:
             raise ConfigError(f"--prompt-ids {a.prompt_ids!r}: give space-separated integers") from None
     if a.prompt is not None:
-        return [tok.tokenize(a.prompt)]
+        return [_text(tok, a.prompt, "--prompt")]
     try:
         with open(a.prompt_file, encoding="utf-8") as f:
             lines = f.read().splitlines()
@@ -63,11 +69,21 @@ def prompts_of(a, tok):
         raise ConfigError(f"--prompt-file {a.prompt_file}: {e}") from None
     if not lines:
         raise ConfigError(f"--prompt-file {a.prompt_file} is empty; write one prompt per line")
-    return [tok.tokenize(line) for line in lines]
+    return [_text(tok, line, f"--prompt-file {a.prompt_file} line {i + 1}") for i, line in enumerate(lines)]
+
+
+def _text(tok, text, where):
+    """The ids of a text prompt; a checkpoint trained without a text tokenizer (NullTokenizer: its text is the
+    ids themselves, as in Megatron-LM) takes only whitespace-separated integers."""
+    if isinstance(tok, NullTokenizer) and not all(t.lstrip("-").isdigit() for t in text.split()):
+        raise ConfigError(f"{where}: the checkpoint was trained with NullTokenizer (no text tokenizer: its text is "
+                          "whitespace-separated token ids); give ids (--prompt-ids '1 2 3') or a checkpoint trained "
+                          "with a text tokenizer")
+    return tok.tokenize(text)
 
 
 def parse(argv):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = ToolParser(description=__doc__.splitlines()[0])
     p.add_argument("--load", required=True, help="checkpoint directory")
     p.add_argument("--tensor-model-parallel-size", type=int, default=1)
     p.add_argument("--pipeline-model-parallel-size", type=int, default=1,
@@ -102,10 +118,8 @@ def main(argv=None):
 
 
 def _run(a):
+    check_ranges(a, SAMPLING_RULES, lambda name: "--" + name.replace("_", "-"))
     metadata = read_metadata(find_checkpoint(a.load))
-    if a.max_new_tokens < 0 or (a.temperature is not None and a.temperature <= 0) or not 0 < a.top_p <= 1 \
-            or a.top_k < 0:
-        raise ConfigError("need --max-new-tokens >= 0, --temperature > 0, --top-k >= 0 (0: off) and 0 < --top-p <= 1")
     tok = tokenizer_of(metadata)
     prompts = prompts_of(a, tok)
     vocab = metadata["args"]["model"]["vocab_size"]
@@ -120,14 +134,10 @@ def _run(a):
     tp, pp, ep = a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.expert_model_parallel_size
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
-    if min(tp, pp, ep) < 1 or int(os.environ["WORLD_SIZE"]) != tp * pp * ep:
-        raise ParallelConfigError(f"launch exactly --tensor-model-parallel-size x --pipeline-model-parallel-size x "
-                                  f"--expert-model-parallel-size ({tp} x {pp} x {ep}) processes, "
-                                  f"got {os.environ['WORLD_SIZE']}")
+    layout = _layout(int(os.environ["WORLD_SIZE"]), tp, pp, ep)
     dist.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
     try:
-        # the EP ranks are the data-parallel ones: they all run the same prompts, each with its experts
-        groups = initialize_model_parallel(tp, pp, expert_model_parallel_size=ep)
+        groups = layout.build_groups()
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) \
             if torch.cuda.is_available() else torch.device("cpu")
         model, _, _ = load_model(a.load, groups, device)
@@ -143,6 +153,19 @@ def _run(a):
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def _layout(world, tp, pp, ep) -> ParallelLayout:
+    """The layout generation runs on: every rank runs the same prompts, so a data-parallel rank is there only to
+    hold other experts (expert-DP 1: the EP ranks are the data-parallel ones). ParallelConfigError otherwise."""
+    try:
+        layout = ParallelLayout(world, tp, pp=pp, ep=ep)
+    except ParallelConfigError:
+        layout = None
+    if layout is None or layout.edp != 1:
+        raise ParallelConfigError(f"launch exactly --tensor-model-parallel-size x --pipeline-model-parallel-size x "
+                                  f"--expert-model-parallel-size ({tp} x {pp} x {ep}) processes, got {world}")
+    return layout
 
 
 if __name__ == "__main__":

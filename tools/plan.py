@@ -21,6 +21,7 @@ from megatron.core.ranges import POSITIVE, check_ranges
 from megatron.training.planner import gpu_names, make_cluster, plan
 from megatron.training.planner.layouts import DIMENSIONS
 from megatron.training.planner.validate import markdown, validate_table
+from tools.plan_checks import Progress, check_model, first_refusal, nothing_fits
 
 
 def _fixed(items):
@@ -88,20 +89,24 @@ def main(argv=None):
         _check_counts(known)
         cluster = make_cluster(known.gpu, known.num_gpus, known.gpus_per_node, known.nvlink_gbps,
                                known.network_gbps, known.gpu_memory_gb)
-        preds, refused = plan(rest, cluster, _fixed(known.fix), known.search == "full", known.search_fp8)
+        fixed, full = _fixed(known.fix), known.search == "full"
+        check_model(rest)  # a bad model size names its flag, before any layout is tried
+        preds, refused = plan(rest, cluster, fixed, full, known.search_fp8, Progress(known.num_gpus))
+        if not preds:
+            why = first_refusal(rest, cluster, fixed, full, known.search_fp8) if refused else None
+            raise MegatronUserError(f"no valid layout of this model on {known.num_gpus} GPUs ({refused} refused by "
+                                    "the configuration checks" + (f", e.g. {why}" if why else "") +
+                                    "); change --num-gpus or --global-batch-size")
     except MegatronUserError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    if not preds:
-        print(f"error: no valid layout of this model on {known.num_gpus} GPUs ({refused} refused by the "
-              "configuration checks); change --num-gpus or --global-batch-size", file=sys.stderr)
         return 2
     print(f"{len(preds)} layouts on {known.num_gpus} x {known.gpu} ({known.gpus_per_node} per node), "
           f"{sum(p.fits for p in preds)} fit in {cluster.memory_bytes / 1e9:.0f} GB; {refused} refused by the checks")
     print(table(preds, cluster, known.top))
     best = preds[0]
     if not best.fits:
-        print("no layout fits in memory: the fastest is shown; add GPUs or shrink the micro batch")
+        print(f"error: {nothing_fits(preds, cluster)}", file=sys.stderr)
+        return 2
     print("\nbest layout:\n  torchrun --nnodes {} --nproc-per-node {} pretrain_gpt.py {}".format(
         max(1, known.num_gpus // known.gpus_per_node), min(known.num_gpus, known.gpus_per_node),
         " ".join(rest + best.flags[len(rest):])))

@@ -1,5 +1,6 @@
 """What the tools/*.py command lines share: bad input is one line, "error: ...", and exit code 2."""
 import argparse
+import os
 import sys
 
 
@@ -7,7 +8,8 @@ class ToolParser(argparse.ArgumentParser):
     """argparse whose errors are one line naming the flag (no usage block), exit code 2."""
 
     def error(self, message):
-        print(f"error: {message} (see --help)", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # once under torchrun (tools/generate.py)
+            print(f"error: {message} (see --help)", file=sys.stderr)
         sys.exit(2)
 
 

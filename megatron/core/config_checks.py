@@ -67,8 +67,28 @@ def validate(cfg) -> None:
         if not 0.0 <= getattr(cfg, name) < 1.0:
             raise ConfigError(f"{f(name)} must be in [0, 1), got {getattr(cfg, name)}")
     _validate_recompute(cfg, f)
+    check_tensor_sizes(cfg, f)
     _validate_pipeline(cfg)
     _validate_context_parallel(cfg, f)
+
+
+# torch computes a tensor's storage in bytes as a signed 64-bit number; fp32 (the main parameters) is 4 bytes
+_LARGEST_TENSOR = (2 ** 63 - 1) // 4
+
+
+def check_tensor_sizes(cfg, f) -> None:
+    """ConfigError for a weight no device could allocate (its storage size overflows): every linear layer's
+    weight has the hidden size on one side and one of these widths on the other."""
+    h = cfg.hidden_size
+    widths = [("the QKV output", (cfg.num_attention_heads + 2 * cfg.num_query_groups) * cfg.kv_channels),
+              (f('ffn_hidden_size'), 2 * cfg.ffn_hidden_size), ("the vocabulary", cfg.vocab_size or 0)]
+    if cfg.num_experts:
+        widths += [(f('moe_ffn_hidden_size'), 2 * cfg.expert_ffn_hidden_size),
+                   (f('moe_shared_expert_intermediate_size'), 2 * (cfg.moe_shared_expert_intermediate_size or 0))]
+    what, width = max(widths, key=lambda w: w[1])
+    if h * width > _LARGEST_TENSOR:
+        raise ConfigError(f"{f('hidden_size')} {h} x {what} ({width}) is {h * width:.3g} elements: no device can "
+                          "allocate a weight that large (its storage size overflows 64 bits); shrink the sizes")
 
 
 def _validate_context_parallel(cfg, f):

@@ -135,7 +135,9 @@ def fault_point(name, iteration=None, rank=None, path=None):
     return None
 
 
-_recorders = []  # the open count_traffic() counters, innermost last
+# the open count_traffic() counters, innermost last. Module state so that comm.py's collectives can report
+# without a counter passed through every layer; bounded by the nesting of the with-blocks, each popped on exit
+_recorders = []
 
 
 @contextlib.contextmanager

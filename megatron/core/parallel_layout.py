@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from .comm import PlanGroup
 from .layout_checks import check_dense, check_experts
+from .layout_experts import ExpertRows
 from .process_groups import ProcessGroups
 
 DENSE, EXPERT = "tp-cp-dp-pp", "etp-ep-edp-pp"
@@ -72,6 +73,22 @@ def experts_folded(tp: int, etp: int | None) -> bool:
     return etp is not None and etp != tp
 
 
+def expert_tensor_parallel(tp: int, etp: int | None) -> int:
+    """Expert TP: --expert-tensor-parallel-size where given, else TP (Megatron-Core's default)."""
+    return tp if etp is None else etp
+
+
+def sequence_multiple(tp: int, cp: int) -> int:
+    """The multiple a sequence is padded to under CP: 2 x CP chunks (a CP rank holds two, balancing causal
+    attention's work), each split evenly over TP by sequence parallelism."""
+    return 2 * cp * tp
+
+
+def sequence_split(sequence_parallel: bool, tp: int) -> bool:
+    """Sequence parallelism in effect: --sequence-parallel and TP > 1 (one TP rank has nothing to split over)."""
+    return bool(sequence_parallel) and tp > 1
+
+
 def data_parallel_size(world: int, tp: int, cp: int = 1, pp: int = 1) -> int:
     """world / (TP x CP x PP), at least 1 (ParallelLayout refuses a world they do not divide)."""
     return max(1, world // (tp * cp * pp))
@@ -90,11 +107,11 @@ class Position:
 
 
 @dataclasses.dataclass(frozen=True)
-class ParallelLayout:
+class ParallelLayout(ExpertRows):
     """The sizes of a run: world, TP, CP, PP, the interleaved schedule's model chunks per pipeline rank
-    (vpp, None for one), EP and expert TP (None: TP), and the pipeline schedule (a SCHEDULES name, from
-    schedule_flag.schedule_for_flag; None: the default for the layout). ZB-V ("zb_v") puts two chunks per
-    rank in a V, whose gradients travel over a second pipeline group (pp_grad). Raises
+    (vpp, None for one), EP and expert TP (None: TP), the pipeline schedule (a SCHEDULES name, from
+    schedule_flag.schedule_for_flag; None: the default for the layout) and whether SP is asked for. ZB-V
+    ("zb_v") puts two chunks per rank in a V, whose gradients travel over a second pipeline group (pp_grad). Raises
     ParallelConfigError, naming the flags and the fix, for sizes that do not fit the world."""
     world: int
     tp: int = 1
@@ -104,11 +121,11 @@ class ParallelLayout:
     ep: int = 1
     etp: int | None = None
     schedule: str | None = None
+    sequence_parallel: bool = False  # --sequence-parallel as asked; sequence_split: in effect
 
     def __post_init__(self):
         check_dense(self.world, self.tp, self.cp, self.pp, self.vpp)
-        if self.etp is None:
-            object.__setattr__(self, "etp", self.tp)
+        object.__setattr__(self, "etp", expert_tensor_parallel(self.tp, self.etp))
         check_experts(self.tp, self.dp_cp, self.ep, self.etp, self.experts_folded)
 
     @classmethod
@@ -117,7 +134,7 @@ class ParallelLayout:
         c = config
         return cls(world, c.tensor_model_parallel_size, c.context_parallel_size, c.pipeline_model_parallel_size,
                    c.virtual_pipeline_model_parallel_size, c.expert_model_parallel_size,
-                   c.expert_tensor_parallel_size if c.num_experts else None, schedule)
+                   c.expert_tensor_parallel_size if c.num_experts else None, schedule, c.sequence_parallel)
 
     # ---- the pipeline
     @property
@@ -146,6 +163,16 @@ class ParallelLayout:
         return self.dp * self.cp
 
     @property
+    def sequence_split(self) -> bool:
+        """Activations outside the TP regions split along the sequence over TP (sequence_split())."""
+        return sequence_split(self.sequence_parallel, self.tp)
+
+    @property
+    def sequence_multiple(self) -> int:
+        """What each sequence is padded to under CP (sequence_multiple())."""
+        return sequence_multiple(self.tp, self.cp)
+
+    @property
     def stage_ranks(self) -> int:
         """TP x CP x DP: the ranks of one pipeline stage (consecutive; stages are this many ranks apart)."""
         return self.tp * self.dp_cp
@@ -166,60 +193,6 @@ class ParallelLayout:
         buffers of their own, reduced over it."""
         return self.ep > 1 or self.experts_folded
 
-    # ---- where an expert's rows come from (FP8 experts cast each micro-batch's rows with one scale)
-    def expert_row_sources(self, rank: int) -> list[int]:
-        """The ranks whose tokens reach `rank`'s experts, in the order their rows stand in each expert's input:
-        its EP group (itself at EP 1); folded, each expert-TP peer's EP group in turn (folding.ExpertTPGather
-        gathers them in that order). Not folded, the TP peers hold the same rows (tokens replicated over TP)."""
-        return self._expert_rows[0][rank]
-
-    def expert_row_micro_batches(self, rank: int) -> list[int]:
-        """The micro-batch of each of expert_row_sources(rank), as its DP position (the TP and CP ranks of one
-        DP position hold parts of one micro-batch)."""
-        return self._expert_rows[1][rank]
-
-    @functools.cached_property
-    def _expert_rows(self) -> tuple[list[list[int]], list[list[int]]]:
-        """expert_row_sources and expert_row_micro_batches of every rank (computed once: O(world x sources))."""
-        ep_of, etp_of = {}, {}
-        for kind, table in (("ep", ep_of), ("etp", etp_of)):
-            for ranks in self.rank_lists(kind):
-                for r in ranks:
-                    table[r] = ranks
-        dp = [coordinates(DENSE, self.sizes(DENSE), r)["dp"] for r in range(self.world)]
-        sources = [[s for p in (etp_of[r] if self.experts_folded else [r]) for s in ep_of[p]]
-                   for r in range(self.world)]
-        return sources, [[dp[s] for s in row] for row in sources]
-
-    @functools.cached_property
-    def _ecp_lists(self) -> list[list[int]]:
-        """Each expert-DP group (the ranks holding the same experts) cut into the sets of ranks whose experts
-        receive rows of a common micro-batch, closed under sharing: one micro-batch's rows of an expert lie
-        on the ranks of one set, so FP8 experts reduce each micro-batch's amax over it."""
-        out = []
-        for ranks in self.rank_lists("edp"):
-            batches = {r: set(self.expert_row_micro_batches(r)) for r in ranks}
-            parts = []
-            for r in ranks:
-                joined = [p for p in parts if any(batches[r] & batches[q] for q in p)]
-                parts = [p for p in parts if p not in joined] + [sorted({r}.union(*joined))]
-            out += parts
-        return sorted(out)
-
-    @property
-    def experts_hold_whole_micro_batches(self) -> bool:
-        """Each micro-batch's rows of an expert all reach one rank (no ecp partner anywhere): blockwise FP8
-        experts need it, their weight-gradient tiles running along the rows."""
-        return all(len(r) == 1 for r in self._ecp_lists)
-
-    def _ecp_alias(self, built) -> str | None:
-        """Where ecp is not a group of its own: "" when every set is one rank, else the name of the built group
-        (cp, tp_cp) with the same ranks; None when ecp must be built."""
-        if self.experts_hold_whole_micro_batches:
-            return ""
-        return next((n for n in ("cp", "tp_cp") if n in built and sorted(self.rank_lists(n)) == self._ecp_lists),
-                    None)
-
     def sizes(self, grid: str) -> dict:
         return ({"tp": self.tp, "cp": self.cp, "dp": self.dp, "pp": self.pp} if grid == DENSE
                 else {"etp": self.etp, "ep": self.ep, "edp": self.edp, "pp": self.pp})
@@ -238,6 +211,37 @@ class ParallelLayout:
             return self._ecp_lists
         grid, dims = GROUPS[name]
         return rank_lists(grid, self.sizes(grid), dims)
+
+    # ---- groups by name (GROUPS, embd, pp_grad, ecp): their size and reach, what the planner prices
+    def group_size(self, name: str) -> int:
+        """Ranks in a group of kind `name` (the largest, for ecp's sets; embd: 1 at PP 1)."""
+        if name in GROUPS:
+            grid, dims = GROUPS[name]
+            return functools.reduce(lambda n, d: n * self.sizes(grid)[d], dims.split("-"), 1)
+        if name in ("embd", "pp_grad"):
+            return min(self.pp, 2) if name == "embd" else self.pp
+        return max(len(r) for r in self.rank_lists(name))
+
+    def stride(self, name: str) -> int:
+        """Global-rank distance between neighbouring members of a group of kind `name` (its fastest
+        dimension's; embd: first stage to last, TP x CP x DP x (PP - 1)); 1 for a one-rank group."""
+        ranks = self.rank_lists(name)[0]
+        return ranks[1] - ranks[0] if len(ranks) > 1 else 1
+
+    def crosses_node(self, name: str, gpus_per_node: int) -> bool:
+        """Some group of kind `name` has ranks on two nodes of gpus_per_node consecutive ranks."""
+        return any(r[0] // gpus_per_node != r[-1] // gpus_per_node for r in self.rank_lists(name))
+
+    def stages_cross_node(self, a: int, b: int, gpus_per_node: int) -> bool:
+        """Some rank of pipeline stage a and its peer on stage b (the same TP, CP, DP position; stages are
+        stage_ranks apart) lie on two nodes of gpus_per_node consecutive ranks."""
+        n = self.stage_ranks
+        return any((o + a * n) // gpus_per_node != (o + b * n) // gpus_per_node for o in range(n))
+
+    def rank_in(self, name: str, rank: int) -> int | None:
+        """`rank`'s index in its group of kind `name` (None: in none)."""
+        ranks = self.group_of(name, rank)
+        return None if ranks is None else ranks.index(rank)
 
     def group_of(self, name: str, rank: int) -> list[int] | None:
         """The ranks of `rank`'s group of kind `name` (None: not in one, a middle stage's embd)."""

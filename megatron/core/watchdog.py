@@ -30,6 +30,8 @@ import torch.distributed as dist
 EXIT_HANG = 3  # our own code: no Megatron-LM equivalent (its hangs end in the NCCL watchdog's abort)
 EXIT_USER_ERROR = 2  # bad input (training/loop/launch.py)
 
+# One watchdog per process, watching its main thread (the one that waits on collectives): two values, never a
+# collection, set by start() once and by each armed wait
 _current = None  # (start time, waiting) of the main thread's armed wait, None when none is
 _limit = None  # seconds, once start() ran
 

@@ -8,22 +8,22 @@ chain bound of tests/rounding.py
 (the grouped experts then take their loop of matmuls: torch._grouped_mm takes fp32 / bf16 only)."""
 import torch
 
-from megatron.core.comm import PlanGroup
 from megatron.core.config import TransformerConfig
 from megatron.core.pipeline_parallel.backward_split import backward_input
 from megatron.core.tensor_parallel.initialization import initialize_parameters, take_shard
 from megatron.core.tensor_parallel.param_meta import param_meta, set_init, set_init_key
 from megatron.core.transformer.moe.moe_layer import MoELayer
+from megatron.core.transformer.moe.placement import expert_placement, one_rank
 from tests.harness import spawn
 from tests.rounding import assert_chain_close
 
 
-def _layer(tp_group, tp_rank, tp_size, grouped):
+def _layer(placement, tp_rank, tp_size, grouped):
     cfg = TransformerConfig(num_layers=2, hidden_size=16, num_attention_heads=2, num_experts=4, moe_ffn_hidden_size=8,
                             moe_router_topk=2, swiglu=True, add_bias_linear=True, moe_grouped_gemm=grouped,
                             tensor_model_parallel_size=tp_size, hidden_dropout=0.0, attention_dropout=0.0,
                             params_dtype=torch.float64)
-    m = MoELayer(cfg, tp_group=tp_group, layer_number=1)
+    m = MoELayer(cfg, placement, layer_number=1)
     for name, p in m.named_parameters():
         set_init_key(p, name)
         if name.endswith("_bias"):
@@ -48,8 +48,8 @@ def _run(m, split):
 
 
 def _compare(groups, grouped, split):
-    ref_out, ref_grads = _run(_layer(PlanGroup(1, 0), 0, 1, grouped), split)
-    m = _layer(groups.tp, groups.tp_rank, groups.tp_size, grouped)
+    ref_out, ref_grads = _run(_layer(one_rank(), 0, 1, grouped), split)
+    m = _layer(expert_placement(groups), groups.tp_rank, groups.tp_size, grouped)
     out, grads = _run(m, split)
     assert_chain_close(out, ref_out, "output")
     params = dict(m.named_parameters())

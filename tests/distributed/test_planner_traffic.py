@@ -154,7 +154,7 @@ def _run_pipeline(groups):
     train_step(model, ddp, opt, sched, _batches(groups, n=4), _forward_step, groups, 1, get_forward_backward_func())
     params, layers = stage_params(c, t, 4, groups.pp_rank)
     first, last = groups.pp_rank == 0, groups.pp_rank == groups.pp_size - 1
-    return (p2p_sent[0], iteration_p2p_sent(c, t, groups.tp_size, groups.dp_size, groups.pp_rank),
+    return (p2p_sent[0], iteration_p2p_sent(c, t, groups.layout, groups.pp_rank),
             dict(tp_counted), iteration_tp_traffic(c, t, groups.tp_size, groups.dp_size, params, layers, first, last))
 
 

@@ -170,6 +170,13 @@ CASES = {
                                                    "{d}/folder", "--save-dir", "{d}/out/mg"], "--load-dir"),
     "generate missing checkpoint": (GENERATE, ["--load", "{d}/nothere", "--prompt-ids", "1"], "--load"),
     "generate broken checkpoint": (GENERATE, ["--load", "{d}/badckpt", "--prompt-ids", "1"], "iter_0000007"),
+    # issue 41: argparse's usage block, all four sampling rules in one message
+    "generate no prompt": (GENERATE, ["--load", "{d}/badckpt"], "one of the arguments --prompt-ids --prompt"),
+    "generate top-p 2": (GENERATE, ["--load", "{d}/badckpt", "--prompt-ids", "1", "--top-p", "2"],
+                         "--top-p must be in (0, 1], got 2.0"),
+    "generate temperature nan": (GENERATE, ["--load", "{d}/badckpt", "--prompt-ids", "1", "--temperature", "nan"],
+                                 "--temperature must be a positive number, got nan"),
+    "generate top-k -1": (GENERATE, ["--load", "{d}/badckpt", "--prompt-ids", "1", "--top-k", "-1"], "--top-k must"),
     # issue 26: tracebacks before
     "capacity factor nan": (GPT, MOE + ["--moe-expert-capacity-factor", "nan"], "--moe-expert-capacity-factor"),
     "capacity factor inf": (GPT, MOE + ["--moe-expert-capacity-factor", "inf"], "--moe-expert-capacity-factor"),
@@ -188,6 +195,13 @@ CASES = {
     "plan network 0": (PLAN, TINY_MODEL + ["--network-gbps", "0"], "--network-gbps"),
     "plan nvlink 0": (PLAN, TINY_MODEL + ["--nvlink-gbps", "0"], "--nvlink-gbps"),
     "plan top -1": (PLAN, TINY_MODEL + ["--top", "-1"], "--top"),
+    "checkpoint args without a checkpoint": (GPT, MOCK + ["--use-checkpoint-args"], "--use-checkpoint-args"),
+    # issue 41: the planner named no flag ("no valid layout"), a traceback, a "best" command where nothing fits
+    "plan layers 0": (PLAN, TINY_MODEL + ["--global-batch-size", "4", "--num-layers", "0"], "--num-layers"),
+    "plan hidden too large": (PLAN, TINY_MODEL[:2] + ["--hidden-size", "4000000000", "--num-attention-heads", "1",
+                                                      "--global-batch-size", "4"], "storage size overflows"),
+    "plan nothing fits": (PLAN, TINY_MODEL + ["--global-batch-size", "2", "--num-layers", "1", "--num-gpus", "1",
+                                              "--gpus-per-node", "1", "--gpu-memory-gb", "1e-6"], "no layout fits"),
     "finetune into its own load dir": (GPT, MOCK + ["--finetune", "--load", "{d}/folder", "--save", "{d}/folder/"],
                                        "give another --save"),
     "moe index files garbage": (GPT, MOE + ["--load", "{d}/moeidx"], "moeidx/iter_0000001/index/"),

@@ -73,7 +73,7 @@ def test_refusals_are_one_line(ckpt):
     too_long = _generate(["--load", ckpt, "--prompt", PROMPTS[0], "--max-new-tokens", str(SEQ)], check=False)
     _one_error_line(too_long, f"exceeds the model's {SEQ} positions", "--max-new-tokens")
     negative_k = _generate(["--load", ckpt, "--prompt", PROMPTS[0], "--top-k", "-1"], check=False)
-    _one_error_line(negative_k, "--top-k >= 0")
+    _one_error_line(negative_k, "--top-k must be a non-negative")
     wrong_world = _generate(["--load", ckpt, "--prompt", "x", "--pipeline-model-parallel-size", "2"], check=False)
     _one_error_line(wrong_world, "launch exactly")
 

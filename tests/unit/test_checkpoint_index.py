@@ -17,7 +17,7 @@ TENSORS = sim.gpt_tensors(LAYERS, 16, 1000, seq=64, vocab_multiple=8)  # vocab 1
 
 @pytest.mark.parametrize("distributed", [True, False])
 def test_each_rank_reads_its_shard_only(tmp_path, distributed):
-    layout = sim.Layout(2, 2, 2, distributed)
+    layout = sim.Layout.of(2, 2, 2, distributed)
     path = sim.save(str(tmp_path), TENSORS, LAYERS, layout)
     for io in sim.load(path, TENSORS, LAYERS, layout):
         assert io.correct, io
@@ -27,14 +27,14 @@ def test_each_rank_reads_its_shard_only(tmp_path, distributed):
 
 
 def test_other_layouts_load_exactly(tmp_path):
-    path = sim.save(str(tmp_path), TENSORS, LAYERS, sim.Layout(2, 2, 2))
-    for layout in (sim.Layout(4, 1, 2), sim.Layout(1, 4, 1, False)):
+    path = sim.save(str(tmp_path), TENSORS, LAYERS, sim.Layout.of(2, 2, 2))
+    for layout in (sim.Layout.of(4, 1, 2), sim.Layout.of(1, 4, 1, False)):
         for io in sim.load(path, TENSORS, LAYERS, layout):
             assert io.correct and io.files_opened <= io.files_holding, (layout, io)
 
 
 def test_rng_states_come_back_through_the_index(tmp_path):
-    path = sim.save(str(tmp_path), TENSORS, LAYERS, sim.Layout(1, 1, 2))
+    path = sim.save(str(tmp_path), TENSORS, LAYERS, sim.Layout.of(1, 1, 2))
     reader = open_reader(path)
     assert isinstance(reader, IndexedReader)
     want = CheckpointReader(path).rng_state("rank_00001.pt")["torch"]
@@ -42,7 +42,7 @@ def test_rng_states_come_back_through_the_index(tmp_path):
 
 
 def test_checkpoint_without_index_still_loads(tmp_path):
-    layout = sim.Layout(2, 1, 1)
+    layout = sim.Layout.of(2, 1, 1)
     path = sim.save(str(tmp_path), TENSORS, LAYERS, layout)
     meta = read_metadata(path)
     indexed = open_reader(path, meta)
@@ -60,7 +60,7 @@ def test_checkpoint_without_index_still_loads(tmp_path):
 
 
 def test_damaged_bytes_are_caught_by_the_chunk_checksum(tmp_path):
-    path = sim.save(str(tmp_path), TENSORS, LAYERS, sim.Layout(1, 1, 1))
+    path = sim.save(str(tmp_path), TENSORS, LAYERS, sim.Layout.of(1, 1, 1))
     reader = open_reader(path)
     rule, ranks = reader.index.rules("layers.0.fc1.weight", "param")[0]
     entry = reader.index.records("layers.0.fc1.weight", "param", rule, ranks[0])[0]
@@ -69,7 +69,7 @@ def test_damaged_bytes_are_caught_by_the_chunk_checksum(tmp_path):
         byte = f.read(1)
         f.seek(entry["offset"] + 5)
         f.write(bytes([byte[0] ^ 0xFF]))
-    key, p = next((k, p) for k, p in sim.rank_params(TENSORS, LAYERS, sim.Layout(1, 1, 1), 0)
+    key, p = next((k, p) for k, p in sim.rank_params(TENSORS, LAYERS, sim.Layout.of(1, 1, 1), 0)
                   if k == "layers.0.fc1.weight")
     with pytest.raises(CheckpointError, match=r"rank_00000.pt: CRC-32 of bytes"):
         reader.shard(key, "param", p, 0, 1)

@@ -112,7 +112,7 @@ def _as_format_1(path):
 
 
 def test_a_rank_reads_only_its_tensors_index_entries(tmp_path):
-    layers, layout = 8, sim.Layout(2, 4, 2)
+    layers, layout = 8, sim.Layout.of(2, 4, 2)
     tensors = sim.gpt_tensors(layers, 16, 1000, seq=64, vocab_multiple=8)
     path = sim.save(str(tmp_path), tensors, layers, layout)
     new = sim.load(path, tensors, layers, layout)

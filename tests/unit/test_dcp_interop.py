@@ -31,7 +31,7 @@ print(json.dumps(sorted(k for k in meta if k not in state)))
 
 def test_ours_to_dcp_to_ours_is_bit_exact(tmp_path):
     tensors = sim.gpt_tensors(2, 16, 1000, seq=64, vocab_multiple=8)
-    sim.save(str(tmp_path / "ours"), tensors, 2, sim.Layout(2, 2, 2))
+    sim.save(str(tmp_path / "ours"), tensors, 2, sim.Layout.of(2, 2, 2))
     ours = CheckpointReader(find_checkpoint(str(tmp_path / "ours")))
     assert convert.main(["--loader", "megatron", "--saver", "torch_dcp", "--load-dir", str(tmp_path / "ours"),
                          "--save-dir", str(tmp_path / "dcp")]) == 0

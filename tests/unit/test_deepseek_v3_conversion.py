@@ -191,6 +191,23 @@ def test_mtp_files_ours_cannot_hold_are_refused_in_one_line(tmp_path):
         deepseek_v3_to_ours(small.config, dict(sd))
 
 
+def test_mtp_layers_config_json_promises_but_the_files_lack_are_named(tmp_path, capsys):
+    """transformers' save_pretrained keeps num_nextn_predict_layers but writes no MTP layer: one line says the
+    conversion goes without them (issue 41)."""
+    from tests.hf_round_trip import convert_module
+    tiny(num_hidden_layers=3, num_nextn_predict_layers=1).save_pretrained(tmp_path / "hf")
+    assert convert_module().main(["--loader", "hf", "--saver", "megatron", "--load-dir", str(tmp_path / "hf"),
+                                  "--save-dir", str(tmp_path / "ours")]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if "multi-token prediction" in line]
+    assert notes == [f"> {tmp_path / 'hf'}/config.json names 1 multi-token prediction layer(s) "
+                     "(num_nextn_predict_layers) that its files do not hold (transformers writes none): converted "
+                     "without them (no --mtp-num-layers); convert DeepSeek's own files to keep them"]
+    _mtp_checkpoint(tmp_path / "full", depth=1)  # the files hold it: no line
+    assert convert_module().main(["--loader", "hf", "--saver", "megatron", "--load-dir", str(tmp_path / "full" / "hf"),
+                                  "--save-dir", str(tmp_path / "ours2")]) == 0
+    assert "multi-token prediction" not in capsys.readouterr().out
+
+
 def test_extra_tensors_join_a_sharded_save(tmp_path):
     """What transformers' model has no place for (the MTP layers) joins the files save_pretrained wrote: into
     model.safetensors, or, for a sharded save, as one more shard the index names; read back whole."""

@@ -8,9 +8,12 @@ import pytest
 import torch
 
 from megatron.core.config import TransformerConfig
+from megatron.core.parallel_layout import ParallelLayout
 from megatron.training.planner import cost
 from megatron.training.planner.hardware import gemm_time, make_cluster, memory_time
 from megatron.training.planner.predict import plan
+
+ONE = ParallelLayout(1)  # one rank: the cost functions' layout for a single GPU
 
 S, B, H, A, F = 2048, 1, 4096, 32, 16384  # a Llama-3 8B-wide layer: where FP8 pays (not at tiny sizes)
 H100 = make_cluster("H100-SXM", 8)
@@ -26,25 +29,25 @@ def test_one_layer_written_out_tensorwise_and_delayed():
     shapes = [(m, 3 * H, H), (m, H, H), (m, F, H), (m, H, F)]  # QKV, projection, fc1, fc2 at TP 1
     gemms = sum(gemm_time(H100, M, N, K) for M, N, K in shapes)
     faster = gemms * (1 - 989 / 1979)
-    plain = cost.layer_costs(_config(), B, H100, 1)
+    plain = cost.layer_costs(_config(), B, H100, ONE)
     for recipe, amax in (("tensorwise", 2), ("delayed", 0)):
         fwd_bytes = sum((2 + amax + 1) * (M * K + N * K) for M, N, K in shapes)
         bwd_bytes = sum((2 + amax + 1) * M * N + 3 * N * K + 2 * (M * K + M * N) for M, N, K in shapes)
-        got = cost.layer_costs(_config(fp8_format="hybrid", fp8_recipe=recipe), B, H100, 1)
+        got = cost.layer_costs(_config(fp8_format="hybrid", fp8_recipe=recipe), B, H100, ONE)
         assert plain.forward - got.forward == pytest.approx(faster - memory_time(H100, fwd_bytes), rel=1e-9)
         assert plain.backward - got.backward == pytest.approx(2 * faster - memory_time(H100, bwd_bytes), rel=1e-9)
         assert got.forward < plain.forward
 
 
 def test_only_the_fp8_layers_and_only_fp8_gpus():
-    plain = cost.layer_costs(_config(), B, H100, 1).forward
-    every = plain - cost.layer_costs(_config(fp8_format="hybrid"), B, H100, 1).forward
+    plain = cost.layer_costs(_config(), B, H100, ONE).forward
+    every = plain - cost.layer_costs(_config(fp8_format="hybrid"), B, H100, ONE).forward
     half = plain - cost.layer_costs(_config(fp8_format="hybrid", first_last_layers_bf16=True,
                                             num_layers_at_start_in_bf16=1, num_layers_at_end_in_bf16=1),
-                                    B, H100, 1).forward
+                                    B, H100, ONE).forward
     assert half == pytest.approx(every / 2, rel=1e-12)
     a100 = make_cluster("A100-80GB", 8)
-    assert cost.layer_costs(_config(fp8_format="hybrid"), B, a100, 1) == cost.layer_costs(_config(), B, a100, 1)
+    assert cost.layer_costs(_config(fp8_format="hybrid"), B, a100, ONE) == cost.layer_costs(_config(), B, a100, ONE)
 
 
 def test_fp8_output_layer_written_out():
@@ -53,7 +56,7 @@ def test_fp8_output_layer_written_out():
     def head(**kw):
         c = TransformerConfig(num_layers=4, hidden_size=H, num_attention_heads=A, seq_length=S, ffn_hidden_size=F,
                               vocab_size=32000, params_dtype=torch.bfloat16, **kw).resolve()
-        return cost.head_costs(c, B, H100, 1), c
+        return cost.head_costs(c, B, H100, ONE), c
     plain, c = head()
     m, v = S * B, c.padded_vocab_size
     faster = gemm_time(H100, m, v, H) * (1 - 989 / 1979)
@@ -68,7 +71,7 @@ def test_fp8_output_layer_written_out():
     assert head(fp8_format="hybrid")[0] == plain  # the output layer in bf16 (Megatron-LM's default)
     a100 = make_cluster("A100-80GB", 8)
     c8 = head(fp8_format="hybrid", fp8_output_layer=True)[1]
-    assert cost.head_costs(c8, B, a100, 1) == cost.head_costs(c, B, a100, 1)
+    assert cost.head_costs(c8, B, a100, ONE) == cost.head_costs(c, B, a100, ONE)
 
 
 ARGV = ["--num-layers", "4", "--hidden-size", "4096", "--num-attention-heads", "32", "--seq-length", "2048",

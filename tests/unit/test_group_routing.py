@@ -94,7 +94,7 @@ def _cfg(**kw):
     (dict(moe_router_group_topk=5, moe_router_num_groups=4), "between 1 and --moe-router-num-groups"),
     (dict(moe_router_group_topk=4, moe_router_num_groups=4), r"--moe-router-topk \(2\) must be between"),
     (dict(moe_router_group_topk=1, moe_router_num_groups=8, moe_router_topk=2), "chosen groups"),
-    (dict(moe_router_topk_scaling_factor=0.0), "must be positive")])
+    (dict(moe_router_topk_scaling_factor=0.0), "must be a positive number, got 0.0")])
 def test_bad_group_settings_are_one_line(kw, match):
     with pytest.raises(ConfigError, match=match):
         validate(_cfg(**kw))

@@ -9,6 +9,7 @@ import torch
 
 from megatron.core.comm import PlanGroup
 from megatron.core.config import TransformerConfig
+from megatron.core.parallel_layout import ParallelLayout
 from megatron.core.tensor_parallel.random import model_parallel_seed
 from megatron.core.transformer.mla import MultiLatentAttention
 from megatron.core.transformer.mla_rope import mla_cos_sin
@@ -17,6 +18,8 @@ from megatron.training.planner import activations, cost, mla_cost
 from megatron.training.planner.hardware import gemm_time, make_cluster
 from megatron.training.planner.predict import configs, hardware_flops, predict
 from tests.activation_memory import cpu_latent_norm_extra, measure
+
+ONE = ParallelLayout(1)  # one rank: the cost functions' layout for a single GPU
 
 S, B, H, N, RKV, RQ = 32, 2, 48, 4, 20, 12
 T = S * B
@@ -108,15 +111,15 @@ def test_step_time_and_memory_count_the_latents_and_mtp():
     # one process, 8 microbatches: the step grows by 8 x the two MTP modules' forward + backward, each a layer,
     # the 2h -> h projection, the embedding and the head
     c = _config(v=12, mtp_num_layers=2)
-    layer, head, emb = cost.layer_costs(c, B, cluster, 1), cost.head_costs(c, B, cluster, 1), \
-        cost.embedding_costs(c, B, cluster, 1)
+    layer, head, emb = cost.layer_costs(c, B, cluster, ONE), cost.head_costs(c, B, cluster, ONE), \
+        cost.embedding_costs(c, B, cluster, ONE)
     g = gemm_time(cluster, T, H, 2 * H)
-    got = cost.mtp_costs(c, B, cluster, 1, layer, head, emb)
+    got = cost.mtp_costs(c, B, cluster, ONE, layer, head, emb)
     assert got.forward == pytest.approx(2 * (layer.forward + head.forward + emb.forward + g), rel=1e-12)
     assert got.backward == pytest.approx(2 * (layer.backward + head.backward + emb.backward + 2 * g), rel=1e-12)
     cm, _ = configs(MLA + ["--mtp-num-layers", "2"], 1)
-    big = [f(cm, 1, cluster, 1) for f in (cost.layer_costs, cost.head_costs, cost.embedding_costs)]
-    extra = cost.mtp_costs(cm, 1, cluster, 1, *big)
+    big = [f(cm, 1, cluster, ONE) for f in (cost.layer_costs, cost.head_costs, cost.embedding_costs)]
+    extra = cost.mtp_costs(cm, 1, cluster, ONE, *big)
     assert mtp.step.pipeline - base.step.pipeline == pytest.approx(8 * (extra.forward + extra.backward), rel=1e-9)
 
 

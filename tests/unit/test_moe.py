@@ -7,7 +7,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from megatron.core.comm import PlanGroup
 from megatron.core.config import ConfigError, TransformerConfig
 from megatron.core.parallel_layout import ParallelLayout
 from megatron.core.tensor_parallel.initialization import initialize_parameters
@@ -15,6 +14,7 @@ from megatron.core.tensor_parallel.param_meta import is_expert_parallel, set_ini
 from megatron.core.transformer.moe import aux_losses, step_hooks
 from megatron.core.transformer.moe.grouped_gemm import grouped_mm
 from megatron.core.transformer.moe.moe_layer import MoELayer
+from megatron.core.transformer.moe.placement import one_rank
 from megatron.core.transformer.moe.router import topk_routing
 from tests.rounding import assert_chain_close, assert_within, matmul_bound
 
@@ -27,7 +27,7 @@ def cfg(**kw):
 
 
 def layer(config):
-    m = MoELayer(config, tp_group=PlanGroup(1, 0), layer_number=1)
+    m = MoELayer(config, one_rank(), layer_number=1)
     for name, p in m.named_parameters():
         set_init_key(p, name)
     initialize_parameters(m, 3, 0, 1)

@@ -4,9 +4,9 @@ and SwiGLU, plain / gated shared experts), and what the memory estimator adds fo
 import pytest
 import torch
 
-from megatron.core.comm import PlanGroup
 from megatron.core.config import TransformerConfig
 from megatron.core.transformer.moe.moe_layer import MoELayer
+from megatron.core.transformer.moe.placement import one_rank
 from megatron.training.planner import activations
 from megatron.training.planner import moe_activations as am
 from tests.activation_memory import measure
@@ -41,7 +41,7 @@ def test_formula_written_out():
                                 {"moe_shared_expert_intermediate_size": 80}])
 def test_formula_is_what_autograd_saves(dtype, kw):
     c = _config(dtype, **kw)
-    layer = MoELayer(c, PlanGroup(1, 0), 1, device="cpu")
+    layer = MoELayer(c, one_rank(), 1, device="cpu")
     torch.manual_seed(0)
     for p in layer.parameters():
         torch.nn.init.normal_(p, std=0.05)

@@ -54,7 +54,7 @@ def test_sources_count_the_micro_batches_reaching_an_expert_folded(tp, cp, dp, e
     feeding = {r: sorted({x for g in ep_lists if r in g for y in g for e in etp_lists if y in e for x in e})
                for r in range(tp * cp * dp)}
     for r, ranks in feeding.items():
-        assert token_share(layout.plan_groups(r), True).sources == _sources(ranks, lambda x: x // (tp * cp)), r
+        assert token_share(layout.plan_groups(r)).sources == _sources(ranks, lambda x: x // (tp * cp)), r
 
 
 @pytest.mark.parametrize("cp,dp,ep", [(1, 4, 2), (2, 1, 2), (2, 2, 4), (2, 3, 3), (4, 1, 2)])
@@ -62,7 +62,7 @@ def test_sources_count_the_micro_batches_reaching_an_expert(cp, dp, ep):
     layout = ParallelLayout(cp * dp, cp=cp, ep=ep)  # TP 1: global rank = cp + CP x dp
     for r in range(cp * dp):
         group = layout.group_of("ep", r)
-        share = token_share(layout.plan_groups(r), False)
+        share = token_share(layout.plan_groups(r))
         assert share.sources == _sources(group, lambda x: x // cp) and share.parts == cp, r
     assert TokenShare(sources=2).padded_rows(128, 2, 4, 0.5) == 2 * capacity(128, 2, 4, 0.5)
 

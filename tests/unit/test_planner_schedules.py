@@ -4,6 +4,7 @@ below 1F1B's and ZB-H2's at most ZB-H1's, each is what the simulator reports for
 action lists with the per-chunk costs written out here, and the training log's line prints it."""
 import pytest
 
+from megatron.core.parallel_layout import ParallelLayout
 from megatron.core.pipeline_parallel.schedules import build_schedule
 from megatron.core.pipeline_parallel.simulator import simulate, v_stage
 from megatron.core.pipeline_parallel.zb_v import zb_v
@@ -13,6 +14,8 @@ from megatron.training.planner.hardware import gemm_time, p2p_time
 from megatron.training.planner.live import prediction_line
 from megatron.training.planner.predict import configs
 from megatron.training.planner.traffic import p2p_message_bytes
+
+ONE = ParallelLayout(1)  # one rank: the cost functions' layout for a single GPU
 
 P, M = 4, 8
 FLAGS = ["--num-layers", "8", "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length", "2048",
@@ -27,7 +30,7 @@ def _simulated(flag):
     on the last (ZB-V: both on rank 0); W actions take the weight share of B."""
     c, t = configs(FLAGS + ["--pipeline-schedule", flag], P)
     cluster = make_cluster("H100-SXM", P)
-    layer, head, emb = (f(c, 1, cluster, 1) for f in (layer_costs, head_costs, embedding_costs))
+    layer, head, emb = (f(c, 1, cluster, ONE) for f in (layer_costs, head_costs, embedding_costs))
     split = flag.startswith("zb")
     v = flag == "zb-v"
     per_chunk = 1 if v else 8 // P
@@ -77,7 +80,7 @@ def test_w_is_the_weight_gradient_gemms_share_of_the_backward():
     backward at TP 1 (the table's gradient; no collective)."""
     c, _ = configs(FLAGS, P)
     cluster = make_cluster("H100-SXM", P)
-    layer, head, emb = (f(c, 1, cluster, 1) for f in (layer_costs, head_costs, embedding_costs))
+    layer, head, emb = (f(c, 1, cluster, ONE) for f in (layer_costs, head_costs, embedding_costs))
     m, h = c.seq_length, c.hidden_size
     gemms = sum(gemm_time(cluster, m, n, k) for n, k in ((3 * h, h), (h, h), (4 * h, h), (h, 4 * h)))
     assert layer.weight == pytest.approx(gemms, rel=1e-12) and layer.weight < layer.backward / 2

@@ -85,7 +85,22 @@ def load_hf(path, model_type="GPT"):
         args, tensors = families.by_hf_type(raw["model_type"]).to_ours(config, sd)
     except RuntimeError as e:  # a reshape of a tensor whose shape config.json does not describe
         raise CheckpointError(f"{path}: tensor shapes do not match config.json ({str(e).splitlines()[0]})") from None
+    note = mtp_note(path, raw, args)
+    if note:
+        print(note)
     return args, tensors, raw
+
+
+def mtp_note(path, raw, args):
+    """The line saying that config.json promises multi-token prediction layers the files do not hold
+    (transformers' save_pretrained writes none: its models have no MTP), so they are not converted; None
+    when the files hold every one (a part of them is refused by the family's conversion)."""
+    promised, held = raw.get("num_nextn_predict_layers") or 0, args.get("mtp_num_layers") or 0
+    if promised <= held:
+        return None
+    return (f"> {path}/config.json names {promised} multi-token prediction layer(s) (num_nextn_predict_layers) that "
+            "its files do not hold (transformers writes none): converted without them (no --mtp-num-layers); "
+            "convert DeepSeek's own files to keep them")
 
 
 def save_hf(path, args, tensors, training, model_type="GPT", buffers=None):

@@ -24,7 +24,9 @@ import weakref
 
 import torch.distributed as dist
 
-_savers = weakref.WeakSet()  # every AsyncSaver of this process, for finishing_saves()
+# every AsyncSaver of this process, for finishing_saves() at exit (the exit path holds no saver); weak, so a
+# saver the run dropped goes with it
+_savers = weakref.WeakSet()
 
 
 class AsyncSaver:

@@ -26,19 +26,18 @@ STATES = ("param", "exp_avg", "exp_avg_sq")
 
 
 @dataclasses.dataclass(frozen=True)
-class Layout:
-    tp: int
-    pp: int
-    dp: int
+class Layout(ParallelLayout):
+    """A simulated run: its ParallelLayout (TP, PP, and DP what the world leaves) and whether the optimizer
+    state is distributed over DP."""
     distributed_optimizer: bool = True
 
-    @property
-    def world(self):
-        return self.tp * self.pp * self.dp
+    @classmethod
+    def of(cls, tp: int, pp: int, dp: int, distributed_optimizer: bool = True) -> "Layout":
+        return cls(tp * pp * dp, tp, pp=pp, distributed_optimizer=distributed_optimizer)
 
     def coords(self, rank):
-        """(tp_rank, pp_rank, dp_rank) of a global rank (ParallelLayout's grid: TP fastest, then DP, then PP)."""
-        p = ParallelLayout(self.world, self.tp, pp=self.pp).position(rank)
+        """(tp_rank, pp_rank, dp_rank) of a global rank."""
+        p = self.position(rank)
         return p.tp, p.pp, p.dp
 
 
@@ -128,7 +127,9 @@ def save(root, tensors, layers, layout, iteration=1):
                 pieces.append(make_piece(key, state, p, tp_rank, layout.tp, lo, hi, flat[lo:hi]))
         write_rank_file(root, iteration, rank, {"pieces": pieces, "rng": {"torch": torch.get_rng_state()}})
     commit(root, iteration, {"consumed_samples": 0, "args": {"model": {"num_layers": layers}, "training": {}},
-                             "optimizer": None, "layout": dataclasses.asdict(layout)}, layout.world)
+                             "optimizer": None, "layout": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp,
+                                                           "distributed_optimizer": layout.distributed_optimizer}},
+           layout.world)
     return iter_dir(root, iteration)
 
 

@@ -2,11 +2,16 @@
 TransformerConfig (config.py), so the CLI is generated from these fields; check_fp8() refuses values that do
 not fit, in one line. What is not built (mxfp8, FP8 through Transformer Engine, FP8 experts in some layouts)
 training/config/unbuilt_flags.py refuses with the other features that are not built."""
+import math
 from dataclasses import dataclass
+
+import torch
 
 from ..config_fields import flag_namer, opt
 from ..errors import ConfigError
+from ..parallel_layout import expert_tensor_parallel
 from .blockwise import TILE
+from .formats import FP8_MAX, formats
 
 
 @dataclass
@@ -19,25 +24,28 @@ class Fp8Config:
     fp8_recipe: str = opt(
         "delayed", "FP8 scaling: delayed (amax history, scale updated after each step), tensorwise (amax of the "
         "tensor being cast), blockwise (1x128 activation tiles, 128x128 weight blocks), mxfp8 (not built).",
-        choices=["tensorwise", "delayed", "mxfp8", "blockwise"])
+        choices=["tensorwise", "delayed", "mxfp8", "blockwise"], requires="fp8_format")
     fp8_margin: int = opt(0, "Scaling margin: scales are 2^margin below the one that maps the amax to the format's "
-                          "largest value.")
-    fp8_amax_history_len: int = opt(1, "Steps of amax history per tensor (delayed scaling).")
+                          "largest value.", requires="fp8_format")
+    fp8_amax_history_len: int = opt(1, "Steps of amax history per tensor (delayed scaling).", requires="fp8_format")
     fp8_amax_compute_algo: str = opt("most_recent", "The amax a delayed scale uses: the history's max or its most "
-                                     "recent entry.", choices=["most_recent", "max"])
+                                     "recent entry.", choices=["most_recent", "max"], requires="fp8_format")
     fp8_param_gather: bool = opt(
         False, "Gather the FP8 linears' weights over data parallelism as FP8 (one byte per element: half a bf16 "
         "gather): after each step every rank casts its shard of the weights to FP8 with the whole weight's scale, "
         "and the GEMMs read the gathered FP8 copy. Needs a sharded optimizer (--use-distributed-optimizer or "
-        "--data-parallel-sharding-strategy optim_grads / optim_grads_params) and tensorwise or delayed scaling.")
+        "--data-parallel-sharding-strategy optim_grads / optim_grads_params) and tensorwise or delayed scaling.",
+        requires="fp8_format")
     fp8_output_layer: bool = opt(
         False, "Run the output layer's GEMMs in FP8 too (the tied word table's, or the output layer's own), with the "
         "transformer layers' recipe. Not a Megatron-LM flag (it keeps the output layer in the model's precision, "
-        "as this project does by default): an opt-in addition.")
+        "as this project does by default): an opt-in addition.", requires="fp8_format")
     first_last_layers_bf16: bool = opt(False, "Run the first and last transformer layers' GEMMs in the model's "
-                                       "precision instead of FP8.")
-    num_layers_at_start_in_bf16: int = opt(1, "With --first-last-layers-bf16: layers at the start kept out of FP8.")
-    num_layers_at_end_in_bf16: int = opt(1, "With --first-last-layers-bf16: layers at the end kept out of FP8.")
+                                       "precision instead of FP8.", requires="fp8_format")
+    num_layers_at_start_in_bf16: int = opt(1, "With --first-last-layers-bf16: layers at the start kept out of FP8.",
+                                           requires="first_last_layers_bf16")
+    num_layers_at_end_in_bf16: int = opt(1, "With --first-last-layers-bf16: layers at the end kept out of FP8.",
+                                         requires="first_last_layers_bf16")
 
 
 def fp8_layer(cfg, layer_number) -> Fp8Config | None:
@@ -64,7 +72,7 @@ def _sharded_dims(cfg):
                                                 cfg.num_attention_heads * cfg.kv_channels // tp, tp),
             ("--ffn-hidden-size", cfg.ffn_hidden_size // tp, tp)]
     if cfg.num_experts:
-        etp = cfg.expert_tensor_parallel_size or tp
+        etp = expert_tensor_parallel(tp, cfg.expert_tensor_parallel_size)
         dims.append(("each expert's FFN (--moe-ffn-hidden-size)", cfg.expert_ffn_hidden_size // etp, etp))
         if cfg.moe_shared_expert_intermediate_size:
             dims.append(("--moe-shared-expert-intermediate-size", cfg.moe_shared_expert_intermediate_size // tp, tp))
@@ -81,10 +89,25 @@ def check_fp8(cfg) -> None:
     for name in ("fp8_margin", "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
         if getattr(cfg, name) < 0:
             raise ConfigError(f"{f(name)} must be >= 0, got {getattr(cfg, name)}")
+    top = largest_margin(cfg.fp8_format)
+    if cfg.fp8_margin > top:
+        raise ConfigError(f"{f('fp8_margin')} must be in [0, {top}] with {f('fp8_format')} {cfg.fp8_format}, got "
+                          f"{cfg.fp8_margin}: above it the largest value lands below the format's smallest normal "
+                          "number and the scaled tensors underflow")
+    per_stage = cfg.num_layers // cfg.pipeline_model_parallel_size
+    for name in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
+        if cfg.first_last_layers_bf16 and getattr(cfg, name) > per_stage:  # Megatron-LM's bound
+            raise ConfigError(f"{f(name)} ({getattr(cfg, name)}) must be between 0 and the layers per pipeline "
+                              f"stage ({per_stage})")
     if cfg.fp8_amax_history_len < 1:
         raise ConfigError(f"{f('fp8_amax_history_len')} must be >= 1, got {cfg.fp8_amax_history_len}")
     if cfg.fp8_recipe == "blockwise":
         _check_blockwise(cfg, f)
+
+
+def largest_margin(fmt) -> int:
+    """The largest --fp8-margin at which the amax still lands on a normal number of every format cast to."""
+    return min(int(math.log2(FP8_MAX[d] / torch.finfo(d).tiny)) for d in formats(fmt))
 
 
 def check_fp8_param_gather(cfg, shards_optimizer: bool) -> None:

@@ -25,6 +25,8 @@ CSRC = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirn
 NVCC_FLAGS = ["-O3"]
 CXX_FLAGS = ["-O3"]
 
+# the compiled extension, loaded (or found missing) once per process: a process can load a library once, so
+# this is the process's fact, three fields, never growing
 _state = {"tried": False, "module": None, "status": "not loaded yet"}
 
 

@@ -24,6 +24,7 @@ from . import update_rules
 from .adam import ADAM_STATES
 from .clip_grads import clip_by_norm_, clip_divisor, model_sum, squares, zeros
 from .cpu_offload import host_copy, offloaded
+from .nvme_offload import FileAdamRule
 
 STATE_NAMES = ("param",) + ADAM_STATES  # Adam's pieces; the state names of any piece: state_names(param)
 
@@ -72,13 +73,14 @@ class MegatronOptimizer:
     cpu_offload_fraction: the share of this rank's optimizer state kept and updated on the host
     (cpu_offload.py); 0 keeps it all on the device. optimizer: "adam" (AdamW), "sgd" or "muon"
     (update_rules.build); sgd_momentum; muon: a muon.MuonConfig (None: Megatron-LM's defaults).
+    file_offload: a nvme_offload.FileOffload: the host pieces' state lives in its file instead (Adam only).
     """
 
     distributed_optimizer = False
 
     def __init__(self, ddp, groups, lr, weight_decay, betas=(0.9, 0.95), eps=1e-8,
                  clip_grad=1.0, grad_scaler=None, cpu_offload_fraction=0.0, optimizer="adam", sgd_momentum=0.9,
-                 muon=None):
+                 muon=None, file_offload=None):
         if ddp.config.shards_optimizer != self.distributed_optimizer:
             raise ValueError(f"{type(self).__name__} does not match a DDP built with sharding strategy "
                              f"{ddp.config.data_parallel_sharding_strategy}: build it with get_megatron_optimizer")
@@ -86,14 +88,18 @@ class MegatronOptimizer:
         self.clip_grad, self.grad_scaler = clip_grad, grad_scaler
         ranges = self._ranges()
         host = offloaded([hi - lo for _, lo, hi in ranges], cpu_offload_fraction)
-        self._pieces = [self._make_piece(p, lo, hi, on_host) for (p, lo, hi), on_host in zip(ranges, host)]
+        self._pieces = [self._make_piece(p, lo, hi, on_host, file_offload)
+                        for (p, lo, hi), on_host in zip(ranges, host)]
         self._index = {(id(pc.param), pc.lo, pc.hi): pc for pc in self._pieces}
         self._by_param = {id(pc.param): pc for pc in self._pieces}
         device = ddp.buffers[0].params[0].device
         self.device = device
         self.name = optimizer
-        self.rules = update_rules.build(optimizer, self._pieces, groups, ddp, self.distributed_optimizer, lr,
-                                        weight_decay, betas, eps, sgd_momentum, muon)
+        in_file = [pc for pc in self._pieces if pc.main is None]  # --optimizer-offload-path (nvme_offload.py)
+        self.rules = update_rules.build(optimizer, [pc for pc in self._pieces if pc.main is not None], groups, ddp,
+                                        self.distributed_optimizer, lr, weight_decay, betas, eps, sgd_momentum, muon)
+        if in_file:
+            self.rules.append(FileAdamRule(in_file, file_offload, lr, weight_decay, betas, eps, device))
         for rule in self.rules:
             for pc in rule.pieces:
                 pc.rule = rule
@@ -113,13 +119,17 @@ class MegatronOptimizer:
     def _after_update(self):
         """Called once the parameters hold their new values (the distributed optimizer gathers)."""
 
-    def _make_piece(self, param, lo, hi, on_host=False):
+    def _make_piece(self, param, lo, hi, on_host=False, file_offload=None):
         # where the range persists (ddp.param_view, ddp.grad_view): the parameter and main_grad, or
         # the DP shards of the parameters (ZeRO-3) and of the reduced gradients (ZeRO-2 and 3)
         flat = self.ddp.param_view(param, lo, hi)
         grad_view = self.ddp.grad_view(param, lo, hi)
         if not on_host:
             return self._device_piece(param, lo, hi, flat, grad_view)
+        if file_offload is not None:  # no main copy in memory: the state is in the file (FileAdamRule)
+            pc = _Piece(param, lo, hi, None, grad_view, flat)
+            pc.on_host = True
+            return pc
         # separate host copies, even of fp32 on a CPU machine: the copies are explicit
         main = torch.nn.Parameter(host_copy(flat.detach()))
         main.grad = torch.zeros_like(main)
@@ -182,14 +192,14 @@ class MegatronOptimizer:
             divisor = clip_divisor(self.clip_grad, norm)
         with phase(timers, "optimizer-inner-step", 1):
             for pc in self._pieces:
-                if pc.on_host:
+                if pc.on_host and pc.main is not None:
                     pc.main.grad.copy_(pc.grad_view)
             for rule in self.rules:
                 rule.step(divisor)
         with phase(timers, "optimizer-copy-main-to-model-params", 1):
             # the new values into the model's parameters: one multi-tensor copy (per device)
             _copy_all([(pc.param_view, pc.main.detach()) for pc in self._pieces
-                       if pc.param.dtype != torch.float32 or pc.on_host])
+                       if (pc.param.dtype != torch.float32 or pc.on_host) and pc.main is not None])
         with phase(timers, "params-all-gather", 1):
             self._after_update()
         return True, norm
@@ -219,13 +229,15 @@ class MegatronOptimizer:
     def params_norm(self):
         """L2 norm of the fp32 main parameters over the whole model, each element once whatever the
         layout (--log-params-norm): an fp32 tensor. Collective."""
-        mains = [pc.main.detach().to(self.device) for pc in self._pieces]
+        mains = [(pc.main.detach() if pc.main is not None else pc.state()["param"]).to(self.device)
+                 for pc in self._pieces]
         return self._model_total(squares, mains).sqrt()
 
     # ---- state API (checkpoints)
     def state_pieces(self) -> list[StatePiece]:
         """This rank's optimizer state, one StatePiece per (parameter, flat range) it updates."""
-        return [StatePiece(pc.param, pc.lo, pc.hi, {"param": pc.main.detach(), **pc.state()}) for pc in self._pieces]
+        return [StatePiece(pc.param, pc.lo, pc.hi, {**({"param": pc.main.detach()} if pc.main is not None else {}),
+                                                    **pc.state()}) for pc in self._pieces]
 
     @torch.no_grad()
     def load_state_pieces(self, pieces):
@@ -240,6 +252,9 @@ class MegatronOptimizer:
                 raise ValueError(f"no optimizer piece for range [{sp.start}, {sp.end}) of a {list(sp.param.shape)} "
                                  "parameter on this rank")
             for name, value in sp.tensors.items():
+                if pc.main is None:  # in the file (nvme_offload.py)
+                    pc.rule.write(pc, name, value.reshape(-1))
+                    continue
                 target = pc.main if name == "param" else pc.state()[name]
                 target.copy_(value.reshape(-1))
 
@@ -260,6 +275,10 @@ class MegatronOptimizer:
     def memory_bytes(self, on_host=False):
         """Bytes of optimizer state on this rank's device (on_host: on the host, cpu_offload.py):
         fp32 main copies (when not aliases) + each rule's state (Adam's two moments, a momentum buffer)."""
-        mains = sum(pc.main.numel() * 4 for pc in self._pieces
-                    if pc.on_host == on_host and (pc.param.dtype != torch.float32 or pc.on_host))
+        mains = sum(pc.main.numel() * 4 for pc in self._pieces if pc.main is not None
+                    and pc.on_host == on_host and (pc.param.dtype != torch.float32 or pc.on_host))
         return mains + sum(rule.memory_bytes(on_host) for rule in self.rules)
+
+    def file_bytes(self):
+        """Bytes of optimizer state in --optimizer-offload-path's file, and of the buffer it streams through."""
+        return [sum(getattr(rule, key, 0) for rule in self.rules) for key in ("file_bytes", "high_water")]

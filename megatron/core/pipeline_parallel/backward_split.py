@@ -34,7 +34,9 @@ import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 _engine = torch.autograd.Variable._execution_engine
-_saved_names = {}  # node type -> its _raw_saved_* attributes (a cache of dir(); the types are torch's)
+# node type -> its _raw_saved_* attributes: a cache of dir(), bounded by the autograd node types torch defines
+# (a fixed set), and the same for every caller
+_saved_names = {}
 
 
 @contextlib.contextmanager

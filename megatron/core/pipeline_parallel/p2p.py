@@ -19,7 +19,9 @@ from torch.autograd import Variable
 from .. import comm
 from ..watchdog import waiting
 
-_WARMED = weakref.WeakSet()  # pipeline groups that have run a collective
+# pipeline groups that have run a collective: a fact of each group (its NCCL communicator exists), kept here
+# rather than as an attribute on torch's group object; weak, so an entry goes with its group
+_WARMED = weakref.WeakSet()
 
 
 ACTIVATIONS, GRADIENTS = 0, 1  # p2p channels: messages meet in order per channel and rank pair

@@ -12,6 +12,7 @@ from torch import nn
 from .. import comm
 from ..fp8.linear import fp8_linear
 from ..fp8.recipes import build_recipe
+from ..parallel_layout import sequence_split
 from . import wgrad_fusion
 from .mappings import (
     copy_to_tensor_model_parallel_region,
@@ -74,7 +75,7 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x):
         bias = None if self.skip_bias_add else self.bias
-        sp = self.sequence_parallel and self.tp > 1
+        sp = sequence_split(self.sequence_parallel, self.tp)
         if self.fp8 is not None:  # the gathered input is kept in FP8 for the backward
             x = gather_from_sequence_parallel_region(x, self.group) if sp \
                 else copy_to_tensor_model_parallel_region(x, self.group)

@@ -70,6 +70,9 @@ class RNGStatesTracker:
             self._set(saved)
 
 
+# Module state, as torch's own default generator is per process: the tracker holds the named generator states
+# beside it (one per process, reset by model_parallel_seed, saved and restored with it by rng_state), and
+# dropout forks it deep inside layers that are given groups, not a generator
 _TRACKER = RNGStatesTracker()
 
 

@@ -58,7 +58,7 @@ def cp_slice(groups) -> "CPSlice | None":
     """The CPSlice of this rank of the grid, or None without context parallelism."""
     if groups.cp_size == 1:
         return None
-    return CPSlice(groups.cp_rank, groups.cp_size, 2 * groups.cp_size * groups.tp_size)
+    return CPSlice(groups.cp_rank, groups.cp_size, groups.layout.sequence_multiple)
 
 
 def batch_on_this_cp_rank(batch: dict, cp: CPSlice) -> dict:

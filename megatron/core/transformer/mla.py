@@ -26,6 +26,7 @@ from torch import nn
 
 from .. import comm
 from ..fusions import rope as rope_front
+from ..parallel_layout import sequence_split
 from ..tensor_parallel import wgrad_fusion
 from ..tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from ..tensor_parallel.mappings import copy_to_tensor_model_parallel_region, gather_from_sequence_parallel_region
@@ -142,7 +143,7 @@ class MultiLatentAttention(nn.Module):
         a KVCache holding, per layer, the normed latents and rotated shared keys of the tokens before x's."""
         q, latent, k_rope = self.latents(x, rope)
         if kv_cache is not None:
-            if self.config.sequence_parallel and comm.world(self.tp_group) > 1:
+            if sequence_split(self.config.sequence_parallel, comm.world(self.tp_group)):
                 raise ValueError("generation with multi-latent attention runs without --sequence-parallel")
             if attn_mask is not None:
                 raise ValueError("the KV cache serves causal attention only (no attn_mask)")

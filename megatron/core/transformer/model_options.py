@@ -19,6 +19,8 @@ RECOMPUTE_MODULES = {
     "layernorm": "the two norms of each layer: their outputs freed once read and rebuilt in the backward pass "
                  "(pre-norm layers)",
 }
+# a module the model may not have: (the field that builds it, why recomputing it then changes nothing)
+RECOMPUTE_NEEDS = {"moe": ("num_experts", "a dense model (no --num-experts) has no MoE layer")}
 # Megatron-LM's other names: refused in one line (unbuilt_flags.py).
 RECOMPUTE_NOT_BUILT = ("moe_act", "shared_experts", "gdn_norm_out", "gdp_in_proj", "gdp_qkv", "mhc")
 

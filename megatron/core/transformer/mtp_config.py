@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ..config_fields import flag_namer, opt
 from ..errors import ConfigError
+from ..ranges import NON_NEGATIVE, check_ranges
 
 
 @dataclass
@@ -17,7 +18,7 @@ class MTPConfig:
         "projection, one transformer layer, the shared output head). None: none.")
     mtp_loss_scaling_factor: float = opt(
         0.1, "The MTP losses' weight: each module's loss enters the training loss times this / --mtp-num-layers "
-        "(logged unscaled, as 'mtp_1 loss' ...).")
+        "(logged unscaled, as 'mtp_1 loss' ...).", requires="mtp_num_layers")
 
 
 def check_mtp(cfg) -> None:
@@ -27,8 +28,7 @@ def check_mtp(cfg) -> None:
     f = flag_namer(cfg)
     if cfg.mtp_num_layers < 1:
         raise ConfigError(f"{f('mtp_num_layers')} must be a positive integer, got {cfg.mtp_num_layers}")
-    if not cfg.mtp_loss_scaling_factor >= 0:
-        raise ConfigError(f"{f('mtp_loss_scaling_factor')} must be non-negative, got {cfg.mtp_loss_scaling_factor}")
+    check_ranges(cfg, {"mtp_loss_scaling_factor": NON_NEGATIVE}, f)
     if cfg.position_embedding_type != "rope":
         raise ConfigError(f"{f('mtp_num_layers')} is built for rotary positions only (the learned position table "
                           f"would need shifted positions): give {f('position_embedding_type')} rope")

@@ -7,12 +7,14 @@ metadata names another flag (e.g. `add_bias_linear` is switched off by
 import argparse
 import dataclasses
 import re
+import sys
 import types
 import typing
 
 from ...core.config import ConfigError, TransformerConfig
 from . import unbuilt_flags as not_built
 from .training_config import TrainingConfig
+from .yaml_config import expand_yaml_cfg
 
 
 class _Parser(argparse.ArgumentParser):
@@ -72,7 +74,8 @@ def parse_args(argv=None, description="Pretrain a GPT model.", extra=()):
     """argv -> (TransformerConfig, TrainingConfig, one instance per extra dataclass), not yet
     validated. extra: (group title, dataclass) pairs. Raises ConfigError (not_built.NotBuiltError for
     Megatron-LM flags whose feature is not built here)."""
-    ns = build_parser(description, extra).parse_args(argv)
+    parser = build_parser(description, extra)
+    ns = parser.parse_args(expand_yaml_cfg(parser, sys.argv[1:] if argv is None else argv))
     configs = (_take(TransformerConfig, ns), _take(TrainingConfig, ns), *(_take(cls, ns) for _, cls in extra))
     not_built.check(ns, configs[0])  # one line naming every feature given that is not built here
     return configs

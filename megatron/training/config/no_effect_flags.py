@@ -10,6 +10,8 @@ import dataclasses
 
 from ...core.config_fields import flag_of
 from ...core.transformer.mla_config import MLAConfig
+from ...core.transformer.model_options import RECOMPUTE_NEEDS
+from . import modifier_flags
 from .fault_tolerance_flags import no_effect_rules as fault_tolerance_rules
 
 
@@ -54,7 +56,31 @@ def _rules(m, t, device):
          "without --fp8-format no GEMM runs in FP8"),
         (m, "mtp_loss_scaling_factor", not m.mtp_num_layers and m.mtp_loss_scaling_factor != 0.1,
          "without --mtp-num-layers there is no MTP loss"),
-    ] + _latent_attention_only(m) + fault_tolerance_rules(t)
+        (t, "cpu_offloading", t.cpu_offloading and not t.cpu_offloading_num_layers,
+         "--cpu-offloading-num-layers is 0: no layer is offloaded, as in Megatron-LM"),
+        (t, "cpu_offloading_weights", t.cpu_offloading_weights and not t.cpu_offloading,
+         "without --cpu-offloading nothing is offloaded"),
+        (t, "cpu_offloading_activations", not t.cpu_offloading_activations and not t.cpu_offloading,
+         "without --cpu-offloading nothing is offloaded"),
+        # the other modifier flags given without their feature: generated from `requires=` (modifier_flags.py)
+    ] + _latent_attention_only(m) + _values_without_effect(m, t) + fault_tolerance_rules(t)
+
+
+def _values_without_effect(m, t):
+    """Values that leave their feature nothing to do: a recomputed module the model does not have, a profile
+    window after the last iteration, FP8 layers all kept in the model's precision."""
+    rules = [(m, "recompute_modules", getattr(m, needs) in (None, False), f"{module}: {why}")
+             for module, (needs, why) in RECOMPUTE_NEEDS.items() if module in (m.recompute_modules or ())]
+    first = t.profile_step_start + (0 if t.use_pytorch_profiler else 1)  # nsys's range opens an iteration later
+    if t.profile and t.train_iters is not None and first > t.train_iters:
+        rules.append((t, "profile", True, f"its window starts at iteration {first}, after the last one "
+                                          f"(--train-iters {t.train_iters}); lower --profile-step-start"))
+    kept = m.num_layers_at_start_in_bf16 + m.num_layers_at_end_in_bf16
+    if m.fp8_format and m.first_last_layers_bf16 and kept >= m.num_layers and not m.fp8_output_layer:
+        rules.append((m, "fp8_format", True, f"--num-layers-at-start-in-bf16 {m.num_layers_at_start_in_bf16} + "
+                                             f"--num-layers-at-end-in-bf16 {m.num_layers_at_end_in_bf16} keep all "
+                                             f"{m.num_layers} layers out of FP8"))
+    return rules
 
 
 def _latent_attention_only(m):
@@ -66,15 +92,18 @@ def _latent_attention_only(m):
             for f in dataclasses.fields(MLAConfig) if f.name not in ("multi_latent_attention", "qk_layernorm")]
 
 
-def accepted(model_cfg, train_cfg, device=None):
-    """[(flag, why)] of the given flags that change nothing here. device: the run's (None: any)."""
-    return [(flag_of(type(cfg), name), why) for cfg, name, applies, why in _rules(model_cfg, train_cfg, device)
-            if applies]
+def accepted(model_cfg, train_cfg, device=None, *extra):
+    """[(flag, why)] of the given flags that change nothing here. device: the run's (None: any); extra: the
+    model's own option configs (e.g. BERT's), whose modifier flags are checked too."""
+    found = [(cfg, name, why) for cfg, name, applies, why in _rules(model_cfg, train_cfg, device) if applies]
+    named = {name for _, name, _ in found}
+    found += [r for r in modifier_flags.without_feature(model_cfg, train_cfg, *extra) if r[1] not in named]
+    return [(flag_of(type(cfg), name), why) for cfg, name, why in found]
 
 
-def line(model_cfg, train_cfg, device=None):
+def line(model_cfg, train_cfg, device=None, *extra):
     """The start-up line, or None when no such flag is given."""
-    found = accepted(model_cfg, train_cfg, device)
+    found = accepted(model_cfg, train_cfg, device, *extra)
     if not found:
         return None
     return "> accepted, no effect here: " + ", ".join(f"{flag} ({why})" for flag, why in found)

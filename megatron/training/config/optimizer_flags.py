@@ -22,25 +22,30 @@ class OptimizerOptions:
                          "--muon-scalar-optimizer on embeddings, the output layer, norms and biases). dist_muon: "
                          "Megatron-LM's deprecated spelling of --optimizer muon --use-distributed-optimizer.",
                          choices=[*BUILT, "dist_muon", *NOT_BUILT])
-    sgd_momentum: float = opt(0.9, "Momentum factor for sgd.")
-    muon_momentum: float = opt(0.9, "Momentum factor (an EMA of the gradients) for Muon.")
+    sgd_momentum: float = opt(0.9, "Momentum factor for sgd.", requires=("optimizer", "sgd"))
+    muon_momentum: float = opt(0.9, "Momentum factor (an EMA of the gradients) for Muon.",
+                               requires=("optimizer", "muon"))
     muon_split_qkv: bool = opt(True, "Orthogonalise a fused QKV weight whole (default: Q, K and V apart, each over "
-                               "every query group).", flag="--muon-no-split-qkv")
-    muon_nesterov: bool = opt(False, "Nesterov-style momentum in Muon's inner SGD.")
+                               "every query group).", flag="--muon-no-split-qkv", requires=("optimizer", "muon"))
+    muon_nesterov: bool = opt(False, "Nesterov-style momentum in Muon's inner SGD.", requires=("optimizer", "muon"))
     muon_scale_mode: str = opt("spectral", "Scale of Muon's orthogonalised update: spectral sqrt(max(m, n)), "
                                "unit_rms_norm sqrt(m / n), shape_scaling sqrt(max(1, m / n)) (m x n the whole "
-                               "matrix).", choices=list(SCALE_MODES))
+                               "matrix).", choices=list(SCALE_MODES), requires=("optimizer", "muon"))
     muon_fp32_matmul_prec: str = opt("medium", "Precision of the Newton-Schulz matmuls: low / medium bf16 on a GPU, "
-                                     "high fp32 (always fp32 on a CPU).", choices=list(MATMUL_PRECISIONS))
-    muon_coefficient_type: str = opt("quintic", "Newton-Schulz coefficients: " + ", ".join(COEFFICIENTS) + ".")
-    muon_num_ns_steps: int = opt(5, "Newton-Schulz steps per Muon update.")
+                                     "high fp32 (always fp32 on a CPU).", choices=list(MATMUL_PRECISIONS),
+                                     requires=("optimizer", "muon"))
+    muon_coefficient_type: str = opt("quintic", "Newton-Schulz coefficients: " + ", ".join(COEFFICIENTS) + ".",
+                                     requires=("optimizer", "muon"))
+    muon_num_ns_steps: int = opt(5, "Newton-Schulz steps per Muon update.", requires=("optimizer", "muon"))
     muon_tp_mode: str = opt("duplicated", "How a tensor-parallel matrix is orthogonalised: duplicated (gather it, "
                             "whole on every TP rank), distributed (the Gram matrix all-reduced each step), both the "
                             "whole matrix's update at any TP size; blockwise (each shard on its own: the update "
-                            "depends on the TP size).", choices=list(TP_MODES))
-    muon_extra_scale_factor: float = opt(1.0, "Additional factor on Muon's update (0.2 gives about AdamW's RMS).")
+                            "depends on the TP size).", choices=list(TP_MODES), requires=("optimizer", "muon"))
+    muon_extra_scale_factor: float = opt(1.0, "Additional factor on Muon's update (0.2 gives about AdamW's RMS).",
+                                         requires=("optimizer", "muon"))
     muon_scalar_optimizer: str = opt("adam", "Optimizer of the parameters Muon does not take (embeddings, output "
-                                     "layer, norms, biases): adam (lion is not built here).", choices=["adam", "lion"])
+                                     "layer, norms, biases): adam (lion is not built here).", choices=["adam", "lion"],
+                                     requires=("optimizer", "muon"))
 
     def muon_config(self) -> MuonConfig:
         return MuonConfig(self.muon_momentum, self.muon_nesterov, self.muon_num_ns_steps, self.muon_coefficient_type,
@@ -57,8 +62,12 @@ def check_optimizer(cfg) -> None:
     """ConfigError (one line) for optimizer values that do not fit; nothing for AdamW's defaults."""
     if cfg.optimizer in NOT_BUILT:
         raise ConfigError(f"--optimizer {cfg.optimizer} is not built here: use adam, sgd or muon")
+    if cfg.optimizer == "sgd" and not 0.0 <= cfg.sgd_momentum < 1.0:
+        raise ConfigError(f"--sgd-momentum must be in [0, 1), got {cfg.sgd_momentum}")
     if cfg.optimizer != "muon":
         return
+    if not 0.0 < cfg.muon_extra_scale_factor < float("inf"):
+        raise ConfigError(f"--muon-extra-scale-factor must be a positive number, got {cfg.muon_extra_scale_factor}")
     if cfg.muon_scalar_optimizer != "adam":
         raise ConfigError(f"--muon-scalar-optimizer {cfg.muon_scalar_optimizer} is not built here: use adam")
     if cfg.optimizer_cpu_offload:

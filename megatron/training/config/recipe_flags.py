@@ -31,9 +31,10 @@ class RunOptions:
         None, "Final learning rate of the word embedding and the output layer (default --min-lr).")
     manual_gc: bool = opt(False, "Turn Python's automatic garbage collector off and collect at fixed points "
                           "(every --manual-gc-interval iterations, around evaluations), the same on every rank.")
-    manual_gc_interval: int = opt(0, "With --manual-gc, collect every this many iterations (0: never in training).")
+    manual_gc_interval: int = opt(0, "With --manual-gc, collect every this many iterations (0: never in training).",
+                                  requires="manual_gc")
     manual_gc_eval: bool = opt(True, "With --manual-gc, do not collect around evaluations.",
-                               flag="--no-manual-gc-eval")
+                               flag="--no-manual-gc-eval", requires="manual_gc")
     empty_unused_memory_level: int = opt(
         0, "Release the CUDA caching allocator's unused blocks (torch.cuda.empty_cache): 1 after each "
         "forward-backward and evaluation step, 2 also after the optimizer step.", choices=[0, 1, 2])
@@ -56,6 +57,10 @@ class RunOptions:
                         "not built here: accepted, no effect).", flag="--use-nccl-ub")
     enable_experimental: bool = opt(False, "Megatron-LM's switch for its experimental code paths; none is gated by "
                                     "it here: accepted, no effect.")
+    yaml_cfg: str | None = opt(
+        None, "A YAML file of these options (keys: the options' names with underscores, in groups if wanted, as "
+        "Megatron-LM's language_model: and model_parallel:); flags on the command line override it "
+        "(docs/yaml_config.md).")
     # set by resolve() when --train-iters was derived from --train-samples (resolving twice keeps it)
     train_iters_derived: bool = dataclasses.field(default=False, metadata={"cli": False})
 

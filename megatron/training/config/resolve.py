@@ -20,6 +20,7 @@ from ..checkpointing.load_args import apply_checkpoint_args, check_ckpt_format
 from ..loop import batch_schedule
 from ..tokenizer import build_tokenizer
 from .logging_flags import check_logging
+from .offload_flags import check_offload, check_optimizer_offload
 
 
 def resolve(model_cfg, train_cfg, world_size, make_tokenizer=build_tokenizer):
@@ -64,6 +65,8 @@ def validate(model_cfg, train_cfg, world_size) -> ParallelLayout:
         raise ConfigError("--reset-attention-mask needs --context-parallel-size 1 (no attention mask crosses "
                           "context-parallel ranks); drop one of them")
     check_ckpt_format(train_cfg)
+    check_offload(model_cfg, train_cfg)
+    check_optimizer_offload(train_cfg)
     check_logging(train_cfg, world_size)
     batch_schedule.check(train_cfg, model_cfg.seq_length, dp, (pp, vpp) if vpp else None)
     num_micro = train_cfg.global_batch_size // (train_cfg.micro_batch_size * dp)

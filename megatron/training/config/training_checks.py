@@ -13,7 +13,8 @@ NUMBER_RULES = {
     "seed": ("[]", 0, 2 ** 31 - 1),  # numpy seeds (and seed + 1) must fit 32 bits
     "lr_warmup_iters": NON_NEGATIVE, "lr_decay_iters": AT_LEAST_ONE, "lr_wsd_decay_iters": AT_LEAST_ONE,
     "loss_scale": POSITIVE, "initial_loss_scale": POSITIVE, "min_loss_scale": POSITIVE,
-    "eval_iters": NON_NEGATIVE,
+    "eval_iters": NON_NEGATIVE, "exit_duration_in_mins": POSITIVE, "decoupled_lr": NON_NEGATIVE,
+    "decoupled_min_lr": NON_NEGATIVE, "tiktoken_num_special_tokens": NON_NEGATIVE,
 }
 
 
@@ -107,6 +108,9 @@ def validate(cfg, dp_size: int) -> None:
 def _validate_finetune(cfg):
     """--finetune saving into its own --load directory would make the finetune's checkpoints that
     directory's latest: the pretraining command would then resume from them and overwrite its own."""
+    if cfg.use_checkpoint_args and not (cfg.load or cfg.pretrained_checkpoint):
+        raise ConfigError("--use-checkpoint-args takes the architecture from a checkpoint: give --load DIR (or "
+                          "--pretrained-checkpoint DIR), as Megatron-LM requires")
     if cfg.finetune and same_dir(cfg.load, cfg.save):
         raise ConfigError(f"--finetune with --save the same directory as --load ({cfg.load}): the finetune's "
                           "checkpoints would become the pretraining run's latest; give another --save (to resume "

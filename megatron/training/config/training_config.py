@@ -16,12 +16,14 @@ from .bert_flags import BertOptions as BertOptions
 from .fault_tolerance_flags import FaultToleranceOptions, check_fault_tolerance
 from .fsdp_flags import FSDPOptions, resolve_fsdp
 from .logging_flags import LoggingOptions
+from .offload_flags import OffloadOptions
 from .optimizer_flags import OptimizerOptions, check_optimizer
 from .recipe_flags import RunOptions, check_run_options
 
 
+# the flags by concern: *_flags.py
 @dataclass
-class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions,
+class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions, OffloadOptions,
                      FaultToleranceOptions):  # flags by concern: *_flags.py
     micro_batch_size: int = opt(8, "Samples per microbatch per data-parallel rank.")
     global_batch_size: int | None = opt(
@@ -41,18 +43,22 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions,
     lr_warmup_samples: int = opt(0, "Linear warm-up samples, with --train-samples.")
     lr_warmup_fraction: float | None = opt(
         None, "Warm-up as a fraction of the decay (instead of --lr-warmup-iters / --lr-warmup-samples).")
-    lr_warmup_init: float = opt(0.0, "Learning rate at the start of warm-up.")
+    lr_warmup_init: float = opt(0.0, "Learning rate at the start of warm-up.",
+                                requires=["lr_warmup_iters", "lr_warmup_samples", "lr_warmup_fraction"])
     lr_wsd_decay_style: str = opt("exponential", "Shape of the final decay with --lr-decay-style WSD.",
-                                  choices=["linear", "cosine", "exponential", "minus_sqrt"])
+                                  choices=["linear", "cosine", "exponential", "minus_sqrt"],
+                                  requires=("lr_decay_style", "WSD"))
     lr_wsd_decay_iters: int | None = opt(
-        None, "Length of the final decay with WSD (default 10%% of the decay; Megatron-LM requires it).")
-    lr_wsd_decay_samples: int | None = opt(None, "Length of the final WSD decay in samples, with --train-samples.")
+        None, "Length of the final decay with WSD (default 10%% of the decay; Megatron-LM requires it).",
+        requires=("lr_decay_style", "WSD"))
+    lr_wsd_decay_samples: int | None = opt(None, "Length of the final WSD decay in samples, with --train-samples.",
+                                           requires=("lr_decay_style", "WSD"))
     weight_decay: float = opt(0.01, "Weight decay, decoupled for AdamW and Muon, L2 for SGD (not applied to biases "
                               "and norms).")
     clip_grad: float = opt(1.0, "Clip gradients to this global L2 norm (0 disables).")
-    adam_beta1: float = opt(0.9, "Adam beta1.")
-    adam_beta2: float = opt(0.999, "Adam beta2.")
-    adam_eps: float = opt(1e-8, "Adam epsilon.")
+    adam_beta1: float = opt(0.9, "Adam beta1.", requires=("optimizer", ("adam", "muon")))
+    adam_beta2: float = opt(0.999, "Adam beta2.", requires=("optimizer", ("adam", "muon")))
+    adam_eps: float = opt(1e-8, "Adam epsilon.", requires=("optimizer", ("adam", "muon")))
     seed: int = opt(1234, "Random seed (initialisation, data order, dropout).")
     log_interval: int = opt(100, "Print and record metrics every this many iterations.")
     eval_interval: int | None = opt(
@@ -102,11 +108,13 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions,
     # Megatron-LM's --vocab-size; the model's vocabulary is TransformerConfig.vocab_size (the tokenizer's)
     null_vocab_size: int | None = opt(None, "NullTokenizer: ids 0..N-1, end-of-document N. TikTokenizer: the "
                                          "vocabulary size (default 2**17).", flag="--vocab-size")
-    tiktoken_pattern: str | None = opt(None, "TikTokenizer split pattern (default v2).", choices=["v1", "v2"])
-    tiktoken_num_special_tokens: int = opt(1000, "TikTokenizer: ids reserved for special tokens.")
+    tiktoken_pattern: str | None = opt(None, "TikTokenizer split pattern (default v2).", choices=["v1", "v2"],
+                                       requires=("tokenizer_type", "TikTokenizer"))
+    tiktoken_num_special_tokens: int = opt(1000, "TikTokenizer: ids reserved for special tokens.",
+                                           requires=("tokenizer_type", "TikTokenizer"))
     special_tokens: list[str] | None = opt(None, "TikTokenizer special tokens (must include <unk> <s> </s> "
                                               "<mask> <pad> <cls> <sep>).", flag="--tokenizer-special-tokens",
-                                              nargs="+")
+                                              nargs="+", requires=("tokenizer_type", "TikTokenizer"))
     distributed_backend: str | None = opt(None, "Collective backend (default nccl with CUDA, else gloo).",
                                              choices=["nccl", "gloo"])
     inference_max_seq_length: int = opt(
@@ -114,11 +122,11 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions,
         "length bound.")
     bf16: bool = opt(False, "bf16 parameters and activations, fp32 main parameters and gradients.")
     fp16: bool = opt(False, "fp16 parameters and activations with loss scaling, fp32 main parameters and gradients.")
-    loss_scale: float | None = opt(None, "Constant fp16 loss scale (default: dynamic).")
-    initial_loss_scale: float = opt(2.0 ** 32, "Initial dynamic fp16 loss scale.")
-    min_loss_scale: float = opt(1.0, "Smallest dynamic loss scale.")
-    loss_scale_window: int = opt(1000, "Clean iterations before the dynamic loss scale doubles.")
-    hysteresis: int = opt(2, "Overflows tolerated before the dynamic loss scale halves.")
+    loss_scale: float | None = opt(None, "Constant fp16 loss scale (default: dynamic).", requires="fp16")
+    initial_loss_scale: float = opt(2.0 ** 32, "Initial dynamic fp16 loss scale.", requires="fp16")
+    min_loss_scale: float = opt(1.0, "Smallest dynamic loss scale.", requires="fp16")
+    loss_scale_window: int = opt(1000, "Clean iterations before the dynamic loss scale doubles.", requires="fp16")
+    hysteresis: int = opt(2, "Overflows tolerated before the dynamic loss scale halves.", requires="fp16")
     grad_reduce_in_bf16: bool = opt(False, "With --bf16, keep and reduce gradients in bf16.")
     ddp_bucket_size: int | None = opt(None, "Elements per gradient bucket (default max(40M, 1M x DP)).")
     overlap_grad_reduce: bool = opt(False, "Reduce each gradient bucket asynchronously as soon as it is complete.")
@@ -137,9 +145,11 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions,
     save: str | None = opt(None, "Directory to save checkpoints to.")
     load: str | None = opt(None, "Directory to load a checkpoint from (any parallel layout).")
     save_interval: int | None = opt(None, "Save a checkpoint every this many iterations (and at the end).")
-    no_load_optim: bool = opt(False, "Do not load the optimizer state (Adam moments, momentum buffers, loss scale).")
-    no_load_rng: bool = opt(False, "Do not load the RNG states.")
-    finetune: bool = opt(False, "Load only the model weights; start at iteration 0 with fresh optimizer and data.")
+    no_load_optim: bool = opt(False, "Do not load the optimizer state (Adam moments, momentum buffers, loss scale).",
+                              requires=["load", "pretrained_checkpoint"])
+    no_load_rng: bool = opt(False, "Do not load the RNG states.", requires=["load", "pretrained_checkpoint"])
+    finetune: bool = opt(False, "Load only the model weights; start at iteration 0 with fresh optimizer and data.",
+                         requires=["load", "pretrained_checkpoint"])
     pretrained_checkpoint: str | None = opt(
         None, "When --load holds no checkpoint, start from this one's weights: iteration 0, fresh optimizer and data.")
     use_checkpoint_args: bool = opt(False, "Take the model's architecture flags from the --load checkpoint.")
@@ -150,13 +160,14 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions,
                                         "(ours is loaded, Megatron-LM's are refused).")
     exit_signal_handler: bool = opt(False, "On SIGTERM, save a checkpoint after the current iteration and exit.")
     async_save: bool = opt(False, "Write checkpoints in a background thread: the step waits only for the copy of the "
-                           "state to host memory; a save waits for the previous one, the run for the last.")
+                           "state to host memory; a save waits for the previous one, the run for the last.",
+                           requires="save")
     ckpt_fully_parallel_save: bool = opt(
         False, "Without the distributed optimizer, the DP replicas each write 1/DP of the state (default: DP rank 0 "
-        "writes it all; the distributed optimizer's saves are always spread).")
+        "writes it all; the distributed optimizer's saves are always spread).", requires="save")
     ckpt_fully_parallel_load: bool = opt(
         False, "The DP replicas each read 1/DP of the state they share and all-gather it over the DP group "
-        "(default: each reads its whole shard).")
+        "(default: each reads its whole shard).", requires=["load", "pretrained_checkpoint"])
     check_for_nan_in_loss_and_grad: bool = opt(
         True, "Do not stop the run when a loss or the gradient norm is NaN or infinite (by default such an "
         "iteration stops the run, exit code 17, before any checkpoint of it is written).",
@@ -195,6 +206,7 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions,
         self.check_schedule()
         resolve_fsdp(self)
         self.resolve_optimizer()
+        self.resolve_offload()
         self.resolve_sharding()
         derive = self.train_samples is not None and self.train_iters is None
         batch_schedule.resolve(self, seq_length or 1, dp_size)

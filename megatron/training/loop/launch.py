@@ -12,6 +12,7 @@ from ...core.errors import MegatronUserError
 from ..checkpointing.load_args import check_load
 from ..config.output_paths import check_outputs
 from ..config.resolve import resolve, validate
+from ..config.yaml_config import log_configuration
 from ..data.loader import describe_datasets
 from ..observability.log import print_rank_0
 from .initialize import initialize_distributed, shutdown, world_size_from_env
@@ -51,6 +52,7 @@ def configure(model_cfg, train_cfg):
     """Resolve the configs once for this launch's world size (torchrun's WORLD_SIZE), then check
     them. -> (the tokenizer, the ParallelLayout). Raises one of USER_ERRORS for bad input."""
     world_size = world_size_from_env()
+    log_configuration(model_cfg, train_cfg, print_first_rank)  # with --yaml-cfg: what the file and flags set
     tokenizer = resolve(model_cfg, train_cfg, world_size)
     return tokenizer, validate(model_cfg, train_cfg, world_size)
 

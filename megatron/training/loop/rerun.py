@@ -107,10 +107,10 @@ class RerunCheck:
         value = float(loss) if loss is not None and needs else None
         return [r for r in range(world) if values[r] > 0], values[world] > 0, values[world + 1] > 0, value
 
-    def validate(self, iteration, losses, params, rerun):
+    def validate(self, iteration, losses, rerun):
         """After the forward-backward of `iteration` (collective). rerun() runs it again (the DDP step restarted)
         -> its losses. Returns the losses to go on with; raises DeviceFaultError for a finding not reproduced."""
-        snap = self._snapshot_before
+        snap, params = self._snapshot_before, list(self.ddp.module.parameters())
         first = self._findings(iteration, losses, "train.grads", params)
         found = bool(first[0]) or first[1] or first[2]
         if self.mode == "validate_results" and not found:
@@ -168,3 +168,12 @@ class RerunCheck:
             return None
         return (f"> rerun stats (--rerun-mode report_stats): {self.reruns} iterations re-run, the loss reproduced "
                 f"bitwise in {self.exact}, largest relative difference {self.max_rel:.3e}")
+
+
+def run_checked(check, iteration, forward_backward, restart):
+    """forward_backward() -> losses, validated by `check` (a RerunCheck, or None: no check); restart() makes the
+    step's gradient and router-loss accounting start afresh before a re-run."""
+    if check is None:
+        return forward_backward()
+    check.before()
+    return check.validate(iteration, forward_backward(), lambda: (restart(), forward_backward())[-1])

@@ -18,9 +18,16 @@ from ...core.timers import phase
 from ...core.transformer.context_parallel import cp_slice
 from ...core.transformer.moe import step_hooks as moe_hooks
 from ..checkpointing.save_load import Checkpointer
+from ..config.offload_flags import (
+    attach_activation_offload,
+    host_state_fraction,
+    optimizer_file_offload,
+    optimizer_offload_line,
+)
 from ..config.optimizer_flags import optimizer_line
 from ..data.loader import end_of_training_sets, microbatches, validation_window
 from ..observability.flops import num_floating_point_operations
+from ..observability.flops_profiler import FlopsProfiler
 from ..observability.log import EvalProgress, print_rank_0, print_rank_last, startup_summary
 from ..observability.memory_report import estimated_peak, report_memory
 from ..observability.metrics_jsonl import MetricsLog
@@ -32,11 +39,13 @@ from .memory_errors import building, running
 from .model_spec import ModelSpec
 from .nan_check import check_finite
 from .optimizer_setup import build_grad_scaler, build_scheduler
-from .rerun import RerunCheck
+from .rerun import RerunCheck, run_checked
 from .runtime_switches import ManualGC, empty_unused_memory, set_matmul_precision
 from .straggler import StragglerReport
 
-_START_TIME = time.time()  # --exit-duration-in-mins counts from here (the trainer's import, near start-up)
+# --exit-duration-in-mins counts from here, the trainer's import near start-up, as Megatron-LM's _TRAIN_START_TIME
+# does: a number written once at import and only read after (taking it later would shorten what the flag allows)
+_START_TIME = time.time()
 
 
 def exit_duration_reached(train_cfg, device):
@@ -87,18 +96,11 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
     moe_hooks.start_step(router_losses, len(batches), groups, optimizer.loss_scale)
     forward_backward_func = forward_backward_func or get_forward_backward_func()
     gather = {"before_weight": ddp.before_weight_grads} if ddp.config.shards_params else {}  # ZeRO-3 under a W
-    def forward_backward():
-        return forward_backward_func(model, batches, forward_step, groups, loss_terms, loss_scale=optimizer.loss_scale,
-                                     **gather)
-
-    if rerun is not None:
-        rerun.before()
-    with phase(timers, "forward-backward", 1):
-        losses = forward_backward()
-    if rerun is not None:  # --rerun-mode (rerun.py): a finding re-runs the forward-backward once, same state
-        losses = rerun.validate(iteration, losses, list(model.parameters()), lambda: (
+    with phase(timers, "forward-backward", 1):  # twice where --rerun-mode re-runs it (rerun.py)
+        losses = run_checked(rerun, iteration, lambda: forward_backward_func(
+            model, batches, forward_step, groups, loss_terms, loss_scale=optimizer.loss_scale, **gather), lambda: (
             ddp.start_step(len(batches)), moe_hooks.start_step(router_losses, len(batches), groups,
-                                                               optimizer.loss_scale), forward_backward())[-1])
+                                                               optimizer.loss_scale)))
     if empty_cache_level:
         empty_unused_memory(empty_cache_level, 1, optimizer.device)
     finalize_model_grads(model, groups, ddp, timers)
@@ -171,9 +173,9 @@ def setup_model_and_optimizer(model_cfg, train_cfg, groups, device, model_provid
         optimizer = get_megatron_optimizer(ddp, groups, train_cfg.lr, train_cfg.weight_decay,
                                            (train_cfg.adam_beta1, train_cfg.adam_beta2), train_cfg.adam_eps,
                                            train_cfg.clip_grad, build_grad_scaler(train_cfg),
-                                           train_cfg.optimizer_offload_fraction if train_cfg.optimizer_cpu_offload
-                                           else 0.0, train_cfg.optimizer, train_cfg.sgd_momentum,
-                                           train_cfg.muon_config() if train_cfg.optimizer == "muon" else None)
+                                           host_state_fraction(train_cfg), train_cfg.optimizer, train_cfg.sgd_momentum,
+                                           train_cfg.muon_config() if train_cfg.optimizer == "muon" else None,
+                                           optimizer_file_offload(train_cfg, groups.rank))
     return model, ddp, optimizer, build_scheduler(optimizer, train_cfg)
 
 
@@ -187,6 +189,9 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     print_rank_0(ddp.describe())
     if (line := optimizer_line(train_cfg)) is not None:
         print_rank_0(line)
+    for line in (attach_activation_offload(model, train_cfg, device), optimizer_offload_line(train_cfg, optimizer)):
+        if line is not None:
+            print_rank_0(line)
     if train_cfg.optimizer_cpu_offload:
         print_rank_0(f"> optimizer CPU offload: {train_cfg.optimizer_offload_fraction:.0%} of the optimizer state and"
                      f" its update on the host: {optimizer.memory_bytes(on_host=True):,} bytes on rank 0's host")
@@ -196,6 +201,7 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     logger, timers, profiler = open_observability(model_cfg, train_cfg, groups, device, iteration)
     sizes = batch_schedule.build(train_cfg, model_cfg.seq_length)  # the global batch by consumed samples
     metrics = MetricsLog(train_cfg.log_metrics_jsonl, groups, iteration > 0, device)
+    flops_profiler = FlopsProfiler(train_cfg, model, groups, device)  # --flops-profiler-step
     print_rank_0(f"> training for {train_cfg.train_iters} iterations ({len(train_ds)} samples per epoch)")
     predicted = predicted_step_line(model_cfg, train_cfg, groups.world_size, device) if groups.rank == 0 else None
     if predicted:  # on a known GPU: the planner's step time, to read beside the measured ones
@@ -226,13 +232,15 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
         trace = [] if iteration == trace_iter else None
         fb = forward_backward_func if trace is None else functools.partial(forward_backward_func, trace=trace)
         fb = stragglers.timed(fb, iteration) if stragglers else fb
-        with out_of_memory(f"iteration {iteration}"):
+        with out_of_memory(f"iteration {iteration}"), flops_profiler.step(iteration):
             losses, grad_norm, lr, updated = train_step(model, ddp, optimizer, scheduler, batches, spec.forward_step,
                                                         groups, iteration, fb, spec.loss_terms, model_cfg,
                                                         timers=timers, lr_increment=global_batch,
                                                         empty_cache_level=train_cfg.empty_unused_memory_level,
                                                         router_losses=router_losses, rerun=rerun)
         stats = step_stats(optimizer, train_cfg, updated, timers)
+        flops_profiler.report(iteration, num_floating_point_operations(model_cfg, global_batch), logger.writers,
+                              metrics)
         if trace is not None:
             write_pipeline_trace(train_cfg.pipeline_trace, trace, groups, model_cfg, len(batches), iteration,
                                  schedule)

@@ -7,6 +7,7 @@ import time
 import torch.distributed as dist
 
 from ...core import fusions
+from ...core.fp8.describe import describe as fp8_describe
 from ...core.pipeline_parallel import ReducedLosses, default_schedule, loss_means, stage_layers
 from ...core.transformer import context_parallel
 from ...core.transformer.moe.describe import describe as moe_describe
@@ -242,7 +243,8 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
         f" | DDP buckets: overlap grad reduce {train_cfg.overlap_grad_reduce}"
         f" | distributed optimizer {train_cfg.ddp_config().shards_optimizer}",
     ]
-    lines += [x for x in (fsdp_options.describe(train_cfg), no_effect.line(model_cfg, train_cfg, device)) if x]
+    lines += [x for x in (fp8_describe(model_cfg, device), fsdp_options.describe(train_cfg),
+                          no_effect.line(model_cfg, train_cfg, device)) if x]
     if groups.pp_size > 1:
         lines.append(pipeline_summary(model_cfg, groups.layout, train_cfg.pipeline_schedule))
     if groups.cp_size > 1:
@@ -259,7 +261,7 @@ def startup_summary(model, model_cfg, train_cfg, groups, device, tokenizer_name,
 def context_parallel_summary(model_cfg, train_cfg, groups):
     """One line: CP size and attention, tokens per rank, and the estimated saved activations per layer."""
     c, cp = model_cfg, groups.cp_size
-    multiple = 2 * cp * groups.tp_size
+    multiple = groups.layout.sequence_multiple
     padded = -(-c.seq_length // multiple) * multiple
     act = context_parallel.activation_bytes_per_layer(
         padded, train_cfg.micro_batch_size, c.hidden_size, c.num_attention_heads, groups.tp_size,

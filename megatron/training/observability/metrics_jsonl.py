@@ -45,6 +45,11 @@ class MetricsLog:
     def _write(self, record):
         self.file.write(json.dumps(record) + "\n")
 
+    def record(self, record):
+        """One record of another kind (e.g. the flops profiler's), on the writer only."""
+        if self.file is not None:
+            self._write(record)
+
     def iteration(self, iteration, consumed, losses: ReducedLosses, grad_norm, lr, updated, loss_scale=None,
                   stats=None):
         """One training iteration: losses as train_step returns them, grad_norm a tensor or None;

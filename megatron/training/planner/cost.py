@@ -17,6 +17,7 @@ from .fp8_cost import fp8_savings, head_fp8_savings
 from .hardware import Cluster, all_to_all_time, collective_time, gemm_time, memory_time, p2p_time, ring_bytes
 from .moe_cost import expert_parallel_time, moe_fraction, moe_mlp_costs, router_time
 from .muon_cost import muon_time
+from .offload_cost import offload_seconds
 from .pipeline_cost import pipeline_time
 from .traffic import (
     context_parallel_bytes,
@@ -39,10 +40,11 @@ class StepTime:
     bubble: float        # the simulator's mean idle fraction of the pipeline part
     layer_forward: float  # one layer, one microbatch: compute + TP collectives
     schedule: str = ""   # the pipeline schedule simulated (schedules.SCHEDULES name, or zb_v)
+    offload: float = 0.0  # --cpu-offloading's reloads over PCIe, every microbatch (offload_cost.py)
 
     @property
     def total(self) -> float:
-        return self.pipeline + self.dp_exposed + self.optimizer + self.finalize
+        return self.pipeline + self.dp_exposed + self.optimizer + self.finalize + self.offload
 
 
 
@@ -55,14 +57,14 @@ class PassCosts(NamedTuple):
     weight: float = 0.0
 
 
-def layer_costs(c, b, cluster: Cluster, tp) -> PassCosts:
-    """Seconds of one transformer layer on one microbatch of b samples, per GPU of a TP group of tp.
+def layer_costs(c, b, cluster: Cluster, layout) -> PassCosts:
+    """Seconds of one transformer layer on one microbatch of b samples, per GPU of `layout` (ParallelLayout).
     TP collectives are not overlapped with compute (they are not here). Backward runs two GEMMs per
     forward GEMM of a weight (the input's gradient, the weight's): the weight's are W."""
     s, h, a, d = c.seq_length, c.hidden_size, c.num_attention_heads, mla_cost.core_head_dim(c)
     q, kv, f = a * d, c.num_query_groups * d, c.ffn_hidden_size
-    cp = c.context_parallel_size
-    sp, elt, m = c.sequence_parallel and tp > 1, element_bytes(c), s // cp * b  # this CP rank's s / C queries
+    tp, cp = layout.tp, layout.cp
+    sp, elt, m = layout.sequence_split, element_bytes(c), s // cp * b  # this CP rank's s / C queries
     fc1 = f * (2 if c.swiglu else 1)
     mlp = gemm_time(cluster, m, fc1 // tp, h) + gemm_time(cluster, m, h, f // tp)
     mlp_stream = elt * (3 if c.swiglu else 2) * m * f / tp
@@ -92,8 +94,8 @@ def layer_costs(c, b, cluster: Cluster, tp) -> PassCosts:
     stream += att_stream
     comm_fwd, comm_bwd = (tp_time(cluster, ops, tp) for ops in layer_collectives(c, b, tp))
     fwd_core = core + memory_time(cluster, stream)
-    cp_fwd, cp_bwd = context_parallel_time(c, b, cluster, tp, core)
-    ep_fwd, ep_bwd = (moe * x for x in expert_parallel_time(c, b, cluster, tp))
+    cp_fwd, cp_bwd = context_parallel_time(c, b, cluster, layout, core)
+    ep_fwd, ep_bwd = (moe * x for x in expert_parallel_time(c, b, cluster, layout))
     fp8_fwd, fp8_bwd = fp8_savings(c, m, cluster, tp, eligible, moe)
     fwd = gemms + fwd_core + comm_fwd + cp_fwd + ep_fwd - fp8_fwd
     bwd = 2 * (gemms + fwd_core) + comm_bwd + cp_bwd + ep_bwd - fp8_bwd
@@ -108,34 +110,35 @@ def layer_costs(c, b, cluster: Cluster, tp) -> PassCosts:
     return PassCosts(fwd, bwd, rec, gemms - fp8_fwd)
 
 
-def context_parallel_time(c, b, cluster: Cluster, tp, core):
+def context_parallel_time(c, b, cluster: Cluster, layout, core):
     """(forward s, backward s) of one layer's CP attention traffic not hidden by compute. p2p: the ring
-    sends K/V to the neighbour (tp ranks apart; over the network when the CP group spans nodes) while
+    sends K/V to the neighbour (layout.stride("cp") ranks apart; over the network when a CP group spans
+    nodes) while
     the current block computes, so only what exceeds the attention core (forward: core, backward:
     2 core) shows. all_gather: a collective before the attention, not overlapped. a2a: four
     all-to-alls (q, k, v, the output; their gradients backward) around the attention, not overlapped."""
-    if c.context_parallel_size == 1:
+    C, tp, apart = layout.cp, layout.tp, layout.stride("cp")
+    if C == 1:
         return 0.0, 0.0
-    C = c.context_parallel_size
     if c.cp_comm_type == "a2a":
-        took = sum(all_to_all_time(cluster, sent, C, tp) for sent in ulysses_sent_bytes(c, b, tp))
+        took = sum(all_to_all_time(cluster, sent, C, apart) for sent in ulysses_sent_bytes(c, b, tp))
         return took, took
     fwd_bytes, bwd_bytes = context_parallel_bytes(c, b, tp)
     if c.cp_comm_type == "all_gather":
         full = fwd_bytes * C / (C - 1)
-        return (collective_time(cluster, "all_gather", full, C, tp),
-                collective_time(cluster, "reduce_scatter", full, C, tp))
-    crosses = tp * C > cluster.gpus_per_node
+        return (collective_time(cluster, "all_gather", full, C, apart),
+                collective_time(cluster, "reduce_scatter", full, C, apart))
+    crosses = layout.crosses_node("cp", cluster.gpus_per_node)
     step = fwd_bytes / (C - 1)
     fwd = (C - 1) * p2p_time(cluster, step, crosses)
     bwd = (2 * C - 1) * p2p_time(cluster, step, crosses)
     return max(fwd - core, 0.0), max(bwd - 2 * core, 0.0)
 
 
-def head_costs(c, b, cluster: Cluster, tp) -> PassCosts:
+def head_costs(c, b, cluster: Cluster, layout) -> PassCosts:
     """The output layer and the vocab-parallel cross entropy (last stage); W: the output weight's GEMM
     (--fp8-output-layer: in FP8, fp8_cost.head_fp8_savings)."""
-    m, h, v = c.seq_length // c.context_parallel_size * b, c.hidden_size, c.padded_vocab_size
+    tp, m, h, v = layout.tp, c.seq_length // layout.cp * b, c.hidden_size, c.padded_vocab_size
     g = gemm_time(cluster, m, v // tp, h)
     ce = memory_time(cluster, 3 * 4 * m * v / tp)  # fp32 logits: max, exp-sum, grad passes
     comm_fwd, comm_bwd = (tp_time(cluster, ops, tp) for ops in head_collectives(c, b, tp))
@@ -143,12 +146,12 @@ def head_costs(c, b, cluster: Cluster, tp) -> PassCosts:
     return PassCosts(g + ce + comm_fwd - fp8_fwd, 2 * g + ce + comm_bwd - fp8_bwd, weight=g - fp8_fwd)
 
 
-def mtp_costs(c, b, cluster: Cluster, tp, layer, head, embedding) -> PassCosts:
+def mtp_costs(c, b, cluster: Cluster, layout, layer, head, embedding) -> PassCosts:
     """The last stage's multi-token prediction modules, each: one layer (not under the decoder's full
     recompute), the [embedding; hidden] projection 2h -> h / t and its collectives, the next tokens'
     embedding and the shared head; layer / head / embedding: PassCosts of one microbatch."""
-    depth = c.mtp_num_layers or 0
-    m, h = c.seq_length // c.context_parallel_size * b, c.hidden_size
+    depth, tp = c.mtp_num_layers or 0, layout.tp
+    m, h = c.seq_length // layout.cp * b, c.hidden_size
     g = gemm_time(cluster, m, h // tp, 2 * h)
     comm_fwd, comm_bwd = (tp_time(cluster, ops, tp) for ops in mtp_projection_collectives(c, b, tp))
     mod = layer._replace(recompute=0.0) if c.recompute_granularity == "full" else layer
@@ -156,16 +159,18 @@ def mtp_costs(c, b, cluster: Cluster, tp, layer, head, embedding) -> PassCosts:
     return PassCosts(*(depth * sum(p[i] for p in parts) for i in range(4)))
 
 
-def embedding_costs(c, b, cluster: Cluster, tp) -> PassCosts:
+def embedding_costs(c, b, cluster: Cluster, layout) -> PassCosts:
     """The vocab-parallel embedding (first stage): its backward is the table's gradient (W) and,
     with SP, the gather of the output's gradient (B)."""
-    touch = memory_time(cluster, 3 * c.seq_length // c.context_parallel_size * b * c.hidden_size * element_bytes(c))
+    tp = layout.tp
+    touch = memory_time(cluster, 3 * c.seq_length // layout.cp * b * c.hidden_size * element_bytes(c))
     comm_fwd, comm_bwd = (tp_time(cluster, ops, tp) for ops in embedding_collectives(c, b, tp))
     return PassCosts(touch + comm_fwd, 2 * touch + comm_bwd, weight=2 * touch)
 
 
 def tp_time(cluster: Cluster, ops, tp):
-    """Seconds of a list of (kind, bytes) collectives over a TP group (consecutive ranks)."""
+    """Seconds of a list of (kind, bytes) collectives over a TP group (consecutive ranks, the layout's
+    order puts TP fastest: ParallelLayout.stride("tp") is 1)."""
     return sum(collective_time(cluster, kind, nbytes, tp, 1) for kind, nbytes in ops)
 
 
@@ -209,7 +214,7 @@ def dp_traffic(mem, dp, strategy, micro=1, full_recompute=False) -> dict:
     return out
 
 
-def _dp_exposed(cluster, t, mem, dp, tp, micro, fwd, bwd_rec, full_recompute):
+def _dp_exposed(cluster, t, mem, layout, micro, fwd, bwd_rec, full_recompute):
     """Seconds of one stage's DP collectives not hidden by compute. Gradients: the last microbatch's
     backward hides all buckets but the last (taken as an eighth) with --overlap-grad-reduce. ZeRO-1/2
     parameters: the next forward hides them with --overlap-param-gather. ZeRO-3 parameters: each
@@ -217,10 +222,12 @@ def _dp_exposed(cluster, t, mem, dp, tp, micro, fwd, bwd_rec, full_recompute):
     layers + 1 units (the root) shows, or what exceeds the pass's compute."""
     ddp = t.ddp_config()
     shown, tags = 0.0, {}
-    for n, part in dp_groups(mem, dp):  # expert-DP ranks are tp x EP apart; their time adds to the dense one's
+    # the dense buffers over dp_cp, a MoE's experts over edp (dp_groups' order); the experts' time adds
+    for name, (n, part) in zip(("dp_cp", "edp"), dp_groups(mem, layout.dp_cp)):
         for tag, (kind, nbytes, calls) in dp_collectives(part, ddp.data_parallel_sharding_strategy, n, micro,
                                                           full_recompute).items():
-            tags[tag] = (tags.get(tag, (0.0,))[0] + collective_time(cluster, kind, nbytes, n, tp * dp // n), calls)
+            took = collective_time(cluster, kind, nbytes, n, layout.stride(name))
+            tags[tag] = (tags.get(tag, (0.0,))[0] + took, calls)
     for tag, (took, calls) in tags.items():
         if tag == "dp-grads":
             window, overlap, parts = mem["layers"] * bwd_rec, ddp.overlap_grad_reduce, 8
@@ -241,17 +248,17 @@ def step_time(c, t, cluster: Cluster, layout, mems, sp_grad_bytes=0) -> StepTime
     stage (its grad and parameter buffer bytes are what the DP collectives move); the slowest stage counts.
     sp_grad_bytes: traffic.sequence_parallel_grad_bytes of the stage holding the most."""
     tp, pp, dp, b = layout.tp, layout.pp, layout.dp, t.micro_batch_size
-    fwd, bwd, rec, _ = layer = layer_costs(c, b, cluster, tp)
-    head, embedding = head_costs(c, b, cluster, tp), embedding_costs(c, b, cluster, tp)
+    fwd, bwd, rec, _ = layer = layer_costs(c, b, cluster, layout)
+    head, embedding = head_costs(c, b, cluster, layout), embedding_costs(c, b, cluster, layout)
     if c.mtp_num_layers:  # on the last stage, after the head
-        mtp = mtp_costs(c, b, cluster, tp, layer, head, embedding)
+        mtp = mtp_costs(c, b, cluster, layout, layer, head, embedding)
         head = PassCosts(*(x + y for x, y in zip(head, mtp)))
     makespan, bubble, schedule = pipeline_time(c, t, cluster, layout, layer, head, embedding)
     elt = element_bytes(c)
     micro = t.global_batch_size // (t.micro_batch_size * dp)
     exposed = optimizer = 0.0
-    for mem in mems:  # DP x CP ranks, tp apart (rank order tp-cp-dp-pp)
-        exposed = max(exposed, _dp_exposed(cluster, t, mem, layout.dp_cp, tp, micro, fwd, bwd + rec,
+    for mem in mems:
+        exposed = max(exposed, _dp_exposed(cluster, t, mem, layout, micro, fwd, bwd + rec,
                                            c.recompute_granularity == "full"))
         ddp = t.ddp_config()  # ZeRO-3: the params held are the shard already
         owned = sum((part["params"] - part.get("fp8_copies", 0)) / elt
@@ -265,6 +272,7 @@ def step_time(c, t, cluster: Cluster, layout, mems, sp_grad_bytes=0) -> StepTime
                                                        * (3 * 2 * 4 + 4 + elt)))
     emb = collective_time(cluster, "all_reduce", sp_grad_bytes, tp, 1)
     if pp > 1 and not c.untie_embeddings_and_output_weights:  # tied word embeddings: first <-> last stage
-        emb += collective_time(cluster, "all_reduce", c.padded_vocab_size * c.hidden_size / tp * 4, 2,
-                              tp * dp * (pp - 1))
-    return StepTime(makespan, exposed, optimizer, emb, bubble, fwd, schedule)
+        emb += collective_time(cluster, "all_reduce", c.padded_vocab_size * c.hidden_size / tp * 4,
+                               layout.group_size("embd"), layout.stride("embd"))
+    offload = micro * max(offload_seconds(cluster, mem.get("offloaded", 0)) for mem in mems)
+    return StepTime(makespan, exposed, optimizer, emb, bubble, fwd, schedule, offload)

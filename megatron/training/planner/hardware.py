@@ -48,6 +48,7 @@ class Cluster:
     network_eff: float
     latency: float             # seconds per ring step across nodes
     peak_fp8_flops: float | None = None  # dense FP8 FLOP/s per GPU; None: no FP8 tensor cores
+    pcie_bw: float | None = None  # host <-> GPU bytes/s per direction, achieved (activation offload's copies)
 
 
 def gpu_names(cal=None) -> list[str]:
@@ -67,7 +68,8 @@ def make_cluster(gpu, num_gpus, gpus_per_node=8, nvlink_gbps: float | None = Non
     return Cluster(gpu, num_gpus, gpus_per_node, g["peak_bf16_tflops"] * 1e12, g["hbm_gbps"] * 1e9,
                    memory_gb * 1e9, nvlink_gbps * 1e9, network_gbps * 1e9, tuple(curve["dims"]),
                    tuple(curve["fraction"]), eff["hbm"], eff["nvlink"], eff["network"], eff["latency_us"] * 1e-6,
-                   g["peak_fp8_tflops"] * 1e12 if "peak_fp8_tflops" in g else None)
+                   g["peak_fp8_tflops"] * 1e12 if "peak_fp8_tflops" in g else None,
+                   g["pcie_gbps"] * 1e9 * eff.get("pcie", 1.0) if "pcie_gbps" in g else None)
 
 
 def gemm_fraction(cluster: Cluster, m, n, k) -> float:

@@ -2,6 +2,8 @@
 exact (the model built on the meta device from the rank's stand-in groups, and DDP's own buffer
 grouping and bucket layout, core/distributed/buffers.py) and activations (activations.py).
 tools/estimate_memory.py is its command line; the planner (predict.py) calls it as is."""
+import collections
+
 import torch
 from torch import nn
 
@@ -13,8 +15,14 @@ from ...core.tensor_parallel.param_meta import is_muon_matrix
 from ..config.resolve import parallel_layout
 from .activations import kept_activation_bytes, loss_bytes
 from .muon_cost import muon_stage
+from .offload_cost import offloaded_bytes
 
-_built = {}  # (config, world, stage) -> its meta chunks: a planner asks for the same stage many times
+# (config, layout, stage) -> its meta chunks, least recently used first. Module state because it is only a
+# cache (a miss rebuilds the same chunks), bounded because a search over thousands of layouts would otherwise
+# keep every model it built: a prediction asks for each stage of one layout a few times in a row, so the
+# limit only needs to hold one layout's stages (pipeline sizes above it rebuild, slower but the same)
+_BUILT_LIMIT = 32
+_built = collections.OrderedDict()
 
 
 def stage_chunks(model_cfg, t, world_size, pp_rank):
@@ -22,12 +30,16 @@ def stage_chunks(model_cfg, t, world_size, pp_rank):
     training.build_model's order, built once per config from its stand-in groups (ParallelLayout.plan_groups)."""
     layout = parallel_layout(model_cfg, t, world_size)
     key = (repr(model_cfg), repr(layout), pp_rank)
-    if key not in _built:
-        groups = layout.plan_groups(layout.group_of("pp", 0)[pp_rank])
-        V = layout.chunks
-        _built[key] = [GPTModel(model_cfg, groups, pre_process=groups.is_first_stage and v == 0,
-                                post_process=groups.is_last_stage and v == V - 1, device="meta", vp_stage=v)
-                       for v in range(V)]
+    if key in _built:
+        _built.move_to_end(key)
+        return _built[key]
+    groups = layout.plan_groups(layout.group_of("pp", 0)[pp_rank])
+    V = layout.chunks
+    _built[key] = [GPTModel(model_cfg, groups, pre_process=groups.is_first_stage and v == 0,
+                            post_process=groups.is_last_stage and v == V - 1, device="meta", vp_stage=v)
+                   for v in range(V)]
+    while len(_built) > _BUILT_LIMIT:
+        _built.popitem(last=False)
     return _built[key]
 
 
@@ -48,7 +60,8 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
     its own expert buffers only): (expert-DP size, the experts' part of params, of grads); activations: the layers'
     and, on the last stage, the cross entropy's (activations.loss_bytes); gathered: ZeRO-3's
     largest working set of full parameters (a chunk's root unit and one layer, two with
-    --overlap-param-gather), 0 otherwise; working: the recomputed chunk's activations."""
+    --overlap-param-gather), 0 otherwise; working: the recomputed chunk's activations; offloaded: the bytes per
+    microbatch --cpu-offloading keeps on the host instead (left out of activations)."""
     layout = parallel_layout(model_cfg, t, world_size)
     t.validate(layout.dp)
     ddp = t.ddp_config(model_cfg.fp8_param_gather)
@@ -107,6 +120,9 @@ def estimate(model_cfg, t, world_size, pp_rank=0):
     # the cross entropy's kept tensor on the last stage, once per loss (the model's and each MTP module's)
     losses = sum(1 + (len(c.mtp.layers) if c.mtp is not None else 0) for c in chunks if c.post_process)
     out["activations"] += int(losses * loss_bytes(model_cfg, t.micro_batch_size, layout.tp))
+    # --cpu-offloading: the first layers' kept activations live on the host (offload_cost.py)
+    out["offloaded"] = offloaded_bytes(model_cfg, t, layout.tp, [len(c.decoder.layers) for c in chunks])
+    out["activations"] -= out["offloaded"]
     num_micro = t.global_batch_size // (t.micro_batch_size * layout.dp)
     out["in_flight"] = min(layout.pp - pp_rank, num_micro) if layout.pp > 1 else 1  # 1F1B warm-up depth
     return out

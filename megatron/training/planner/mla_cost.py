@@ -21,6 +21,7 @@ q / k and v is zero-padded to it), latents rq (query, absent without --q-lora-ra
   query latent (or h) and the KV latent, and the rotary key (dr) the same way; the output projection is
   standard attention's. --recompute-modules mla_up_proj gathers the latents again in the backward (SP).
 """
+from ...core.parallel_layout import sequence_split
 from ...core.transformer.model_options import recomputes
 from .hardware import Cluster, gemm_time
 
@@ -69,7 +70,7 @@ def projection_time(c, m, cluster: Cluster, tp) -> float:
     """Seconds of one forward's projection GEMMs over m tokens (this CP rank's s / C x b) on one rank."""
     n, dq, dv, _ = _dims(c)
     h, rkv = c.hidden_size, c.kv_lora_rank
-    down = m // tp if c.sequence_parallel and tp > 1 else m  # replicated: the SP shard, or every token
+    down = m // tp if sequence_split(c.sequence_parallel, tp) else m  # replicated: the SP shard, or every token
     if c.q_lora_rank is None:
         query = gemm_time(cluster, m, n * dq // tp, h)
     else:
@@ -83,7 +84,7 @@ def streamed_elements(c, m, tp) -> float:
     """Elements one forward copies outside the GEMMs: q and k joined with their rotary parts and padded,
     v padded, the output unpadded (read + write each), and the latent norms (read + write)."""
     n, dq, dv, d = _dims(c)
-    down = m / tp if c.sequence_parallel and tp > 1 else m
+    down = m / tp if sequence_split(c.sequence_parallel, tp) else m
     norms = (c.kv_lora_rank + (c.q_lora_rank or 0)) if c.qk_layernorm else 0
     return 2 * m * (2 * n * d + (n * d if dv < d else 0) + (n * dv if dv < d else 0)) / tp + 2 * down * norms
 

@@ -3,7 +3,7 @@
 Korthikanti et al. 2022 count a dense layer's MLP (16-bit activations, 1-byte dropout mask, ffn 4h) as
     19 s b h without TP, 3 s b h + 16 s b h / t with TP t, 19 s b h / t with TP and SP
 (input 2, fc1 output 8, GeLU output 8, dropout mask 1). An MoE layer keeps instead, with T = s b
-tokens, E experts, top k, expert ffn f (e = expert TP: t, or 1 with --expert-tensor-parallel-size 1),
+tokens, E experts, top k, expert ffn f (e = expert TP: --expert-tensor-parallel-size, else t),
 activations of `a` bytes (2 for bf16/fp16, 4 for fp32) and P routed pairs on this rank:
     input            a T h        whole tokens for the router and the dispatch (gathered with SP)
     dropout mask     T h          (/ t with SP; a bytes for fp32, as the dense formula doubles it)
@@ -19,6 +19,7 @@ balanced (more on a rank whose experts are popular); with a capacity factor cf a
 At one process, dropless, without z-loss, this is exactly what autograd saves
 (tests/unit/test_moe_activation_memory.py measures it).
 """
+from ...core.parallel_layout import expert_tensor_parallel
 
 
 def dense_mlp_bytes(tokens, h, tp=1, sp=False):
@@ -38,7 +39,7 @@ def moe_mlp_bytes(c, tokens, tp=1, sp=False, act=2):
     (MoEConfig and TransformerConfig fields), `tokens` = s x b tokens of one micro-batch, `act`
     bytes per activation element; the layer's dropout mask included, as in the dense formula."""
     h, E, k = c.hidden_size, c.num_experts, c.moe_router_topk
-    e = 1 if c.expert_tensor_parallel_size == 1 else tp
+    e = expert_tensor_parallel(tp, c.expert_tensor_parallel_size)  # the ranks splitting each expert
     rep = tokens * h / (tp if sp else 1)
     pairs = k * tokens
     if c.moe_expert_capacity_factor is not None:

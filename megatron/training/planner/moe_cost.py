@@ -59,11 +59,12 @@ def moe_mlp_costs(c, tokens, cluster: Cluster, tp) -> tuple[float, float]:
     return gemms, stream
 
 
-def expert_parallel_time(c, b, cluster: Cluster, tp) -> tuple[float, float]:
-    """(forward s, backward s) of one MoE layer's all-to-alls over the EP group (tp ranks apart)."""
-    ep = c.expert_model_parallel_size
+def expert_parallel_time(c, b, cluster: Cluster, layout) -> tuple[float, float]:
+    """(forward s, backward s) of one MoE layer's all-to-alls over the EP group of `layout` (ParallelLayout:
+    its ranks expert-TP apart)."""
+    ep, apart = layout.ep, layout.stride("ep")
     if ep == 1:
         return 0.0, 0.0
     fwd, bwd = expert_parallel_bytes(c, b)
     # dispatch and combine are two all-to-alls, each half the bytes
-    return (2 * all_to_all_time(cluster, fwd / 2, ep, tp), 2 * all_to_all_time(cluster, bwd / 2, ep, tp))
+    return (2 * all_to_all_time(cluster, fwd / 2, ep, apart), 2 * all_to_all_time(cluster, bwd / 2, ep, apart))

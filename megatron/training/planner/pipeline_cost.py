@@ -6,22 +6,18 @@ weight gradients (cost.PassCosts.weight); in a schedule without W actions B does
 costs its sends. The makespan holds the bubble of that very schedule: ZB-H1 / ZB-H2 / ZB-V fill
 theirs with W, which a closed-form 1F1B bubble cannot show.
 """
-from ...core.pipeline_parallel.schedules import build_schedule
 from ...core.pipeline_parallel.simulator import loop_stage, simulate, v_stage
 from ...core.pipeline_parallel.split import chunk_roles, stage_layers
-from ...core.pipeline_parallel.zb_v import zb_v
 from .hardware import Cluster, p2p_time
-from .traffic import p2p_message_bytes
+from .traffic import layout_actions, p2p_message_bytes
 
 _SIM_ACTIONS = 60_000  # simulate at most this many actions; beyond, extrapolate the steady state
 
 
 def schedule_of(layout):
     """(name, build(M) -> {rank: [Action]}, stage_of, streams) of the schedule training runs on `layout`."""
-    pp, V, name = layout.pp, layout.chunks, layout.schedule
-    if name == "zb_v":  # chunks in a V, activations and gradients on their own channels (executor.py)
-        return name, lambda m: {r: zb_v(pp, m, V, r) for r in range(pp)}, v_stage, True
-    return name, lambda m: build_schedule(pp, m, V, name), loop_stage, False
+    stage_of, streams = (v_stage, True) if layout.v_shape else (loop_stage, False)  # V: own channels
+    return layout.schedule, lambda m: layout_actions(layout, m), stage_of, streams
 
 
 def chunk_costs(c, layout, layer, head, embedding, split):
@@ -48,14 +44,16 @@ def pipeline_time(c, t, cluster: Cluster, layout, layer, head, embedding):
     name, build, stage_of, streams = schedule_of(layout)
     split = any(a.kind == "W" for a in build(min(M, 2 * pp))[0])
     table = chunk_costs(c, layout, layer, head, embedding, split)
-    crosses = layout.stage_ranks >= cluster.gpus_per_node  # stages are TP x CP x DP ranks apart
-    send = p2p_time(cluster, p2p_message_bytes(c, t.micro_batch_size, tp), crosses) if pp > 1 else 0.0
+    message = p2p_message_bytes(c, t.micro_batch_size, tp)
+    # a hop between neighbouring stages leaves the node or not as the layout places them (the rank order's)
+    hop = {(r, q): p2p_time(cluster, message, layout.stages_cross_node(r, q, cluster.gpus_per_node))
+           for r in range(pp) for q in ((r + 1) % pp, (r - 1) % pp)} if pp > 1 else {}
 
     def cost(rank, action):
         if action.kind in table[rank, action.chunk]:
             return table[rank, action.chunk][action.kind]
-        n_send = sum(op.kind.startswith("send") for op in action.ops)
-        return send * max(n_send, len(action.ops) - n_send)
+        sends = sum(hop[rank, op.peer] for op in action.ops if op.kind.startswith("send"))
+        return max(sends, sum(hop[op.peer, rank] for op in action.ops if op.kind.startswith("recv")))
 
     return (*simulate_long(build, pp, M, cost, stage_of, streams), name)
 

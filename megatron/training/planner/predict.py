@@ -95,11 +95,16 @@ def space_of(argv, cluster: Cluster, full=False, fp8=False) -> Space:
                  c.num_experts or 0, fp8 and c.fp8_format is None)
 
 
-def plan(argv, cluster: Cluster, fixed: dict | None = None, full=False, fp8=False) -> tuple[list, int]:
+def plan(argv, cluster: Cluster, fixed: dict | None = None, full=False, fp8=False,
+         progress=None) -> tuple[list, int]:
     """(predictions of every valid layout, best first: fitting ones by step time, then the ones that
-    do not fit by step time; number of layouts training would refuse). fp8: search FP8 on and off."""
+    do not fit by step time; number of layouts training would refuse). fp8: search FP8 on and off.
+    progress(done, total): called before each layout (a long search says how far it is)."""
     out, refused = [], 0
-    for lay in enumerate_layouts(space_of(argv, cluster, full, fp8), fixed):
+    layouts = list(enumerate_layouts(space_of(argv, cluster, full, fp8), fixed))
+    for i, lay in enumerate(layouts):
+        if progress is not None:
+            progress(i, len(layouts))
         flags = layout_flags(lay)
         try:
             out.append(predict(list(argv) + flags, cluster, describe(lay)))

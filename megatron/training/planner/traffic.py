@@ -6,7 +6,9 @@ tests/distributed/test_planner_traffic.py checks them against the bytes a gloo r
 Kinds: all_reduce, all_gather, reduce_scatter; bytes: the full (gathered / unreduced) buffer.
 Activations have the parameters' dtype; the cross entropy's statistics are fp32.
 """
+from ...core.parallel_layout import sequence_split
 from ...core.pipeline_parallel.schedules import build_schedule
+from ...core.pipeline_parallel.zb_v import zb_v
 from ...core.tensor_parallel.param_meta import param_meta
 from . import mla_cost
 from .hardware import ring_bytes
@@ -160,15 +162,22 @@ def iteration_tp_traffic(c, t, tp, dp, params, layers, first=True, last=True) ->
 
 def p2p_message_bytes(c, b, tp):
     """Bytes of one message between pipeline stages: [s (/TP with SP), b, h] activations or grads."""
-    return _act(c, b) // (tp if c.sequence_parallel and tp > 1 else 1)
+    return _act(c, b) // (tp if sequence_split(c.sequence_parallel, tp) else 1)
 
 
-def iteration_p2p_sent(c, t, tp, dp, pp_rank) -> int:
+def layout_actions(layout, M) -> dict:
+    """{pipeline rank: [Action]} of the schedule training runs on `layout` (ParallelLayout) for M micro-batches:
+    ZB-V's V of two chunks (zb_v.py), else its schedule over layout.chunks chunks (the executor's choice)."""
+    if layout.v_shape:
+        return {r: zb_v(layout.pp, M, layout.chunks, r) for r in range(layout.pp)}
+    return build_schedule(layout.pp, M, layout.chunks, layout.schedule)
+
+
+def iteration_p2p_sent(c, t, layout, pp_rank) -> int:
     """Bytes pipeline rank pp_rank sends to its neighbours in one iteration: one message per send of
-    the schedule training runs (schedules.build_schedule, the executor's and the simulator's input)."""
-    pp, V = c.pipeline_model_parallel_size, c.virtual_pipeline_model_parallel_size or 1
-    if pp == 1:
+    the schedule training runs on `layout` (layout_actions, the executor's and the simulator's input)."""
+    if layout.pp == 1:
         return 0
-    M = t.global_batch_size // (t.micro_batch_size * dp)
-    sends = sum(op.kind.startswith("send") for a in build_schedule(pp, M, V)[pp_rank] for op in a.ops)
-    return sends * p2p_message_bytes(c, t.micro_batch_size, tp)
+    M = t.global_batch_size // (t.micro_batch_size * layout.dp)
+    sends = sum(op.kind.startswith("send") for a in layout_actions(layout, M)[pp_rank] for op in a.ops)
+    return sends * p2p_message_bytes(c, t.micro_batch_size, layout.tp)

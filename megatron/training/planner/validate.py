@@ -6,7 +6,7 @@ micro batch size in Table 1, so MICRO_BATCH is used for every row. DP = GPUs / (
 """
 import os
 
-from ...core.parallel_layout import data_parallel_size
+from ...core.parallel_layout import ParallelLayout
 from .hardware import load_toml, make_cluster
 from .predict import predict
 
@@ -37,7 +37,7 @@ def validate_table(table=None, micro_batch=MICRO_BATCH) -> list[dict]:
         tp, pp, gpus = row[4], row[5], row[6]
         cluster = make_cluster(table["gpu"], gpus)
         p = predict(row_flags(table, row, micro_batch), cluster)
-        out.append({"params": row[0], "gpus": gpus, "layout": f"TP{tp} PP{pp} DP{data_parallel_size(gpus, tp, 1, pp)}",
+        out.append({"params": row[0], "gpus": gpus, "layout": f"TP{tp} PP{pp} DP{ParallelLayout(gpus, tp, pp=pp).dp}",
                     "batch": row[7], "published": row[8], "predicted": p.tflops_per_gpu,
                     "error": p.tflops_per_gpu / row[8] - 1, "prediction": p})
     return out

@@ -95,10 +95,9 @@ def attach(out, loss, scale):
 
 
 def token_groups(groups):
-    """[(group, size)] over which the ranks of a pipeline stage route different tokens: groups.dp_cp, and
-    groups.tp when the experts are folded (each TP rank routes its own share; parallel_state)."""
-    found = [(groups.dp_cp, groups.layout.dp_cp)]
-    return found + [(groups.tp, groups.tp_size)] if groups.expert_folded else found
+    """[(group, size)] over which the ranks of a pipeline stage route different tokens (ParallelLayout.
+    routing_groups)."""
+    return [(getattr(groups, name), groups.layout.group_size(name)) for name in groups.layout.routing_groups]
 
 
 def iteration_report(names, groups, microbatches_in_global_batch, moe_layers, device, losses=None):

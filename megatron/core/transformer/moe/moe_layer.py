@@ -5,6 +5,7 @@ from torch import nn
 
 from ... import comm
 from ...fp8.config import fp8_layer
+from ...parallel_layout import sequence_split
 from ...tensor_parallel import mappings
 from ...tensor_parallel.param_meta import set_sequence_parallel
 from ..mlp import MLP
@@ -12,70 +13,64 @@ from . import aux_losses
 from .capacity import pad_to_capacity, padded_places, places_by_micro_batch, unpad
 from .experts import LocalExperts
 from .folding import ExpertTPGather, all_tokens, own_tokens
+from .placement import expert_placement
 from .router import TopKRouter
 from .shared_experts import SharedExpertMLP
 from .token_counts import TokenCounts
 from .token_dispatcher import build_dispatcher
-from .token_share import TokenShare, token_share
 
 
 class MoELayer(nn.Module):
-    """[s(/TP with SP), b, h] -> same, in place of the dense MLP of layer `layer_number`.
+    """[s(/TP with SP), b, h] -> same, in place of the dense MLP of layer `layer_number`, placed by `placement`
+    (placement.ExpertPlacement: this rank's groups for the layer, from the layout).
 
     Tokens are replicated over TP (gathered first with sequence parallelism); the experts are
-    split over TP like the dense MLP, so their outputs are summed over `tp_group` before combine.
-    Experts are split over `ep_group` (None: all here) in blocks of E / EP, this rank
-    holding block `ep_rank`. The router's losses join backward through the output; with context
-    parallelism its statistics are reduced over `cp_group` (router.py).
-    Folded (an `etp_group` given: the layout's expert TP differs from TP, parallel_layout.py): each TP
-    rank routes its own tokens (folding.py), `cp_group` is then the TP x CP group, the experts are split
-    over `etp_group` and the groups are the folded expert grid's.
-    share: this rank's part of the micro-batch (token_share.py; default: all of it, EP micro-batches
-    reaching the experts), for the capacity rule and the padded expert input.
-    fp8: FP8 settings (core/fp8/config.py) or None. Each expert's input holds this micro-batch's tokens
+    split over TP like the dense MLP, so their outputs are summed over TP before combine.
+    Experts are split over the EP group in blocks of E / EP, this rank holding block ep_rank. The router's
+    losses join backward through the output; its statistics are reduced over the token group (router.py).
+    Folded (the layout's expert TP differs from TP, parallel_layout.py): each TP rank routes its own tokens
+    (folding.py), the token group is the TP x CP group, the experts are split over expert TP and the groups
+    are the folded expert grid's.
+    share: this rank's part of the micro-batch (token_share.py), for the capacity rule and the padded expert
+    input. fp8: FP8 settings (core/fp8/config.py) or None. Each expert's input holds this micro-batch's tokens
     routed to it, replicated over TP and split over CP: its amaxes are reduced over both, the TP-split
     weights' and hidden activations' over TP. Under EP or folding it holds rows from several source ranks
-    (`row_micro_batches`: (each source's micro-batch, how many there are), ParallelLayout.
-    expert_row_micro_batches); each micro-batch's rows are cast together, apart from the others' (experts.py),
+    (row_micro_batches); each micro-batch's rows are cast together, apart from the others' (experts.py),
     their amaxes reduced over expert TP (the same rows on every expert-TP rank, gathered when folded) and over
-    `expert_cp` (groups.ecp: the ranks holding the same experts and rows of the same micro-batches; default
-    cp_group, right at EP 1 unfolded). Padded to capacity, such an input is padded per
-    micro-batch (capacity.places_by_micro_batch), each one process's padded input.
+    expert_cp (groups.ecp: the ranks holding the same experts and rows of the same micro-batches). Padded to
+    capacity, such an input is padded per micro-batch (capacity.places_by_micro_batch), each one process's
+    padded input.
     """
 
-    def __init__(self, config, tp_group, layer_number, ep_group=None, ep_rank=0, device=None, cp_group=None,
-                 etp_group=None, share=None, fp8=None, expert_cp=None, row_micro_batches=None):
+    def __init__(self, config, placement, layer_number, device=None, fp8=None):
         super().__init__()
-        self.config, self.tp_group = config, tp_group
-        self.tp_size = comm.world(tp_group)
-        self.folded = etp_group is not None
-        self.etp = ExpertTPGather(etp_group, fp8 is not None) if self.folded and comm.world(etp_group) > 1 else None
+        where = placement
+        self.config, self.tp_group = config, where.tp
+        self.tp_size = comm.world(where.tp)
+        self.folded = where.folded
+        self.etp = ExpertTPGather(where.expert_tp, fp8 is not None) if self.folded and where.expert_tp else None
         # not folded, the experts are split over TP like the dense MLP (TP 1: no TP collective around them)
-        self.expert_tp = tp_group if not self.folded and self.tp_size > 1 else None
-        ep = comm.world(ep_group) if ep_group is not None else 1
-        count = config.num_experts // ep
-        self.ep, self.share = ep, share or TokenShare(sources=ep)
+        self.expert_tp = None if self.folded else where.expert_tp
+        count = config.num_experts // where.ep_size
+        self.ep, self.share = where.ep_size, where.share
         self.dropless = config.moe_expert_capacity_factor is None
-        self.router = TopKRouter(config, layer_number, device, cp_group)
-        expert_tp_size = comm.world(etp_group) if self.folded else self.tp_size if self.expert_tp else 1
-        expert_tp_group = etp_group if self.folded else self.expert_tp
-        expert_cp = cp_group if ep == 1 and not self.folded else expert_cp
-        split_over = expert_tp_group if expert_tp_size > 1 else None  # the experts' TP (or expert-TP) shards
-        expert_fp8 = None if fp8 is None else (fp8, (split_over, expert_cp), (split_over,))
-        self.experts = LocalExperts(config, ep_rank * count, count, expert_tp_size, device,
-                                    first_tp_rank=expert_tp_size == 1 or comm.rank(expert_tp_group) == 0,
-                                    fp8=expert_fp8, row_micro_batches=row_micro_batches)
+        self.router = TopKRouter(config, layer_number, device, where.token_group)
+        split_over = where.expert_tp  # the experts' TP (or expert-TP) shards, None when whole
+        expert_fp8 = None if fp8 is None else (fp8, (split_over, where.expert_cp), (split_over,))
+        self.experts = LocalExperts(config, where.ep_rank * count, count, where.expert_tp_size, device,
+                                    first_tp_rank=where.expert_tp_rank == 0, fp8=expert_fp8,
+                                    row_micro_batches=where.row_micro_batches)
         if self.folded:  # each TP rank routes other tokens: the router's gradient is summed over TP
             set_sequence_parallel(self.router.weight)
-        self.dispatcher = build_dispatcher(config.moe_token_dispatcher_type, config.num_experts, ep_rank * count,
-                                           count, ep_group, by_source=fp8 is not None)
+        self.dispatcher = build_dispatcher(config.moe_token_dispatcher_type, config.num_experts,
+                                           where.ep_rank * count, count, where.ep, by_source=fp8 is not None)
         self.shared_experts = None
         if config.moe_shared_expert_intermediate_size:
             shared = dataclasses.replace(config, ffn_hidden_size=config.moe_shared_expert_intermediate_size)
-            self.shared_experts = SharedExpertMLP(shared, tp_group, device, fp8, cp_group)
+            self.shared_experts = SharedExpertMLP(shared, where.tp, device, fp8, where.token_group)
 
     def forward(self, hidden):
-        sp = self.config.sequence_parallel and self.tp_size > 1
+        sp = sequence_split(self.config.sequence_parallel, self.tp_size)
         if self.folded:
             return self._folded_forward(hidden, sp)
         # the router is replicated: its input gradient is whole on every rank (split, not summed)
@@ -141,16 +136,7 @@ class MoELayer(nn.Module):
 def build_mlp(config, groups, layer_number, device=None):
     """The feed-forward block of layer `layer_number`: an MoELayer where config.is_moe_layer, else the
     dense MLP, with this rank's groups (ProcessGroups; stand-ins from ParallelLayout.plan_groups to build
-    a shard on the meta device): EP when EP > 1, CP when CP > 1; folded, the expert-TP group and the
-    TP x CP group in place of the CP one."""
+    a shard on the meta device); the MoE layer's from them by placement.expert_placement."""
     if not config.is_moe_layer(layer_number):
         return MLP(config, groups.tp, device, fp8_layer(config, layer_number), groups.cp)
-    folded = groups.expert_folded
-    cp_group = groups.tp_cp if folded else groups.cp
-    ep_group = groups.ep if groups.ep_size > 1 else None
-    # another rank routes part of the tokens
-    share = token_share(groups, folded) if ep_group is not None or cp_group is not None else None
-    layout = groups.layout
-    return MoELayer(config, groups.tp, layer_number, ep_group, groups.ep_rank, device, cp_group,
-                    groups.etp if folded else None, share, fp8_layer(config, layer_number), groups.ecp,
-                    (layout.expert_row_micro_batches(groups.rank), layout.dp))
+    return MoELayer(config, expert_placement(groups), layer_number, device, fp8_layer(config, layer_number))

@@ -44,10 +44,10 @@ class TokenShare:
         return self.sources * capacity(local_tokens * self.parts, topk, num_experts, factor)
 
 
-def token_share(groups, folded: bool) -> TokenShare:
+def token_share(groups) -> TokenShare:
     """The TokenShare of this rank in `groups` (process_groups.ProcessGroups): its CP chunk and, folded, its TP
-    slice; sources, the distinct micro-batches among the ranks whose tokens reach its experts
-    (ParallelLayout.expert_row_micro_batches)."""
+    slice (ParallelLayout.token_group); sources, the distinct micro-batches among the ranks whose tokens reach
+    its experts (ParallelLayout.expert_row_micro_batches)."""
     sources = len(set(groups.layout.expert_row_micro_batches(groups.rank)))
-    tp_rank, tp_size = (groups.tp_rank, groups.tp_size) if folded else (0, 1)
+    tp_rank, tp_size = (groups.tp_rank, groups.tp_size) if groups.layout.token_group == "tp_cp" else (0, 1)
     return TokenShare(groups.cp_rank, groups.cp_size, tp_rank, tp_size, sources)
