@@ -8,9 +8,11 @@ turn them on.
 Fault points. Code marks the moments where a crash matters with
 `fault_point(name, iteration, rank)`. Setting
 
-    MEGATRON_DEBUG_FAULT=<name>[:<iteration>[:<rank>[:<action>]]][,<more entries>]
+    MEGATRON_DEBUG_FAULT=<name>[:<iteration>[:<rank>[:<action>[:<attempt>]]]][,<more entries>]
 
-makes the matching point act: an empty or `*` field matches any iteration or rank. Actions:
+makes the matching point act: an empty or `*` field matches any iteration, rank or attempt. The
+attempt is torchrun's restart count (TORCHELASTIC_RESTART_COUNT, 0 for the first launch), so a
+fault can fire in the first attempt only and the restarted group run through. Actions:
 
     kill    (default) SIGKILL this process, exactly as `kill -9` would: nothing is flushed,
             no handler runs; a torchrun job's other ranks are then stopped by torchrun
@@ -19,11 +21,21 @@ makes the matching point act: an empty or `*` field matches any iteration or ran
             disk left as a kill would leave it
     stop    SIGSTOP this process, as a frozen rank (a hung host, a stuck driver) is: its peers
             then wait for it (megatron/core/watchdog.py stops them); it says so on stderr first
+    eio     raise OSError(EIO), as a failing disk or a storage hiccup does inside a write
+    corrupt overwrite 4 KiB in the middle of the file the point names (a rank file just written,
+            with its checksum already taken): silent corruption that the next read finds
+    slow    compute for 0.5 s (MEGATRON_DEBUG_SLOW_SECONDS; a busy loop, not a sleep): a straggling host
+    nan     returned to the caller, which acts: the training step turns this rank's gradients
+            into NaN at `train.grads` (a faulty device)
+
+Points where the caller acts return the action's name (a string) when they match, else None.
 
 e.g. `MEGATRON_DEBUG_FAULT=ckpt.rename.after:4` kills the save of iteration 4 after the new
 checkpoint directory is in place and before the tracker names it. The checkpoint points,
 in the order a save passes them, are listed in megatron/core/checkpointing/storage.py;
-`train.iteration` is passed at the start of every training iteration.
+`train.iteration` is passed at the start of every training iteration, `train.grads` after its
+backward (before the gradients are reduced), `train.forward_backward` at its start with --log-straggler.
+docs/fault_tolerance.md has worked examples.
 
 Timeout. `MEGATRON_DEBUG_TIMEOUT_SECONDS=S` replaces --distributed-timeout-minutes by S
 seconds (a float), so that tests of the hang watchdog take seconds, not minutes.
@@ -38,6 +50,7 @@ import errno
 import os
 import signal
 import sys
+import time
 
 FAULT_ENV = "MEGATRON_DEBUG_FAULT"
 TIMEOUT_ENV = "MEGATRON_DEBUG_TIMEOUT_SECONDS"
@@ -59,12 +72,33 @@ def _raise(name):
     raise InjectedFault(name)
 
 
+def _eio(name):
+    raise OSError(errno.EIO, f"{os.strerror(errno.EIO)} (injected at {name})")
+
+
+def _corrupt(name, path=None):
+    if path is None or not os.path.isfile(path):
+        raise ValueError(f"{FAULT_ENV}: the point {name} names no file to corrupt")
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.seek(max(0, size // 2 - 2048))
+        f.write(b"\xab" * min(4096, size))
+
+
+def _slow(name):
+    end = time.thread_time() + float(os.environ.get("MEGATRON_DEBUG_SLOW_SECONDS", "0.5"))
+    while time.thread_time() < end:  # CPU time, as a slow device's compute costs
+        pass
+
+
 def _stop(name):
     print(f"debug: process {os.getpid()} stops itself (SIGSTOP) at {name}", file=sys.stderr, flush=True)
     os.kill(os.getpid(), signal.SIGSTOP)
 
 
-_ACTIONS = {"kill": _kill, "enospc": _enospc, "raise": _raise, "stop": _stop}
+_ACTIONS = {"kill": _kill, "enospc": _enospc, "raise": _raise, "stop": _stop, "eio": _eio, "corrupt": _corrupt,
+            "slow": _slow}
+_RETURNED = ("nan",)  # the caller acts
 
 
 def timeout_seconds(minutes):
@@ -77,18 +111,28 @@ def _matches(field, value):
     return field in ("", "*") or (value is not None and field == str(value))
 
 
-def fault_point(name, iteration=None, rank=None):
+def fault_point(name, iteration=None, rank=None, path=None):
     """Act (see the module docstring) when MEGATRON_DEBUG_FAULT names this point for this
-    iteration and rank; return at once otherwise. Talks to no process group."""
+    iteration, rank and attempt; return at once otherwise. -> the name of a matching action the
+    caller performs (nan), else None. path: the file a `corrupt` action damages. Talks to no
+    process group."""
     spec = os.environ.get(FAULT_ENV)
     if not spec:
-        return
+        return None
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     for entry in spec.split(","):
-        point, it, rk, action = (entry.strip().split(":") + ["", "", ""])[:4]
-        if action not in ("", *_ACTIONS):
-            raise ValueError(f"{FAULT_ENV}={spec!r}: unknown action {action!r} (one of {', '.join(_ACTIONS)})")
-        if point == name and _matches(it, iteration) and _matches(rk, rank):
-            _ACTIONS[action or "kill"](name)
+        point, it, rk, action, at = (entry.strip().split(":") + ["", "", "", ""])[:5]
+        if action not in ("", *_ACTIONS, *_RETURNED):
+            raise ValueError(f"{FAULT_ENV}={spec!r}: unknown action {action!r} "
+                             f"(one of {', '.join((*_ACTIONS, *_RETURNED))})")
+        if point == name and _matches(it, iteration) and _matches(rk, rank) and _matches(at, attempt):
+            if action in _RETURNED:
+                return action
+            if action == "corrupt":
+                _corrupt(name, path)
+            else:
+                _ACTIONS[action or "kill"](name)
+    return None
 
 
 # the open count_traffic() counters, innermost last. Module state so that comm.py's collectives can report

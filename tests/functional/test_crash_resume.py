@@ -1,7 +1,8 @@
 """kill -9 at every moment of a checkpoint save, through the CLI: the same command then resumes
 and continues bit-exactly (the printed losses and grad norms of every remaining iteration, and
 the final weights and Adam moments bit for bit, equal an uninterrupted run's), and no committed
-checkpoint is ever lost. Also: a full disk during a save is one error line and loses nothing.
+checkpoint is ever lost. Also: a full disk during a periodic save is one warning line, training goes
+on and loses nothing.
 
 Fault points: megatron/core/debug.py (MEGATRON_DEBUG_FAULT) and megatron/core/checkpointing/storage.py."""
 import concurrent.futures
@@ -131,15 +132,18 @@ def test_kill_at_every_moment_of_a_save_then_resume_bit_exactly(reference):
 
 @pytest.mark.slow
 def test_full_disk_during_a_save_is_one_line_and_loses_nothing(reference):
+    """A periodic save that fails is one warning line; training goes on unchanged and the next save works
+    (issue 41: test_save_failures.py has the other save modes and the limit)."""
     d = os.path.join(reference["root"], "full-disk")
     args = ARGS + ["--save", d, "--load", d]
     proc = run_cli(args, check=False, env={"MEGATRON_DEBUG_FAULT": "ckpt.rank_file.write:4::enospc"})
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: --save ") and "No space left on device" in lines[0], lines
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("> warning:")]
+    assert len(lines) == 1 and "cannot save iteration 4: No space left on device" in lines[0], lines
     assert "iteration 2 is still the latest" in lines[0]
-    assert sorted(os.listdir(d)) == ["iter_0000002", TRACKER]  # the partial iter_0000004.tmp is gone
-    assert check_resume(reference, run_cli(args, check=False), d, 3) == []
+    assert sorted(os.listdir(d)) == ["iter_0000002", "iter_0000006", TRACKER]  # the partial iter_0000004.tmp is gone
+    assert figures(proc.stdout) == reference["figures"]
+    assert same_state(state(os.path.join(d, "iter_0000006")), reference["final"])
 
 
 @pytest.mark.slow

@@ -165,7 +165,7 @@ def write_rank_file(root, iteration, rank, payload, remove_partial=True):
         write_sidecar(path, _entries(path, rank_file(rank), payload), _write_durable)
     except OSError as e:
         raise _save_failed(root, iteration, e, remove_partial) from None
-    fault_point("ckpt.rank_file.after", iteration, rank)
+    fault_point("ckpt.rank_file.after", iteration, rank, path=path)  # `corrupt`: damaged after its CRC
 
 
 def _entries(path, name, payload):

@@ -33,15 +33,19 @@ from ...core.checkpointing import (
     local_shard,
     make_piece,
     open_reader,
+    read_metadata,
     save_step,
     write_rank_file,
 )
 from ...core.optimizer import StatePiece
 from ...core.tensor_parallel.param_meta import counted_once, data_parallel_replica, param_meta, tensor_parallel_split
+from ..loop.elastic_restart import resume_line
 from ..observability.log import print_rank_0
 from .load_args import find_source, saved_optimizer
+from .local_checkpoints import LocalCheckpoints
 from .model_state import load_model_state, missing_model_state, model_state_keys, model_state_pieces
 from .rng_state import layout_position, layout_sizes, restore_or_reseed, rng_payload
+from .save_failures import SaveFailures
 
 
 def _written_range(sp, groups, optimizer, fully_parallel):
@@ -224,6 +228,10 @@ class Checkpointer:
         self.groups, self.device, self.scheduler = groups, device, scheduler
         self.last_saved = None
         self.saver = AsyncSaver() if train_cfg.async_save else None  # collective: every rank makes its group
+        self.failures = SaveFailures(train_cfg.max_consecutive_save_failures)
+        self.local = LocalCheckpoints.of(train_cfg, model, optimizer, groups, device, scheduler)  # or None
+        if train_cfg.save:
+            print_rank_0(self.failures.startup_line())
         self._signalled = False
         if train_cfg.exit_signal_handler:
             signal.signal(signal.SIGTERM, self._on_signal)
@@ -236,33 +244,48 @@ class Checkpointer:
         t = self.t
         if not (t.load or t.pretrained_checkpoint):
             return 0, 0
-        path, pretrained = find_source(t, report=print_rank_0)
-        if path is None:
+        why = []  # what the search said about its choice, for a restarted run's line
+        path, pretrained = find_source(t, report=lambda line: (why.append(line), print_rank_0(line)))
+        persistent = read_metadata(path)["iteration"] if path and not pretrained else 0
+        local = self.local.choose(persistent, why) if self.local else None  # collective
+        if path is None and local is None:
             print_rank_0(f"> no checkpoint in {t.load}: training from scratch")
+            if line := resume_line(t.load, None, 0, why):
+                print_rank_0(line)
             return 0, 0
-        if pretrained:  # --pretrained-checkpoint: its weights only, as --finetune
-            print_rank_0(f"> no checkpoint in {t.load}: starting from --pretrained-checkpoint {path}")
-            t = dataclasses.replace(t, finetune=True)
-        it, consumed = load_checkpoint(path, self.model, self.optimizer, self.groups, t, self.device, self.scheduler)
-        self.last_saved = it
+        if local:
+            it, consumed = self.local.load(local)
+        else:
+            if pretrained:  # --pretrained-checkpoint: its weights only, as --finetune
+                print_rank_0(f"> no checkpoint in {t.load}: starting from --pretrained-checkpoint {path}")
+                t = dataclasses.replace(t, finetune=True)
+            it, consumed = load_checkpoint(path, self.model, self.optimizer, self.groups, t, self.device,
+                                           self.scheduler)
+            self.last_saved = it
+        if line := resume_line(t.load, local or path, it, why):
+            print_rank_0(line)
         return it, consumed
 
-    def save(self, iteration, consumed):
-        save_checkpoint(self.t.save, iteration, consumed, self.model, self.optimizer, self.groups,
-                        self.model_cfg, self.t, self.device, self.scheduler, self.saver)
-        self.last_saved = iteration
+    def save(self, iteration, consumed, final=False):
+        """Save; a failure is counted (save_failures.py): raises CheckpointError only when it ends the run."""
+        if self.failures.attempt(lambda: save_checkpoint(self.t.save, iteration, consumed, self.model, self.optimizer,
+                                                         self.groups, self.model_cfg, self.t, self.device,
+                                                         self.scheduler, self.saver), final, self.saver):
+            self.last_saved = iteration
 
     def after_iteration(self, iteration, consumed):
         """Save on --save-interval; True when a SIGTERM arrived (saved, stop training)."""
         t = self.t
         if t.save and t.save_interval and iteration % t.save_interval == 0:
             self.save(iteration, consumed)
+        elif self.local is not None:  # not where a persistent save wrote (Megatron-LM's rule)
+            self.local.after_iteration(iteration, consumed)
         if t.exit_signal_handler:
             flag = torch.tensor([float(self._signalled)], device=self.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same iteration
             if flag.item() > 0:
                 if t.save and self.last_saved != iteration:
-                    self.save(iteration, consumed)
+                    self.save(iteration, consumed, final=True)
                 print_rank_0(f"> exiting at iteration {iteration} on SIGTERM (--exit-signal-handler)")
                 return True
         return False
@@ -270,6 +293,6 @@ class Checkpointer:
     def finish(self, iteration, consumed):
         """Save the final state unless it was just saved; wait for a background save to commit."""
         if self.t.save and iteration > 0 and self.last_saved != iteration:
-            self.save(iteration, consumed)
+            self.save(iteration, consumed, final=True)
         if self.saver is not None:
-            self.saver.wait()
+            self.failures.settle(self.saver, final=True)

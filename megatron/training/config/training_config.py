@@ -14,6 +14,7 @@ from ..tokenizer import TOKENIZER_TYPES
 from . import training_checks as config_checks
 from .bert_flags import BertOptions as BertOptions
 from .compile_flags import CompileOptions
+from .fault_tolerance_flags import FaultToleranceOptions, check_fault_tolerance
 from .fsdp_flags import FSDPOptions, resolve_fsdp
 from .logging_flags import LoggingOptions
 from .offload_flags import OffloadOptions
@@ -25,7 +26,7 @@ from .recipe_flags import RunOptions, check_run_options
 # the flags by concern: *_flags.py
 @dataclass
 class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions, OffloadOptions, CompileOptions,
-                     PrecisionOptimizerOptions):
+                     PrecisionOptimizerOptions, FaultToleranceOptions):
     micro_batch_size: int = opt(8, "Samples per microbatch per data-parallel rank.")
     global_batch_size: int | None = opt(
         None, "Samples per iteration over all data-parallel ranks (default micro batch x DP); "
@@ -254,6 +255,7 @@ class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions, 
         check_run_options(self)
         check_optimizer(self)
         check_precision_optimizer(self)
+        check_fault_tolerance(self)
 
     @property
     def per_split_paths(self):

@@ -24,6 +24,8 @@ FEATURES = {  # key -> (what a user reads, who builds it)
     "gptoss_mlp": ("gpt-oss's clamped quick-GeGLU with a linear offset", "not built: gpt-oss"),
     "gptoss_rope": ("gpt-oss's YaRN RoPE settings (--enable-gpt-oss)", "not built: gpt-oss"),
     "syrk": ("the Triton SYRK kernel for Muon's Gram matrices", "not built"),
+    "inprocess": ("in-process restart (NVRx)", "not built: restart with torchrun --max-restarts, "
+                  "docs/fault_tolerance.md"),
 }
 
 
@@ -42,6 +44,16 @@ FLAGS = {
     "--quick-geglu": Flag("gptoss_mlp", _SWITCH), "--activation-func-clamp-value": Flag("gptoss_mlp", _FLOAT),
     "--enable-gpt-oss": Flag("gptoss_rope", _SWITCH),
     "--muon-use-syrk": Flag("syrk", _SWITCH),
+    "--inprocess-restart": Flag("inprocess", _SWITCH),
+    # its companions, refused only when given another value than Megatron-LM's default
+    **{f"--inprocess-{name}": Flag("inprocess", {"type": kind, "default": default}) for name, kind, default in (
+        ("max-iterations", int, None), ("monitor-thread-interval", float, 1.0),
+        ("monitor-process-interval", float, 1.0), ("progress-watchdog-interval", float, 1.0),
+        ("heartbeat-interval", float, 30.0), ("soft-timeout", float, 60.0), ("hard-timeout", float, 90.0),
+        ("heartbeat-timeout", float, 60.0), ("barrier-timeout", float, 120.0), ("completion-timeout", float, 120.0),
+        ("last-call-wait", float, 1.0), ("termination-grace-time", float, 1.0),
+        ("granularity", str, "node"), ("active-world-size", int, None))},
+    "--inprocess-empty-cuda-cache": Flag("inprocess", _SWITCH),
 }
 
 

@@ -10,6 +10,7 @@ from ...core import debug, watchdog
 from ...core.config import ConfigError
 from ...core.parallel_state import default_backend
 from ...core.tensor_parallel.random import model_parallel_seed
+from .elastic_restart import attempt_store
 
 
 def world_size_from_env() -> int:
@@ -50,7 +51,11 @@ def initialize_distributed(layout, train_cfg):
     if not dist.is_initialized():
         # the group's own timeout a little later than the watchdog's (the backstop for waits it does not
         # arm), and never under a minute (start-up skew between ranks under a seconds-long test limit)
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=max(60.0, 1.05 * limit)))
+        timeout = datetime.timedelta(seconds=max(60.0, 1.05 * limit))
+        store = attempt_store(timeout)  # under torchrun: this attempt's keys only (elastic_restart.py)
+        where = {} if store is None else {"store": store, "rank": int(os.environ["RANK"]),
+                                          "world_size": world_size_from_env()}
+        dist.init_process_group(backend=backend, timeout=timeout, **where)
     if dist.get_world_size() > 1:
         watchdog.start(limit)
     groups = layout.build_groups()

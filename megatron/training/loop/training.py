@@ -41,7 +41,9 @@ from .memory_errors import building, running
 from .model_spec import ModelSpec
 from .nan_check import check_finite
 from .optimizer_setup import build_grad_scaler, build_scheduler
+from .rerun import RerunCheck, run_checked
 from .runtime_switches import ManualGC, empty_unused_memory, set_matmul_precision
+from .straggler import StragglerReport
 
 # --exit-duration-in-mins counts from here, the trainer's import near start-up, as Megatron-LM's _TRAIN_START_TIME
 # does: a number written once at import and only read after (taking it later would shorten what the flag allows)
@@ -74,7 +76,7 @@ def build_model(model_provider, model_cfg, groups, device):
 
 def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, iteration,
                forward_backward_func=None, loss_terms=TOKEN_LOSS, model_cfg=None, timers=None, lr_increment=None,
-               empty_cache_level=0, router_losses=None):
+               empty_cache_level=0, router_losses=None, rerun=None):
     """One iteration. Returns (losses, grad_norm tensor or None, lr, updated): losses is
     forward_backward's {term: (sum, count)} over the global batch (pipeline_parallel.loss_means
     divides); lr is the rate this iteration ran at; updated is False when fp16 gradients overflowed
@@ -96,9 +98,11 @@ def train_step(model, ddp, optimizer, scheduler, batches, forward_step, groups, 
     moe_hooks.start_step(router_losses, len(batches), groups, optimizer.loss_scale)
     forward_backward_func = forward_backward_func or get_forward_backward_func()
     gather = {"before_weight": ddp.before_weight_grads} if ddp.config.shards_params else {}  # ZeRO-3 under a W
-    with phase(timers, "forward-backward", 1):
-        losses = forward_backward_func(model, batches, forward_step, groups, loss_terms,
-                                       loss_scale=optimizer.loss_scale, **gather)
+    with phase(timers, "forward-backward", 1):  # twice where --rerun-mode re-runs it (rerun.py)
+        losses = run_checked(rerun, iteration, lambda: forward_backward_func(
+            model, batches, forward_step, groups, loss_terms, loss_scale=optimizer.loss_scale, **gather), lambda: (
+            ddp.start_step(len(batches)), moe_hooks.start_step(router_losses, len(batches), groups,
+                                                               optimizer.loss_scale)))
     if empty_cache_level:
         empty_unused_memory(empty_cache_level, 1, optimizer.device)
     finalize_model_grads(model, groups, ddp, timers)
@@ -209,6 +213,8 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
     forward_backward_func = functools.partial(get_forward_backward_func(schedule, model_cfg.calculate_per_token_loss),
                                               timers=timers)
     router_losses = moe_hooks.bind(model)  # what the MoE layers record into, step after step
+    rerun = RerunCheck.of(train_cfg, model_cfg, groups, ddp, device)  # None: --rerun-mode has nothing to do
+    stragglers = StragglerReport.of(train_cfg, groups)  # None without --log-straggler
     model.train()
     set_matmul_precision(model_cfg, train_cfg)
     collector = ManualGC(train_cfg)
@@ -228,12 +234,13 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                                    groups.dp_rank, groups.dp_size, device, spec.collate, cp_slice(groups))
         trace = [] if iteration == trace_iter else None
         fb = forward_backward_func if trace is None else functools.partial(forward_backward_func, trace=trace)
+        fb = stragglers.timed(fb, iteration) if stragglers else fb
         with out_of_memory(f"iteration {iteration}"), flops_profiler.step(iteration):
             losses, grad_norm, lr, updated = train_step(model, ddp, optimizer, scheduler, batches, spec.forward_step,
                                                         groups, iteration, fb, spec.loss_terms, model_cfg,
                                                         timers=timers, lr_increment=global_batch,
                                                         empty_cache_level=train_cfg.empty_unused_memory_level,
-                                                        router_losses=router_losses)
+                                                        router_losses=router_losses, rerun=rerun)
         stats = step_stats(optimizer, train_cfg, updated, timers)
         flops_profiler.report(iteration, num_floating_point_operations(model_cfg, global_batch), logger.writers,
                               metrics)
@@ -254,6 +261,8 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                 torch.cuda.synchronize()
             logger.log(iteration, consumed, lr, global_batch, num_floating_point_operations(model_cfg, global_batch),
                        groups.world_size, optimizer.loss_scale if train_cfg.fp16 else None)
+            if stragglers:
+                stragglers.report(iteration)
             if not memory_reported:  # as Megatron-LM, once: the peaks after the first logged iterations
                 report_memory(iteration, groups, model_cfg, train_cfg, device)
                 memory_reported = True
@@ -281,6 +290,8 @@ def pretrain(model_cfg, train_cfg, groups, device, spec: ModelSpec, datasets, to
                          f"{train_cfg.exit_duration_in_mins} passed")
             break
     profiler.close()
+    if rerun is not None and (line := rerun.summary()):
+        print(line, flush=True)
     ddp.finish_param_sync()
     ckpt.finish(iteration, consumed)
     for split, ds in end_of_training_sets(datasets, iteration, train_cfg):
