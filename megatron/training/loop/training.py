@@ -1,6 +1,5 @@
 """The pretrain loop: build, then per iteration microbatches -> grads -> reduce -> clip -> step."""
 import functools
-import json
 import time
 
 import torch
@@ -11,7 +10,7 @@ from ...core.debug import fault_point
 from ...core.distributed import DistributedDataParallel, finalize_model_grads
 from ...core.fp8 import step as fp8_step
 from ...core.optimizer import get_megatron_optimizer
-from ...core.pipeline_parallel import TOKEN_LOSS, default_schedule, get_forward_backward_func
+from ...core.pipeline_parallel import TOKEN_LOSS, get_forward_backward_func
 from ...core.pipeline_parallel.split import chunk_roles
 from ...core.tensor_parallel.initialization import initialize_parameters
 from ...core.timers import phase
@@ -34,6 +33,7 @@ from ..observability.log import EvalProgress, print_rank_0, print_rank_last, sta
 from ..observability.memory_report import estimated_peak, report_memory
 from ..observability.metrics_jsonl import MetricsLog
 from ..observability.observers import open_observability
+from ..observability.pipeline_trace import write_pipeline_trace
 from ..observability.step_stats import step_stats
 from ..planner.live import predicted_step_line
 from . import batch_schedule
@@ -144,19 +144,6 @@ def evaluate(model, dataset, spec: ModelSpec, groups, train_cfg, device):
             print_rank_last(line)
     model.train()
     return dict(zip(names, (sums / counts).tolist()))
-
-
-def write_pipeline_trace(path, trace, groups, model_cfg, num_micro, iteration, schedule=None):
-    """Gather one iteration's (kind, chunk, mb, start, end) per action over groups.pp;
-    global rank 0 writes them as JSON for tools/pipeline_timeline.py --trace."""
-    spans = [None] * groups.pp_size
-    dist.all_gather_object(spans, trace, group=groups.pp)
-    if groups.rank == 0:
-        V = groups.layout.chunks
-        with open(path, "w") as f:
-            json.dump({"schedule": schedule or default_schedule(groups.pp_size, V), "P": groups.pp_size, "M": num_micro,
-                       "V": V, "iteration": iteration, "ranks": dict(enumerate(spans))}, f)
-        print(f"> wrote the pipeline schedule timeline of iteration {iteration} to {path}", flush=True)
 
 
 def setup_model_and_optimizer(model_cfg, train_cfg, groups, device, model_provider):
