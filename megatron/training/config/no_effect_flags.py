@@ -10,6 +10,7 @@ import dataclasses
 
 from ...core.config_fields import flag_of
 from ...core.transformer.mla_config import MLAConfig
+from .auto_parallel_flags import no_effect_rules as auto_parallel_rules
 
 
 def _rules(m, t, device):
@@ -53,7 +54,7 @@ def _rules(m, t, device):
          "without --fp8-format no GEMM runs in FP8"),
         (m, "mtp_loss_scaling_factor", not m.mtp_num_layers and m.mtp_loss_scaling_factor != 0.1,
          "without --mtp-num-layers there is no MTP loss"),
-    ] + _latent_attention_only(m)
+    ] + _latent_attention_only(m) + auto_parallel_rules(t)
 
 
 def _latent_attention_only(m):

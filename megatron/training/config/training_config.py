@@ -12,6 +12,7 @@ from ...core.distributed.strategy import SHARDING_STRATEGIES, resolve_strategy
 from ..loop import batch_schedule
 from ..tokenizer import TOKENIZER_TYPES
 from . import training_checks as config_checks
+from .auto_parallel_flags import AutoParallelOptions
 from .bert_flags import BertOptions as BertOptions
 from .fsdp_flags import FSDPOptions, resolve_fsdp
 from .logging_flags import LoggingOptions
@@ -20,7 +21,8 @@ from .recipe_flags import RunOptions, check_run_options
 
 
 @dataclass
-class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions):  # flags by concern: *_flags.py
+# flags by concern: *_flags.py
+class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions, AutoParallelOptions):
     micro_batch_size: int = opt(8, "Samples per microbatch per data-parallel rank.")
     global_batch_size: int | None = opt(
         None, "Samples per iteration over all data-parallel ranks (default micro batch x DP); "
