@@ -33,12 +33,17 @@ PINS = {
     "sp": (("--sequence-parallel",), lambda m, t: True),
     # --use-distributed-optimizer is Megatron-LM's alias of the optim sharding (ZeRO-1)
     "dist_opt": (("--use-distributed-optimizer", "--data-parallel-sharding-strategy"),
-                 lambda m, t: t.use_distributed_optimizer or t.data_parallel_sharding_strategy != "no_shard"),
-    "zero": (("--use-distributed-optimizer", "--data-parallel-sharding-strategy"),
-             lambda m, t: t.data_parallel_sharding_strategy if t.data_parallel_sharding_strategy != "no_shard"
-             or not t.use_distributed_optimizer else "optim"),
+                 lambda m, t: _strategy(t) != "no_shard"),
+    "zero": (("--use-distributed-optimizer", "--data-parallel-sharding-strategy"), lambda m, t: _strategy(t)),
     "recompute": (("--recompute-granularity",), lambda m, t: m.recompute_granularity),
 }
+
+
+def _strategy(t) -> str:
+    """The ZeRO stage the command line gives (before resolve: --use-distributed-optimizer alone is optim)."""
+    return t.data_parallel_sharding_strategy or ("optim" if t.use_distributed_optimizer else "no_shard")
+
+
 # flags whose choice the planner neither searches nor prices: under --auto-parallel each is one line, exit 2
 UNSEARCHABLE = {
     "decoder_first_pipeline_num_layers": "the planner prices even pipeline splits only",
