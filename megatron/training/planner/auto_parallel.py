@@ -150,13 +150,19 @@ def nothing_fits(argv, ranked, pins, cluster) -> str:
     head = (f"--auto-parallel: no layout fits on {cluster.num_gpus} x {cluster.gpu}: the smallest predicted peak is "
             f"{small.memory_bytes / 1e9:.2f} GB ({small.label}) > {cluster.memory_bytes / 1e9:.2f} GB per GPU; ")
     if pins:
-        free = [p for p in plan(argv, cluster, {})[0] if p.fits]
-        if free:
-            fit = min(free, key=lambda p: (p.memory_bytes, p.label))
+        fit = next((p for p in rank(plan(argv, cluster, {})[0]) if p.fits), None)  # the fastest that fits
+        if fit is not None:
             return head + (f"without the pinned {_pins_text(pins)} it fits as {fit.label} "
                            f"({fit.memory_bytes / 1e9:.2f} GB): drop those flags")
     tried = "full recompute and ZeRO-3 included" if not pins else f"with {_pins_text(pins)}"
-    return head + (f"every layout was tried ({tried}): use more GPUs, a shorter --seq-length or a smaller model")
+    for more in (2, 4, 8):  # the fewest GPUs (of 2x, 4x, 8x) on which a layout fits, when one does
+        bigger = dataclasses.replace(cluster, num_gpus=more * cluster.num_gpus)
+        fit = next((p for p in rank(plan(argv, bigger, pins)[0]) if p.fits), None)
+        if fit is not None:
+            return head + (f"every layout was tried ({tried}): it fits on {bigger.num_gpus} GPUs as {fit.label} "
+                           f"({fit.memory_bytes / 1e9:.2f} GB); or shorten --seq-length, or shrink the model")
+    return head + (f"every layout was tried ({tried}), on up to {8 * cluster.num_gpus} GPUs too: shorten "
+                   "--seq-length or shrink the model")
 
 
 def why_lost(p: Prediction, best: Prediction, cluster: Cluster) -> str:
