@@ -13,11 +13,14 @@ would need the process groups, which must be built for the chosen layout.
 """
 import argparse
 import dataclasses
+import functools
 import os
 
 from ...core.config import ConfigError
 from ...core.config_fields import flag_of
+from ...core.datasets.index_cache import default_cache_root
 from ..config.arguments import parse_args
+from .cpu_calibration import cpu_cluster as measured_cpu_cluster
 from .hardware import Cluster
 from .predict import Prediction, configs, plan
 from .world_cluster import cluster_of
@@ -210,13 +213,18 @@ def per_node_of(world_size) -> int:
 
 def choose_and_parse(argv, parse, extra=(), script="pretrain_gpt.py", cpu_cluster=None):
     """parse(argv) -> the configs; with --auto-parallel the configs of argv plus the chosen layout's flags.
-    -> (configs, start-up lines). extra: the script's own option dataclasses (not the planner's). Raises
-    ConfigError for a command line the planner cannot plan, an unknown --planner-gpu, or a world nothing fits."""
+    -> (configs, start-up lines). cpu_cluster: (world_size, per_node) -> (Cluster, source) off CUDA (default:
+    cpu_calibration's, cached under --data-cache-path). extra: the script's own option dataclasses (not the
+    planner's). Raises ConfigError for a command line the planner cannot plan, an unknown --planner-gpu, or a
+    world nothing fits."""
     parsed = parse(argv)
     if not parsed[1].auto_parallel:
         return parsed, []
     world = int(os.environ.get("WORLD_SIZE", "1"))
     per_node = per_node_of(world)
+    if cpu_cluster is None:  # on CPU without --planner-gpu: this machine's measured profile, cached
+        cache = os.path.join(parsed[1].data_cache_path or default_cache_root(), "planner")
+        cpu_cluster = functools.partial(measured_cpu_cluster, cache_dir=cache)
     cluster, source = cluster_of(parsed[1].planner_gpu, world, per_node, cpu_cluster)
     plain = model_argv(argv, extra)
     model_cfg, train_cfg = parse_args(plain)[:2]

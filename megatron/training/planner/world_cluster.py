@@ -28,7 +28,4 @@ def cluster_of(planner_gpu, world_size, per_node, cpu_cluster=None) -> tuple[Clu
         # the device's own memory where it is less than the calibration's (a MIG slice, a smaller variant)
         memory_gb = min(cal["gpu"][key]["memory_gb"], props.total_memory / 1e9)
         return make_cluster(key, world_size, per_node, memory_gb=memory_gb, cal=cal), f"detected {name}"
-    if cpu_cluster is None:
-        raise ConfigError("--auto-parallel on CPU: give --planner-gpu NAME (one of "
-                          f"{', '.join(gpu_names(cal))}) to plan as that GPU")
     return cpu_cluster(world_size, per_node)
