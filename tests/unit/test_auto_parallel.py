@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from megatron.training.config.arguments import parse_args
+from megatron.training.config.no_effect_flags import accepted
 from megatron.training.config.training_config import BertOptions
 from megatron.training.planner.auto_parallel import choose_and_parse, model_argv, new_flags, pinned, without_auto
 
@@ -52,6 +53,7 @@ def test_a_moe_model_gets_an_expert_parallel_choice(world4):
 CHOICE = """
 import json, sys
 from megatron.training.config.arguments import parse_args
+from megatron.training.config.no_effect_flags import accepted
 from megatron.training.planner.auto_parallel import choose_and_parse
 (m, t), lines = choose_and_parse(json.loads(sys.argv[1]), parse_args)
 print(json.dumps(lines[2]))
@@ -99,3 +101,9 @@ def test_printed_flags_once_and_without_the_planner_flags():
                      {"--tensor-model-parallel-size"}) == ["--sequence-parallel", "--micro-batch-size", "4"]
     assert without_auto(["--auto-parallel", "--planner-gpu", "H200", "--lr", "1", "--planner-gpu=H200"]) == \
         ["--lr", "1"]
+
+
+def test_planner_gpu_without_auto_parallel_is_accepted_without_effect():
+    m, t = parse_args(TINY[1:])[:2]
+    assert ("--planner-gpu", "without --auto-parallel nothing is planned") in accepted(m, t)
+    assert not accepted(*parse_args(TINY)[:2])
