@@ -174,8 +174,8 @@ def why_lost(p: Prediction, best: Prediction, cluster: Cluster) -> str:
         return f"does not fit ({p.memory_bytes / 1e9:.2f} GB > {cluster.memory_bytes / 1e9:.2f} GB)"
     a, b = p.step, best.step
     if a.total <= b.total:
-        return (f"predicted as fast, ranked after it by memory ({p.memory_bytes / 1e9:.3f} GB vs "
-                f"{best.memory_bytes / 1e9:.3f}) or name")
+        return (f"predicted as fast, ranked after it by memory ({p.memory_bytes / 1e9:.4g} GB vs "
+                f"{best.memory_bytes / 1e9:.4g}) or name")
     parts = {"pipeline compute" + (f" (bubble {100 * a.bubble:.0f}% vs {100 * b.bubble:.0f}%)"
                                    if a.bubble != b.bubble else ""): a.pipeline - b.pipeline,
              "exposed data-parallel communication": a.dp_exposed - b.dp_exposed,
@@ -197,7 +197,7 @@ def log_lines(choice: Choice, script: str, world_size: int, per_node: int) -> li
              f"({per_node} per node; {choice.source}), {fits} fit in {c.memory_bytes / 1e9:.2f} GB, "
              f"{choice.refused} refused by the checks; {pins}",
              f"> auto-parallel: chosen {best.label}: predicted {_ms(best.step.total)} per iteration, "
-             f"{best.memory_bytes / 1e9:.3f} GB on the most loaded GPU, MFU {100 * best.mfu:.2f}%",
+             f"{best.memory_bytes / 1e9:.4g} GB on the most loaded GPU, MFU {100 * best.mfu:.2f}%",
              f"> auto-parallel: the same run without it: torchrun --nnodes {max(1, world_size // per_node)} "
              f"--nproc-per-node {min(world_size, per_node)} {script} "
              + " ".join(without_auto(choice.argv))]
