@@ -17,8 +17,12 @@ RESHARD = "tests/functional/test_checkpoint.py::test_checkpoint_loads_into_anoth
 NORMS = "tests/functional/test_observability.py::test_params_norm_and_zeros_match_one_process"
 FP8_GATHER = "tests/distributed/test_fp8_param_gather.py::test_fp8_param_gather_moves_bytes_and_changes_no_loss"
 MUON = "tests/functional/test_muon_parity.py::test_muon_layout_matches_one_process"
+AUTO_RESUME = "tests/functional/test_auto_parallel.py::test_resume_at_another_world_size_picks_again_and_loads"
 
 FULL_ONLY = {
+    # --auto-parallel resumed at another world size: layout-free loading is proven by test_checkpoint.py's
+    # resharding cases; the default run keeps the 4-rank choice's parity and its checkpoint's layout
+    AUTO_RESUME,
     # FP8: the default run keeps tensorwise TP2+SP, delayed PP2 zb-h1 and CP2, blockwise TP2+SP,
     # MoE tensorwise TP2+SP, MoE delayed EP2, MoE tensorwise EP2 x TP2 + SP (both dispatchers), MoE tensorwise
     # EP2 x CP2, MoE delayed EP2 x CP4, MoE with a capacity factor tensorwise EP2 x TP2 + SP, delayed ZeRO-3

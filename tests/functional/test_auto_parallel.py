@@ -3,7 +3,7 @@ import re
 
 from megatron.core.checkpointing import find_checkpoint, read_metadata
 
-from .cli import run_metrics
+from .cli import run_cli, run_metrics
 from .test_parity import BASE, assert_metrics_parity, reference
 
 
@@ -30,3 +30,13 @@ def test_auto_parallel_on_4_ranks_matches_one_process(tmp_path):
     sizes = {k.lower(): int(v) for k, v in SIZE.findall(chosen.group(1))}
     assert {k: meta["layout"][k] for k in sizes} == sizes, (meta["layout"], chosen.group(1))
     assert meta["args"]["training"]["auto_parallel"] is True
+
+
+def test_resume_at_another_world_size_picks_again_and_loads(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    flags = _without(AUTO, "--eval-interval") + ["--save", ckpt, "--load", ckpt]
+    run_cli(flags + ["--train-iters", "4"], nproc=4)
+    proc = run_cli(flags + ["--train-iters", "6"], nproc=2)
+    assert "> auto-parallel: the same run without it: torchrun --nnodes 1 --nproc-per-node 2" in proc.stdout
+    assert re.search(r"> loaded checkpoint .* at iteration 4", proc.stdout), proc.stdout[-3000:]
+    assert re.search(r"iteration\s+6/\s*6", proc.stdout)
