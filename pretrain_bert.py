@@ -22,6 +22,7 @@ from megatron.training.data.embedded import EMBEDDED, embedded_recipe
 from megatron.training.data.loader import build_bert_datasets_from_config
 from megatron.training.loop.launch import USER_ERRORS, configure, print_first_rank, run_pretrain, start, user_error
 from megatron.training.loop.model_spec import ModelSpec
+from megatron.training.planner.auto_parallel import choose_and_parse
 
 SPECIAL_TOKENS = ("cls", "sep", "mask", "pad")
 
@@ -70,7 +71,12 @@ def main(argv=None):
     extra = [("BERT", BertOptions), EMBEDDED]
     try:
         argv = embedded_recipe(argv, extra, bert=True, log=print_first_rank)  # no data flags: the stdlib corpus
-        model_cfg, train_cfg, bert, _ = parse_args(argv, "Pretrain a BERT model.", extra)
+        # --auto-parallel: the planner's layout flags (priced as a GPT of the same sizes) join the command line
+        (model_cfg, train_cfg, bert, _), lines = choose_and_parse(
+            argv, functools.partial(parse_args, description="Pretrain a BERT model.", extra=extra), extra,
+            "pretrain_bert.py")
+        for line in lines:
+            print_first_rank(line)
         tokenizer, layout = configure(model_cfg, train_cfg)
         check_bert_config(model_cfg, train_cfg, bert, tokenizer)
         build = functools.partial(build_bert_datasets_from_config, binary_head=bert.bert_binary_head,

@@ -6,6 +6,7 @@
     torchrun --nproc-per-node 4 pretrain_gpt.py --tensor-model-parallel-size 2 --mock-data \
         --tokenizer-type NullTokenizer --vocab-size 1024 ...
 """
+import functools
 import os
 import sys
 
@@ -19,6 +20,7 @@ from megatron.training.data.embedded import EMBEDDED, embedded_recipe
 from megatron.training.data.loader import build_datasets, collate_gpt, gpt_collate
 from megatron.training.loop.launch import USER_ERRORS, configure, print_first_rank, run_pretrain, start, user_error
 from megatron.training.loop.model_spec import ModelSpec
+from megatron.training.planner.auto_parallel import choose_and_parse
 
 
 def model_provider(config, groups, device, pre_process=True, post_process=True, vp_stage=None):
@@ -62,7 +64,11 @@ def main(argv=None):
     argv = yaml_cfg_first(sys.argv[1:] if argv is None else argv)  # the command line overrides the file
     try:
         argv = embedded_recipe(argv, [EMBEDDED], log=print_first_rank)  # no data flags: the stdlib corpus
-        model_cfg, train_cfg, _ = parse_args(argv, extra=[EMBEDDED])
+        # --auto-parallel: the planner's layout flags join the command line before anything is resolved
+        (model_cfg, train_cfg, _), lines = choose_and_parse(argv, functools.partial(parse_args, extra=[EMBEDDED]),
+                                                            [EMBEDDED], "pretrain_gpt.py")
+        for line in lines:
+            print_first_rank(line)
         tokenizer, layout = configure(model_cfg, train_cfg)
         groups, device, datasets = start(model_cfg, train_cfg, layout, tokenizer, build_datasets)
     except USER_ERRORS as e:

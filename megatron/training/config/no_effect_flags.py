@@ -12,6 +12,7 @@ from ...core.config_fields import flag_of
 from ...core.transformer.mla_config import MLAConfig
 from ...core.transformer.model_options import RECOMPUTE_NEEDS
 from . import modifier_flags
+from .auto_parallel_flags import no_effect_rules as auto_parallel_rules
 from .fault_tolerance_flags import no_effect_rules as fault_tolerance_rules
 
 
@@ -63,7 +64,7 @@ def _rules(m, t, device):
         (t, "cpu_offloading_activations", not t.cpu_offloading_activations and not t.cpu_offloading,
          "without --cpu-offloading nothing is offloaded"),
         # the other modifier flags given without their feature: generated from `requires=` (modifier_flags.py)
-    ] + _latent_attention_only(m) + _values_without_effect(m, t) + fault_tolerance_rules(t)
+    ] + _latent_attention_only(m) + _values_without_effect(m, t) + fault_tolerance_rules(t) + auto_parallel_rules(t)
 
 
 def _values_without_effect(m, t):

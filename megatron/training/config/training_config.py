@@ -12,6 +12,7 @@ from ...core.distributed.strategy import SHARDING_STRATEGIES, resolve_strategy
 from ..loop import batch_schedule
 from ..tokenizer import TOKENIZER_TYPES
 from . import training_checks as config_checks
+from .auto_parallel_flags import AutoParallelOptions
 from .bert_flags import BertOptions as BertOptions
 from .compile_flags import CompileOptions
 from .fault_tolerance_flags import FaultToleranceOptions, check_fault_tolerance
@@ -26,7 +27,7 @@ from .recipe_flags import RunOptions, check_run_options
 # the flags by concern: *_flags.py
 @dataclass
 class TrainingConfig(LoggingOptions, RunOptions, FSDPOptions, OptimizerOptions, OffloadOptions, CompileOptions,
-                     PrecisionOptimizerOptions, FaultToleranceOptions):
+                     PrecisionOptimizerOptions, FaultToleranceOptions, AutoParallelOptions):
     micro_batch_size: int = opt(8, "Samples per microbatch per data-parallel rank.")
     global_batch_size: int | None = opt(
         None, "Samples per iteration over all data-parallel ranks (default micro batch x DP); "
