@@ -10,7 +10,11 @@ RN_FUSION = "--residual-norm-fusion"
 PRETRAIN_STEPS = ("gpt1.3b ours", f"gpt1.3b ours {CE_FUSION}", "llama1b ours", "moe ours", "gpt1.3b ours fp8",
                   "fp8 baseline: llama8b-4L ours bf16", "llama8b-4L ours fp8", "llama8b-4L ours fp8 delayed",
                   "fusion baseline: gpt1.3b ours", f"fusion: gpt1.3b ours {RN_FUSION}",
-                  "fusion baseline: llama1b ours", f"fusion: llama1b ours {RN_FUSION}")
+                  "fusion baseline: llama1b ours", f"fusion: llama1b ours {RN_FUSION}",
+                  "compile baseline: gpt1.3b ours", "compile: gpt1.3b ours --compile-layers",
+                  "compile: llama1b ours --compile-layers", "optimizer baseline: gpt1.3b ours distopt",
+                  "optimizer: gpt1.3b ours --use-precision-aware-optimizer",
+                  "optimizer: gpt1.3b compiled layers + fused AdamW bf16 moments")
 PROFILE_STEP = "profile gpt1.3b ours vs plain compiled"
 MUON_STEP = "muon optimizer step gpt1.3b"  # bench/muon_step.py: its table follows the overhead ones
 OVERHEAD_STEPS = ("gpt1.3b ours vs plain", f"gpt1.3b ours {CE_FUSION} vs plain", "gpt1.3b plain compiled",

@@ -58,6 +58,9 @@ def check_fault_tolerance(cfg) -> None:
                           f"ends the run), got {cfg.max_consecutive_save_failures}")
     if cfg.straggler_minmax_count < 1:
         raise ConfigError(f"{f('straggler_minmax_count')} must be at least 1, got {cfg.straggler_minmax_count}")
+    if not 0 < cfg.straggler_ctrlr_port < 65536:  # a TCP port, even though its server is not built
+        raise ConfigError(f"{f('straggler_ctrlr_port')} must be a TCP port (1 to 65535), got "
+                          f"{cfg.straggler_ctrlr_port}")
     kind, interval = cfg.non_persistent_ckpt_type, cfg.non_persistent_save_interval
     if kind in ("global", "in_memory"):
         raise ConfigError(f"{f('non_persistent_ckpt_type')} {kind} is not built here: use local (with "
