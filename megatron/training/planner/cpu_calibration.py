@@ -21,14 +21,6 @@ PROFILE_VERSION = 1
 MEMORY_FRACTION = 0.8  # of the physical memory, shared by the node's ranks (the OS, the launcher, page cache)
 
 
-def cores() -> int:
-    """The cores this process may run on (its affinity, as torch's default thread count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def profile_key(threads) -> str:
     return f"cpu-profile-v{PROFILE_VERSION}-{socket.gethostname()}-{threads}t-torch{torch.__version__}.json"
 

@@ -13,8 +13,6 @@ import time
 import torch
 import torch.distributed as dist
 
-from .cpu_calibration import cores
-
 GEMM_DIMS = (64, 128, 256, 512)
 REPEATS = 5
 COPY_BYTES = 64 << 20
@@ -96,3 +94,11 @@ def measure(threads) -> dict:
     return {"threads": threads, "cores": cores(), "gemm_dims": list(GEMM_DIMS), "gemm_flops": flops,
             "copy_bw": bw, "allreduce_bus_bw": link_bw, "latency": latency, "link_bytes": LINK_BYTES,
             "memory_bytes": memory_bytes(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity, as torch's default thread count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
